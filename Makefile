@@ -1,0 +1,40 @@
+# The only place that installs anything. Every target starts from `setup`, which is idempotent.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.mmrl-installed
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+export MPLBACKEND := Agg
+
+.PHONY: setup demo test bench lint assets clean
+
+setup: $(STAMP)
+
+# torch first, from the CPU wheel (see ../shared/NOTES-setup.md); the constraints file then keeps it
+# pinned so that no later resolution swaps it for a CUDA build.
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -c constraints.txt "torch==2.13.0"
+	$(BIN)/pip install --quiet -c constraints.txt -e ".[dev,bench]"
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/mmrl train configs/grounding_tiny.yaml output_dir=runs/demo
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+bench: setup
+	$(BIN)/python bench/grpo_step.py
+
+lint: setup
+	$(BIN)/ruff check .
+
+# Rebuild every file under assets/ from scratch (deterministic; the committed files are its output).
+assets: setup
+	$(BIN)/python scripts/make_assets.py
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,215 @@
+"""Configuration: frozen dataclasses are the schema, YAML files in configs/ are presets, `section.field=value`
+arguments override any field. Unknown keys are errors that name the key and the valid ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    # A checkpoint folder (or a hub id where a hub is reachable), or "tiny:<arch>" for a random tiny model
+    # built from assets/ (arch: qwen2_vl, qwen2_5_vl, qwen3_vl).
+    path: str = "assets/tiny_models/qwen3_vl_grounding"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: str = "cpu"
+    # How an env instruction becomes the user turn of the chat; `{instruction}` is replaced.
+    prompt_template: str = "{instruction}"
+    seed: int = 0  # initialisation seed for "tiny:" models
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    name: str = "grounding"
+    options: dict[str, Any] = field(default_factory=dict)  # constructor options, checked by sim.make
+    eval_metric: str = "iou"  # the reward component (or "reward", "success") printed as held-out score
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    max_new_tokens: int = 32
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+
+@dataclass(frozen=True)
+class AlgoConfig:
+    group_size: int = 8  # G completions per prompt
+    advantage: str = "grpo"  # a name in mmrl.algos.ADVANTAGES
+    scale_by_std: bool = True
+    loss: str = "ppo_clip"  # a name in mmrl.algos.POLICY_LOSSES
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    aggregation: Literal["token_mean", "seq_mean_token_mean"] = "token_mean"
+    kl_coef: float = 0.0  # > 0 loads a frozen reference copy of the initial policy
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    total_steps: int = 100
+    prompts_per_step: int = 8  # B; each step trains on R = B*G completions
+    micro_batch_size: int = 64  # rows per forward/backward; gradients accumulate over R / micro_batch_size
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    max_grad_norm: float = 1.0
+    seed: int = 0
+    eval_episodes: int = 200  # held-out seeds, disjoint from every training seed
+    eval_batch_size: int = 100
+    eval_every: int = 0  # 0: only before and after training
+    save_every: int = 25
+    keep_checkpoints: int = 2
+    threads: int = 0  # torch CPU threads; 0 leaves torch's default
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    output_dir: str = "runs/default"
+    resume: bool = False  # continue from the last complete checkpoint in output_dir
+    checkpoint: str | None = None  # a checkpoint folder to evaluate (mmrl eval) or to start from
+
+
+class ConfigError(ValueError):
+    """A config file or override that does not fit the schema; the message names the offending key."""
+
+
+def _field_types(cls) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check (and, for strings from the command line, convert) `value` against the annotation `tp`."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(repr, choices))}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None or (isinstance(value, str) and value.lower() in ("null", "none")):
+            if type(None) in args:
+                return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError("; ".join(errors))
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return dict(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        try:
+            if isinstance(value, str):
+                return int(float(value)) if "e" in value.lower() else int(value)
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            if isinstance(value, int):
+                return value
+        except ValueError:
+            pass
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key}: expected a number, got {value!r}") from None
+    if tp is str:
+        if not isinstance(value, str | int | float):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return str(value)
+    return value
+
+
+def from_dict(cls, data: dict[str, Any], prefix: str = ""):
+    """Build dataclass `cls` from nested plain data, refusing unknown keys."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {data!r}")
+    types_ = _field_types(cls)
+    unknown = sorted(set(data) - set(types_))
+    if unknown:
+        raise ConfigError(f"unknown key {prefix}{unknown[0]!r}; valid keys here: {', '.join(types_)}")
+    kwargs = {}
+    for name, value in data.items():
+        tp = types_[name]
+        if dataclasses.is_dataclass(tp):
+            kwargs[name] = from_dict(tp, value or {}, f"{prefix}{name}.")
+        else:
+            kwargs[name] = _coerce(value, tp, f"{prefix}{name}")
+    return cls(**kwargs)
+
+
+def to_dict(cfg) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str], cls=None) -> dict[str, Any]:
+    """Apply `a.b.c=value` overrides to nested plain data (values parsed as YAML scalars)."""
+    cls = cls or TrainConfig
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form section.field=value")
+        key, raw = item.split("=", 1)
+        value = yaml.safe_load(raw) if raw != "" else ""
+        parts = key.split(".")
+        node, node_cls = data, cls
+        for depth, part in enumerate(parts):
+            last = depth == len(parts) - 1
+            if node_cls is not None:
+                types_ = _field_types(node_cls)
+                if part not in types_:
+                    where = ".".join(parts[:depth]) or "the top level"
+                    raise ConfigError(f"unknown key {key!r}: {part!r} is not a field of {where}; valid: {', '.join(types_)}")
+                tp = types_[part]
+                node_cls = tp if dataclasses.is_dataclass(tp) else None
+            if last:
+                node[part] = value
+            else:
+                node = node.setdefault(part, {})
+                if not isinstance(node, dict):
+                    raise ConfigError(f"override {key!r}: {'.'.join(parts[: depth + 1])} is not a section")
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None, cls=None):
+    """A `TrainConfig` from a YAML preset plus `section.field=value` overrides."""
+    cls = cls or TrainConfig
+    data: dict[str, Any] = {}
+    if path is not None:
+        text = Path(path).read_text()
+        data = yaml.safe_load(text) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    data = apply_overrides(data, list(overrides or []), cls)
+    return from_dict(cls, data)

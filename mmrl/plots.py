@@ -1,0 +1,77 @@
+"""Pictures of a run: the reward curve and held-out predictions drawn on their images."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from PIL import Image, ImageDraw
+
+
+def reward_curve(metrics: list[dict], path: str | Path, keys: tuple[str, ...] = ("reward/total",)) -> Path:
+    """Plot training reward (raw and smoothed) and held-out scores against the step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=120)
+    for key in keys:
+        pts = [(m["step"], m[key]) for m in metrics if m.get(key) is not None]
+        if not pts:
+            continue
+        steps, values = zip(*pts)
+        ax.plot(steps, values, alpha=0.3, lw=1)
+        k = max(1, len(values) // 20)
+        smooth = [sum(values[max(0, i - k + 1) : i + 1]) / len(values[max(0, i - k + 1) : i + 1]) for i in range(len(values))]
+        ax.plot(steps, smooth, lw=2, label=f"{key} (train)")
+    evals = sorted({k for m in metrics for k in m if k.startswith("eval/") and k != "eval/episodes"})
+    for key in evals[:3]:
+        pts = [(m["step"], m[key]) for m in metrics if m.get(key) is not None]
+        if pts:
+            steps, values = zip(*pts)
+            ax.plot(steps, values, "o--", lw=1.5, label=f"{key} (held-out)")
+    ax.set_xlabel("step")
+    ax.set_ylabel("reward")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return Path(path)
+
+
+def box_grid(
+    images: torch.Tensor,
+    target_boxes: torch.Tensor,
+    pred_boxes: torch.Tensor,
+    captions: list[str],
+    path: str | Path,
+    columns: int = 8,
+    scale: int = 2,
+) -> Path:
+    """A grid of images with the true box (green) and the predicted box (magenta; none if unparsed).
+
+    Args:
+        images: `[N, H, W, 3]` uint8.
+        target_boxes: `[N, 4]` xyxy pixels.
+        pred_boxes: `[N, 4]` xyxy pixels, NaN rows where nothing parsed.
+        captions: N short strings drawn under each image.
+    """
+    n, h, w, _ = images.shape
+    rows = math.ceil(n / columns)
+    cap_h = 14
+    canvas = Image.new("RGB", (columns * w * scale, rows * (h * scale + cap_h)), "white")
+    draw = ImageDraw.Draw(canvas)
+    for i in range(n):
+        x0, y0 = (i % columns) * w * scale, (i // columns) * (h * scale + cap_h)
+        tile = Image.fromarray(images[i].cpu().numpy()).resize((w * scale, h * scale), Image.NEAREST)
+        canvas.paste(tile, (x0, y0))
+        for box, colour in ((target_boxes[i], (0, 170, 0)), (pred_boxes[i], (230, 0, 230))):
+            if torch.isfinite(box).all():
+                x1, y1, x2, y2 = (float(v) * scale for v in box)
+                draw.rectangle([x0 + x1, y0 + y1, x0 + x2 - 1, y0 + y2 - 1], outline=colour, width=2)
+        draw.text((x0 + 2, y0 + h * scale + 1), captions[i][:28], fill=(0, 0, 0))
+    canvas.save(path)
+    return Path(path)

@@ -1,0 +1,88 @@
+"""The three things a policy needs from a Hugging Face processor: tokenizer, image processor, chat template.
+
+`AutoProcessor.from_pretrained` builds a Qwen-VL processor only with a video processor, and the real ones need
+torchvision, which CPU installs lack. We try `AutoProcessor` first and otherwise assemble the same pieces from
+`AutoTokenizer` and `AutoImageProcessor`; the one piece of processor logic this needs is expanding each image
+placeholder into as many tokens as the vision tower produces for that image.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from PIL import Image
+from transformers import AutoImageProcessor, AutoTokenizer
+
+
+class VisionTextProcessor:
+    """Chat template + tokenizer + image processor for Qwen-family VLMs.
+
+    Args:
+        tokenizer: a fast tokenizer carrying the model's chat template and `<|image_pad|>`.
+        image_processor: the model's image processor (PIL or fast backend).
+        image_token: the placeholder the chat template emits once per image.
+    """
+
+    def __init__(self, tokenizer, image_processor, image_token: str = "<|image_pad|>"):
+        self.tokenizer = tokenizer
+        self.image_processor = image_processor
+        self.image_token = image_token
+        self.image_token_id = tokenizer.convert_tokens_to_ids(image_token)
+        self.merge_size = int(getattr(image_processor, "merge_size", 2))
+        # Left padding: generation appends to the right end of every row.
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token is None:
+            raise ValueError("the tokenizer has no pad token; set one before building a policy")
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> VisionTextProcessor:
+        path = str(path)
+        try:
+            from transformers import AutoProcessor
+
+            processor = AutoProcessor.from_pretrained(path)
+            return cls(processor.tokenizer, processor.image_processor)
+        except (ImportError, OSError, ValueError, TypeError, AttributeError):
+            # No torchvision (CPU installs): the video processor cannot be built. Assemble the parts.
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            image_processor = AutoImageProcessor.from_pretrained(path)
+            return cls(tokenizer, image_processor)
+
+    def save_pretrained(self, path: str | Path) -> None:
+        self.tokenizer.save_pretrained(path)
+        self.image_processor.save_pretrained(path)
+
+    def prompt_text(self, instruction: str, num_images: int = 1) -> str:
+        """The chat-formatted prompt for one user turn with `num_images` images before the instruction."""
+        content = [{"type": "image"}] * num_images + [{"type": "text", "text": instruction}]
+        messages = [{"role": "user", "content": content}]
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+    def __call__(self, texts: list[str], images: list[Image.Image]) -> dict[str, torch.Tensor]:
+        """Tokenise prompts that hold one image placeholder per image, left padded.
+
+        Returns:
+            `input_ids` [B, P], `attention_mask` [B, P], `pixel_values` [sum of patches, C*T*p*p],
+            `image_grid_thw` [num_images, 3].
+        """
+        vision = self.image_processor(images=images, return_tensors="pt")
+        grid = vision["image_grid_thw"]  # [num_images, 3]
+        tokens_per_image = (grid.prod(-1) // self.merge_size**2).tolist()
+        expanded, k = [], 0
+        for text in texts:
+            parts = text.split(self.image_token)
+            out = parts[0]
+            for part in parts[1:]:
+                out += self.image_token * tokens_per_image[k] + part
+                k += 1
+            expanded.append(out)
+        if k != len(images):
+            raise ValueError(f"the prompts hold {k} image placeholders for {len(images)} images")
+        enc = self.tokenizer(expanded, return_tensors="pt", padding=True, add_special_tokens=False)
+        return {
+            "input_ids": enc["input_ids"],
+            "attention_mask": enc["attention_mask"],
+            "pixel_values": vision["pixel_values"],
+            "image_grid_thw": grid,
+        }

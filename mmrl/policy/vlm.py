@@ -1,0 +1,243 @@
+"""`VLMPolicy`: the only module that knows chat templates, padding sides, `pixel_values` and `image_grid_thw`.
+
+Verbs: `generate(obs, group_size, sampling)` samples G completions per prompt and keeps the sampling-time
+per-token log-probs; `logprobs(batch)` recomputes them under the current weights (with gradients).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForImageTextToText
+
+from sim.base import Observation
+
+from .processing import VisionTextProcessor
+from .vision import to_pil
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How completions are drawn. `temperature=0` means greedy."""
+
+    max_new_tokens: int = 32
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """R = B*G sampled completions, rows grouped contiguously (`x.view(-1, G)` gives the groups).
+
+    Every tensor has R rows: prompts and images are repeated per completion so that any contiguous slice of
+    rows is a self-contained model input (micro-batches are slices).
+    """
+
+    prompt_ids: torch.Tensor  # [R, P] left padded
+    prompt_mask: torch.Tensor  # [R, P] bool
+    pixel_values: torch.Tensor  # [sum of patches over R rows, C*T*p*p]
+    image_grid_thw: torch.Tensor  # [R*I, 3], I images per row
+    completion_ids: torch.Tensor  # [R, L] right padded after EOS
+    completion_mask: torch.Tensor  # [R, L] bool, True up to and including EOS
+    logprobs: torch.Tensor  # [R, L] per token, at sampling time (temperature-scaled), 0 where masked
+    texts: list[str]  # R decoded completions
+    group_size: int
+    images_per_row: int = 1
+
+    def __len__(self) -> int:
+        return self.completion_ids.shape[0]
+
+    def rows(self, start: int, stop: int) -> Rollout:
+        """Rows [start, stop) as a self-contained rollout (a micro-batch)."""
+        i = self.images_per_row
+        patches = self.image_grid_thw.prod(-1)  # [R*I]
+        offsets = torch.cat([patches.new_zeros(1), patches.cumsum(0)])
+        return replace(
+            self,
+            prompt_ids=self.prompt_ids[start:stop],
+            prompt_mask=self.prompt_mask[start:stop],
+            pixel_values=self.pixel_values[offsets[start * i] : offsets[stop * i]],
+            image_grid_thw=self.image_grid_thw[start * i : stop * i],
+            completion_ids=self.completion_ids[start:stop],
+            completion_mask=self.completion_mask[start:stop],
+            logprobs=self.logprobs[start:stop],
+            texts=self.texts[start:stop],
+        )
+
+
+def completion_mask_from_ids(completion_ids: torch.Tensor, eos_token_ids: list[int]) -> torch.Tensor:
+    """True for every token up to and including the first EOS of each row.
+
+    Args:
+        completion_ids: `[R, L]` generated tokens.
+        eos_token_ids: ids that end a completion.
+
+    Returns:
+        `[R, L]` bool.
+    """
+    is_eos = torch.isin(completion_ids, torch.tensor(eos_token_ids, device=completion_ids.device))
+    # A token is kept if no EOS came strictly before it.
+    eos_before = is_eos.int().cumsum(-1) - is_eos.int()
+    return eos_before == 0
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log p(token) under softmax(logits / temperature).
+
+    Args:
+        logits: `[R, L, V]`.
+        tokens: `[R, L]`.
+
+    Returns:
+        `[R, L]` per token.
+    """
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    # logsumexp + gather avoids materialising a second [R, L, V] tensor of log-probs.
+    chosen = logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    return chosen - torch.logsumexp(logits, dim=-1)
+
+
+class VLMPolicy:
+    """A Hugging Face image-text-to-text model with its processor, as a policy over text actions.
+
+    Args:
+        model: an `AutoModelForImageTextToText` model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL tested).
+        processor: its `VisionTextProcessor`.
+        prompt_template: how an env instruction becomes the user turn; `{instruction}` is replaced.
+    """
+
+    def __init__(self, model, processor: VisionTextProcessor, prompt_template: str = "{instruction}"):
+        self.model = model
+        self.processor = processor
+        self.prompt_template = prompt_template
+        tok = processor.tokenizer
+        eos = model.generation_config.eos_token_id if model.generation_config is not None else None
+        eos = eos if eos is not None else tok.eos_token_id
+        self.eos_token_ids = [eos] if isinstance(eos, int) else list(eos)
+        self.pad_token_id = tok.pad_token_id
+        # transformers >= 5.2x computes multimodal RoPE positions only when told which tokens are image tokens;
+        # without `mm_token_type_ids` it silently falls back to 1-D positions. Older versions take no such input.
+        self._wants_mm_token_types = "mm_token_type_ids" in inspect.signature(model.forward).parameters
+        # A sampled vision placeholder would make the next forward pass expect image features that do not exist.
+        names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+        self.suppress_token_ids = sorted({i for n in names if (i := getattr(model.config, n, None)) is not None})
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu", **kwargs
+    ) -> VLMPolicy:
+        """Load a checkpoint folder (or a hub id where a hub is reachable) with its processor."""
+        model = AutoModelForImageTextToText.from_pretrained(str(path), dtype=dtype).to(device)
+        return cls(model, VisionTextProcessor.from_pretrained(path), **kwargs)
+
+    def save_pretrained(self, path: str | Path) -> None:
+        self.model.save_pretrained(path)
+        self.processor.save_pretrained(path)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    # ------------------------------------------------------------------ inputs
+    def encode(self, obs: Observation) -> dict[str, torch.Tensor]:
+        """Model inputs for every world of `obs`: one image and one instruction per row."""
+        texts = [self.processor.prompt_text(self.prompt_template.format(instruction=s)) for s in obs.instruction]
+        images = [to_pil(img) for img in obs.image]
+        return self._with_token_types({k: v.to(self.device) for k, v in self.processor(texts, images).items()})
+
+    def _with_token_types(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if self._wants_mm_token_types:
+            inputs["mm_token_type_ids"] = (inputs["input_ids"] == self.processor.image_token_id).int()
+        return inputs
+
+    # ------------------------------------------------------------------ generation
+    @torch.no_grad()
+    def generate(self, obs: Observation, group_size: int = 1, sampling: Sampling = Sampling()) -> Rollout:
+        """Sample `group_size` completions for each distinct prompt of `obs`.
+
+        `obs` holds R = B*G worlds where each run of G consecutive worlds was reset with the same seed (the GRPO
+        group contract), so only every G-th world is encoded and the model samples G completions for it.
+
+        Returns:
+            A `Rollout` with R rows.
+        """
+        if len(obs) % group_size:
+            raise ValueError(f"{len(obs)} worlds do not split into groups of {group_size}")
+        prompts = obs.select(range(0, len(obs), group_size)) if group_size > 1 else obs
+        inputs = self.encode(prompts)
+        greedy = sampling.temperature <= 0
+        was_training = self.model.training
+        self.model.eval()
+        out = self.model.generate(
+            **inputs,
+            do_sample=not greedy,
+            temperature=None if greedy else sampling.temperature,
+            top_p=None if greedy else sampling.top_p,
+            top_k=None if greedy else sampling.top_k,
+            max_new_tokens=sampling.max_new_tokens,
+            num_return_sequences=group_size,
+            eos_token_id=self.eos_token_ids,
+            pad_token_id=self.pad_token_id,
+            suppress_tokens=self.suppress_token_ids or None,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
+        self.model.train(was_training)
+        prompt_len = inputs["input_ids"].shape[1]
+        completion_ids = out.sequences[:, prompt_len:]  # [R, L]
+        mask = completion_mask_from_ids(completion_ids, self.eos_token_ids)
+        logits = torch.stack(out.logits, dim=1).float()  # [R, L, V] raw logits
+        logprobs = token_logprobs(logits, completion_ids, 1.0 if greedy else sampling.temperature)
+        completion_ids = completion_ids.masked_fill(~mask, self.pad_token_id)
+        texts = self.processor.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+        repeat = lambda x: x.repeat_interleave(group_size, dim=0)  # noqa: E731
+        return Rollout(
+            prompt_ids=repeat(inputs["input_ids"]),
+            prompt_mask=repeat(inputs["attention_mask"]).bool(),
+            pixel_values=_repeat_images(inputs["pixel_values"], inputs["image_grid_thw"], group_size),
+            image_grid_thw=repeat(inputs["image_grid_thw"]),
+            completion_ids=completion_ids,
+            completion_mask=mask,
+            logprobs=logprobs.masked_fill(~mask, 0.0),
+            texts=texts,
+            group_size=group_size,
+        )
+
+    # ------------------------------------------------------------------ scoring
+    def logprobs(self, batch: Rollout, temperature: float = 1.0) -> torch.Tensor:
+        """Per-token log-probs of `batch`'s completions under the current weights, with gradients.
+
+        Returns:
+            `[R, L]` per token (values at masked positions are meaningless; callers mask them).
+        """
+        input_ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)
+        attention_mask = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1).long()
+        length = batch.completion_ids.shape[1]
+        inputs = self._with_token_types(
+            {
+                "input_ids": input_ids,
+                "attention_mask": attention_mask,
+                "pixel_values": batch.pixel_values,
+                "image_grid_thw": batch.image_grid_thw,
+            }
+        )
+        out = self.model(
+            **inputs,
+            logits_to_keep=length + 1,  # only the positions that predict completion tokens
+            use_cache=False,
+        )
+        logits = out.logits[:, :-1].float()  # [R, L, V]
+        return token_logprobs(logits, batch.completion_ids, temperature if temperature > 0 else 1.0)
+
+
+def _repeat_images(pixel_values: torch.Tensor, grid_thw: torch.Tensor, times: int) -> torch.Tensor:
+    """Repeat each image's patch rows `times` times, keeping images in order."""
+    if times == 1:
+        return pixel_values
+    chunks = pixel_values.split(grid_thw.prod(-1).tolist(), dim=0)
+    return torch.cat([c for c in chunks for _ in range(times)], dim=0)

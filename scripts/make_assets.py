@@ -1,0 +1,199 @@
+"""Build every file under assets/ from scratch, deterministically. The committed assets are this script's output.
+
+    python scripts/make_assets.py            # tokenizer + tiny configs + the demo's warm-start checkpoint
+    python scripts/make_assets.py --no-warm  # skip the (few-minute) supervised warm start
+
+What it writes:
+- assets/tokenizer/: a byte-level BPE tokenizer trained locally with `tokenizers` on Python's own help texts and
+  the phrases of our synthetic tasks, with Qwen's pre-tokenisation (digits split one by one), Qwen's chat special
+  tokens and the Qwen2-VL chat template.
+- assets/tiny_models/<arch>/: config.json + preprocessor_config.json for tiny Qwen2-VL, Qwen2.5-VL and Qwen3-VL
+  (hidden 128, 2 layers, about 1 M parameters). Weights are drawn from a seed by `mmrl.policy.tiny.build_tiny`.
+- assets/tiny_models/qwen2_vl_grounding/: the demo's warm start, a tiny Qwen2-VL after a short supervised
+  cold start on the grounding task (as the RL papers do before RL), saved in float16 to stay small.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ASSETS = ROOT / "assets"
+
+# Qwen2's pre-tokenisation pattern: words, single digits, punctuation runs, whitespace.
+QWEN_SPLIT = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+SPECIAL_TOKENS = [
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
+    "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
+    "<|image_pad|>", "<|video_pad|>",
+]  # fmt: skip
+# Qwen2-VL's chat template (image and text parts; a default system turn).
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}<|im_start|>system\n"
+    "You are a helpful assistant.<|im_end|>\n{% endif %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n{% else %}"
+    "{% for content in message['content'] %}{% if content['type'] == 'image' or 'image' in content %}"
+    "<|vision_start|><|image_pad|><|vision_end|>{% elif 'text' in content %}{{ content['text'] }}{% endif %}"
+    "{% endfor %}<|im_end|>\n{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+VOCAB_SIZE = 2048
+COLOURS = ["red", "green", "blue", "yellow", "orange", "purple", "black", "white", "gray", "pink"]
+KINDS = ["circle", "square", "triangle", "diamond", "star", "rectangle", "button", "icon", "line", "arrow"]
+
+
+def task_corpus(rng: random.Random) -> list[str]:
+    """Phrases our tasks use, so they tokenise compactly (a real tokenizer has seen them too)."""
+    lines = []
+    for _ in range(3000):
+        c, k = rng.choice(COLOURS), rng.choice(KINDS)
+        box = [rng.randrange(0, 1000) for _ in range(4)]
+        lines.append(f"Find the {c} {k}. Answer as <answer>[x1,y1,x2,y2]</answer>.")
+        lines.append(f"<think>The {c} {k} is here.</think><answer>[{box[0]},{box[1]},{box[2]},{box[3]}]</answer>")
+        lines.append(f'{{"bbox_2d": [{box[0]}, {box[1]}, {box[2]}, {box[3]}], "label": "{c} {k}"}}')
+        lines.append(f'click({box[0]}, {box[1]}) type("{c}") scroll(down) press(enter) <svg width="{box[2]}">')
+    return lines
+
+
+def build_tokenizer(out: Path) -> None:
+    import pydoc_data.topics
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import Qwen2TokenizerFast
+
+    rng = random.Random(0)
+    corpus = [pydoc_data.topics.topics[k] for k in sorted(pydoc_data.topics.topics)] + task_corpus(rng)
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        min_frequency=2,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=SPECIAL_TOKENS,
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer)
+    hf = Qwen2TokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+        bos_token=None,
+        additional_special_tokens=SPECIAL_TOKENS[1:],
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=4096,
+    )
+    shutil.rmtree(out, ignore_errors=True)
+    hf.save_pretrained(out)
+
+
+def tiny_configs(tok) -> dict[str, tuple[dict, dict]]:
+    """(model config, image processor config) for each tiny architecture."""
+    ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    common = dict(
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True,
+    )
+    text = dict(
+        vocab_size=len(tok),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=ids["<|im_end|>"],
+        pad_token_id=ids["<|endoftext|>"],
+        tie_word_embeddings=True,
+    )
+    # mrope_section splits head_dim/2 = 16 rotary frequencies over (time, height, width).
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 6, 6]}
+    image_14 = {"patch_size": 14, "merge_size": 2, "temporal_patch_size": 2, "min_pixels": 56 * 56}
+    return {
+        "qwen2_vl": (
+            dict(
+                model_type="qwen2_vl",
+                text_config=dict(text, rope_parameters=rope),
+                vision_config=dict(
+                    depth=2, embed_dim=64, hidden_size=128, num_heads=4, mlp_ratio=2, patch_size=14,
+                    spatial_merge_size=2, temporal_patch_size=2,
+                ),
+                **common,
+            ),
+            dict(image_14, max_pixels=448 * 448),
+        ),
+        "qwen2_5_vl": (
+            dict(
+                model_type="qwen2_5_vl",
+                text_config=dict(text, rope_parameters=rope),
+                vision_config=dict(
+                    depth=2, hidden_size=64, intermediate_size=128, num_heads=4, patch_size=14, spatial_merge_size=2,
+                    temporal_patch_size=2, window_size=56, out_hidden_size=128, fullatt_block_indexes=[1],
+                ),
+                **common,
+            ),
+            dict(image_14, max_pixels=448 * 448),
+        ),
+        "qwen3_vl": (
+            dict(
+                model_type="qwen3_vl",
+                text_config=dict(
+                    text, head_dim=32,
+                    rope_parameters={**rope, "mrope_section": [6, 5, 5], "mrope_interleaved": True},
+                ),
+                vision_config=dict(
+                    depth=2, hidden_size=64, intermediate_size=128, num_heads=4, patch_size=16, spatial_merge_size=2,
+                    temporal_patch_size=2, out_hidden_size=128, num_position_embeddings=64,
+                    deepstack_visual_indexes=[1],
+                ),
+                **common,
+            ),
+            {"patch_size": 16, "merge_size": 2, "temporal_patch_size": 2, "min_pixels": 64 * 64, "max_pixels": 512 * 512},
+        ),
+    }  # fmt: skip
+
+
+def build_tiny_configs(out_root: Path) -> None:
+    from transformers import AutoConfig, AutoTokenizer
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    tok = AutoTokenizer.from_pretrained(ASSETS / "tokenizer")
+    for arch, (model_cfg, image_cfg) in tiny_configs(tok).items():
+        out = out_root / arch
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        model_type = model_cfg.pop("model_type")
+        AutoConfig.for_model(model_type, **model_cfg).save_pretrained(out)
+        Qwen2VLImageProcessorPil(**image_cfg).save_pretrained(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--no-warm", action="store_true", help="skip the warm-start checkpoint")
+    args = parser.parse_args()
+    build_tokenizer(ASSETS / "tokenizer")
+    build_tiny_configs(ASSETS / "tiny_models")
+    print(f"wrote {ASSETS / 'tokenizer'} and tiny configs for qwen2_vl, qwen2_5_vl, qwen3_vl")
+    if not args.no_warm:
+        from mmrl.warmstart import make_warm_start
+
+        make_warm_start(ASSETS / "tiny_models" / "qwen2_vl_grounding")
+
+
+if __name__ == "__main__":
+
+    main()
