@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 EPILOG = """examples:
   mmrl train configs/grounding_tiny.yaml
@@ -50,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             if cfg.checkpoint is None:
                 print("mmrl eval: give the checkpoint to evaluate as checkpoint=PATH", file=sys.stderr)
+                return 2
+            if not Path(cfg.checkpoint).is_dir():
+                print(f"mmrl eval: no checkpoint folder at {cfg.checkpoint}", file=sys.stderr)
                 return 2
             from .trainer import METRIC_LABELS, held_out, load_policy
 

@@ -44,12 +44,12 @@ class SamplingConfig:
 @dataclass(frozen=True)
 class AlgoConfig:
     group_size: int = 8  # G completions per prompt
-    advantage: str = "grpo"  # a name in mmrl.algos.ADVANTAGES
+    advantage: str = "grpo"  # a name in mmrl.algos.ADVANTAGES: grpo, dr_grpo, rloo, reinforce_pp
     scale_by_std: bool = True
-    loss: str = "ppo_clip"  # a name in mmrl.algos.POLICY_LOSSES
+    loss: str = "ppo_clip"  # a name in mmrl.algos.POLICY_LOSSES: ppo_clip, dual_clip, gspo
     clip_low: float = 0.2
     clip_high: float = 0.2
-    aggregation: Literal["token_mean", "seq_mean_token_mean"] = "token_mean"
+    aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
     kl_coef: float = 0.0  # > 0 loads a frozen reference copy of the initial policy
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
 
@@ -190,7 +190,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], cls=None) -> dic
                 types_ = _field_types(node_cls)
                 if part not in types_:
                     where = ".".join(parts[:depth]) or "the top level"
-                    raise ConfigError(f"unknown key {key!r}: {part!r} is not a field of {where}; valid: {', '.join(types_)}")
+                    raise ConfigError(
+                        f"unknown key {key!r}: {part!r} is not a field of {where}; valid: {', '.join(types_)}"
+                    )
                 tp = types_[part]
                 node_cls = tp if dataclasses.is_dataclass(tp) else None
             if last:

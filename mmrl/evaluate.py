@@ -47,6 +47,8 @@ def evaluate(
     keep: int = 16,
 ) -> EvalResult:
     """Mean reward components of greedy answers over `episodes` held-out single-step episodes."""
+    if episodes < 1 or batch_size < 1:
+        raise ValueError(f"evaluation needs episodes >= 1 and batch_size >= 1, got {episodes} and {batch_size}")
     seeds = eval_seeds(episodes)
     sums: dict[str, float] = {}
     first = None

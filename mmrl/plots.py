@@ -24,7 +24,9 @@ def reward_curve(metrics: list[dict], path: str | Path, keys: tuple[str, ...] = 
         steps, values = zip(*pts)
         ax.plot(steps, values, alpha=0.3, lw=1)
         k = max(1, len(values) // 20)
-        smooth = [sum(values[max(0, i - k + 1) : i + 1]) / len(values[max(0, i - k + 1) : i + 1]) for i in range(len(values))]
+        smooth = [
+            sum(values[max(0, i - k + 1) : i + 1]) / len(values[max(0, i - k + 1) : i + 1]) for i in range(len(values))
+        ]
         ax.plot(steps, smooth, lw=2, label=f"{key} (train)")
     evals = sorted({k for m in metrics for k in m if k.startswith("eval/") and k != "eval/episodes"})
     for key in evals[:3]:

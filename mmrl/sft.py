@@ -18,8 +18,9 @@ def supervised_batch(policy: VLMPolicy, obs: Observation, targets: list[str]) ->
     completion_ids = torch.full((len(ids), length), policy.pad_token_id, dtype=torch.long)
     for i, row in enumerate(ids):
         completion_ids[i, : len(row)] = torch.tensor(row)
-    mask = completion_ids != policy.pad_token_id
-    mask[:, 0] = True
+    # Lengths, not token values, decide the mask: some real configs use the EOS id as the pad id.
+    lengths = torch.tensor([len(row) for row in ids])
+    mask = torch.arange(length).unsqueeze(0) < lengths.unsqueeze(1)
     device = policy.device
     return Rollout(
         prompt_ids=inputs["input_ids"],

@@ -73,10 +73,19 @@ def train(cfg: TrainConfig, policy: VLMPolicy | None = None, stop_after: int | N
 
     # ------------------------------------------------------------------ BUILD
     resume_from = latest_checkpoint(out) if cfg.resume else None
-    if policy is None:
-        policy = load_policy(cfg.model, checkpoint=resume_from or cfg.checkpoint)
-    elif resume_from is not None:
-        policy = VLMPolicy.from_pretrained(resume_from, device=str(policy.device), prompt_template=policy.prompt_template)
+    initial = policy if policy is not None else load_policy(cfg.model, checkpoint=cfg.checkpoint)
+    reference = None
+    if ac.kl_coef > 0:
+        # The KL anchor is the policy the run started from, also after a resume.
+        reference = copy.deepcopy(initial)
+        reference.model.requires_grad_(False).eval()
+    policy = initial
+    if resume_from is not None:
+        dtype = next(initial.model.parameters()).dtype
+        policy = VLMPolicy.from_pretrained(
+            resume_from, dtype=dtype, device=str(initial.device), prompt_template=initial.prompt_template
+        )
+        del initial
     model = policy.model
     model.train()
     (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
@@ -87,10 +96,6 @@ def train(cfg: TrainConfig, policy: VLMPolicy | None = None, stop_after: int | N
     advantage_fn = algos.ADVANTAGES.get(ac.advantage)
     loss_fn = algos.POLICY_LOSSES.get(ac.loss)
     sampling = Sampling(cfg.sampling.max_new_tokens, cfg.sampling.temperature, cfg.sampling.top_p, cfg.sampling.top_k)
-    reference = None
-    if ac.kl_coef > 0:
-        reference = copy.deepcopy(policy)
-        reference.model.requires_grad_(False).eval()
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
     warmup = max(tc.warmup_steps, 0)
@@ -114,7 +119,9 @@ def train(cfg: TrainConfig, policy: VLMPolicy | None = None, stop_after: int | N
         print(f"held-out {label} before training: {before.metrics[cfg.env.eval_metric]:.3f}", file=sys.stderr)
 
     # ------------------------------------------------------------------ LOOP
-    bar = tqdm(range(start_step, tc.total_steps), initial=start_step, total=tc.total_steps, desc="grpo", dynamic_ncols=True)
+    bar = tqdm(
+        range(start_step, tc.total_steps), initial=start_step, total=tc.total_steps, desc="grpo", dynamic_ncols=True
+    )
     for step in bar:
         t0 = time.perf_counter()
         # Sampling randomness is a function of (seed, step) alone, so a resumed run samples what an
@@ -131,14 +138,18 @@ def train(cfg: TrainConfig, policy: VLMPolicy | None = None, stop_after: int | N
         rewards = result.reward  # [R]
         advantages = advantage_fn(rewards, group_size=group_size, scale_by_std=ac.scale_by_std)  # [R]
 
-        # ---- update: one pass over micro-batches; token-mean over the whole batch via per-slice weights
+        # ---- update: one pass over micro-batches. Each slice's loss is weighted by its share of the batch
+        # (tokens for token_mean, rows for the per-sequence means) so the sum equals the full-batch loss.
         optimizer.zero_grad(set_to_none=True)
         total_tokens = rollout.completion_mask.sum().clamp(min=1)
-        sums = {"loss/policy": 0.0, "loss/kl": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0}
+        sums: dict[str, torch.Tensor | float] = {"loss/policy": 0.0, "loss/kl": 0.0}
         for start in range(0, rows, tc.micro_batch_size):
             stop = min(start + tc.micro_batch_size, rows)
             mb = rollout.rows(start, stop)
-            weight = mb.completion_mask.sum() / total_tokens
+            if ac.aggregation == "token_mean":
+                weight = mb.completion_mask.sum() / total_tokens
+            else:
+                weight = torch.tensor((stop - start) / rows)
             logprobs = policy.logprobs(mb, temperature=sampling.temperature)  # [r, L]
             # One update per rollout: the sampling-time log-probs are the "old" ones (ratio 1 at the start).
             lo = loss_fn(
@@ -149,18 +160,20 @@ def train(cfg: TrainConfig, policy: VLMPolicy | None = None, stop_after: int | N
                 clip_low=ac.clip_low,
                 clip_high=ac.clip_high,
                 aggregation=ac.aggregation,
+                max_len=sampling.max_new_tokens,
             )
             loss = lo.loss
             if reference is not None:
                 with torch.no_grad():
                     ref_logprobs = reference.logprobs(mb, temperature=sampling.temperature)
-                kl = aggregate(kl_estimate(logprobs, ref_logprobs, ac.kl_estimator), mb.completion_mask, ac.aggregation)
+                per_token_kl = kl_estimate(logprobs, ref_logprobs, ac.kl_estimator, mask=mb.completion_mask)
+                kl = aggregate(per_token_kl, mb.completion_mask, ac.aggregation, max_len=sampling.max_new_tokens)
                 loss = loss + ac.kl_coef * kl
                 sums["loss/kl"] += kl.detach() * weight
             (loss * weight).backward()
             sums["loss/policy"] += lo.loss.detach() * weight
             for k, v in lo.metrics.items():
-                sums[k] += v * weight
+                sums[k] = sums.get(k, 0.0) + v * weight
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tc.max_grad_norm)
         optimizer.step()
         scheduler.step()
@@ -213,7 +226,11 @@ def report(cfg: TrainConfig, policy: VLMPolicy, before: dict, after: EvalResult,
         plots.reward_curve(metrics, out / "reward_curve.png", keys=keys or ("reward/total",))
         if "target_box" in after.info and "pred_box" in after.info:
             plots.box_grid(
-                after.images, after.info["target_box"], after.info["pred_box"], after.instructions, out / "predictions.png"
+                after.images,
+                after.info["target_box"],
+                after.info["pred_box"],
+                after.instructions,
+                out / "predictions.png",
             )
     except ImportError as e:  # matplotlib is an extra; the run's numbers matter more than its pictures
         print(f"skipped plots: {e}", file=sys.stderr)

@@ -9,7 +9,7 @@ What it writes:
   tokens and the Qwen2-VL chat template.
 - assets/tiny_models/<arch>/: config.json + preprocessor_config.json for tiny Qwen2-VL, Qwen2.5-VL and Qwen3-VL
   (hidden 128, 2 layers, about 1 M parameters). Weights are drawn from a seed by `mmrl.policy.tiny.build_tiny`.
-- assets/tiny_models/qwen2_vl_grounding/: the demo's warm start, a tiny Qwen2-VL after a short supervised
+- assets/tiny_models/qwen3_vl_grounding/: the demo's warm start, a tiny Qwen3-VL after a short supervised
   cold start on the grounding task (as the RL papers do before RL), saved in float16 to stay small.
 """
 
@@ -24,9 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ASSETS = ROOT / "assets"
 
 # Qwen2's pre-tokenisation pattern: words, single digits, punctuation runs, whitespace.
-QWEN_SPLIT = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
+QWEN_SPLIT = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 SPECIAL_TOKENS = [
     "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
     "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
@@ -61,6 +59,7 @@ def task_corpus(rng: random.Random) -> list[str]:
 
 def build_tokenizer(out: Path) -> None:
     import pydoc_data.topics
+
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import Qwen2TokenizerFast
 
@@ -191,9 +190,8 @@ def main() -> None:
     if not args.no_warm:
         from mmrl.warmstart import make_warm_start
 
-        make_warm_start(ASSETS / "tiny_models" / "qwen2_vl_grounding")
+        make_warm_start(ASSETS / "tiny_models" / "qwen3_vl_grounding")
 
 
 if __name__ == "__main__":
-
     main()

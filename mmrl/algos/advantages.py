@@ -1,34 +1,139 @@
-"""Advantage estimators over contiguous groups: rows [g*G, (g+1)*G) are one group."""
+"""Advantage estimators over contiguous groups: rows [g*G, (g+1)*G) are one group.
+
+Every registered estimator has the same call, `fn(rewards, *, group_size, scale_by_std, eps) -> [R]`, so the
+trainer swaps them by name. An estimator whose definition fixes the scaling (Dr. GRPO never scales, REINFORCE++
+always scales by the batch) accepts `scale_by_std` and ignores it, as its docstring says.
+"""
 
 from __future__ import annotations
+
+from typing import Literal
 
 import torch
 
 from . import ADVANTAGES
 
+Scale = Literal["group", "batch", "none"]
+
+
+def _grouped(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    if group_size < 1 or rewards.ndim != 1 or rewards.numel() % group_size:
+        raise ValueError(f"rewards of shape {tuple(rewards.shape)} do not split into groups of {group_size}")
+    return rewards.view(-1, group_size)  # [B, G]
+
 
 @ADVANTAGES.register("grpo")
 def grpo_advantages(
-    rewards: torch.Tensor, *, group_size: int, scale_by_std: bool = True, eps: float = 1e-6
+    rewards: torch.Tensor,
+    *,
+    group_size: int,
+    scale_by_std: bool = True,
+    eps: float = 1e-6,
+    scale: Scale | None = None,
 ) -> torch.Tensor:
     """Group-relative advantages (GRPO, https://arxiv.org/abs/2402.03300, eq. 3).
 
-    Each reward minus its group's mean, divided by the group's standard deviation when `scale_by_std`
-    (Dr. GRPO, https://arxiv.org/abs/2503.20783, drops that division as a source of difficulty bias).
+    Each reward minus its group's mean, divided by a standard deviation chosen by `scale`:
+
+    * `group`: the group's own (the original GRPO). Dr. GRPO (https://arxiv.org/abs/2503.20783) shows this
+      up-weights groups that are nearly all right or all wrong (a difficulty bias).
+    * `batch`: the standard deviation of all R raw rewards of the batch, one number for every group; keeps the
+      scale of the gradient steady without the per-group bias (TRL's `scale_rewards="batch"`).
+    * `none`: no division (Dr. GRPO; the same as the `dr_grpo` estimator).
 
     Args:
         rewards: `[R]` with R = B*G, groups contiguous.
         group_size: G.
-        scale_by_std: divide by the group's (unbiased) standard deviation plus `eps`.
+        scale_by_std: `scale="group"` when True, `"none"` when False; used only when `scale` is None.
         eps: keeps groups whose rewards are all equal at zero advantage instead of 0/0.
+        scale: `group`, `batch` or `none`; overrides `scale_by_std`.
 
     Returns:
         `[R]` advantages, zero for groups whose rewards are all equal.
     """
-    if rewards.ndim != 1 or rewards.numel() % group_size:
-        raise ValueError(f"rewards of shape {tuple(rewards.shape)} do not split into groups of {group_size}")
-    grouped = rewards.view(-1, group_size)  # [B, G]
+    grouped = _grouped(rewards, group_size)  # [B, G]
     centred = grouped - grouped.mean(dim=1, keepdim=True)
-    if scale_by_std and group_size > 1:
-        centred = centred / (grouped.std(dim=1, keepdim=True) + eps)
+    scale = scale if scale is not None else ("group" if scale_by_std else "none")
+    if scale == "group":
+        if group_size > 1:  # std of one sample is NaN; its centred reward is already 0
+            centred = centred / (grouped.std(dim=1, keepdim=True) + eps)
+    elif scale == "batch":
+        if rewards.numel() > 1:
+            centred = centred / (rewards.std() + eps)
+    elif scale != "none":
+        raise ValueError(f"unknown scale {scale!r}; use group, batch or none")
     return centred.reshape(-1)
+
+
+@ADVANTAGES.register("dr_grpo")
+def dr_grpo_advantages(
+    rewards: torch.Tensor, *, group_size: int, scale_by_std: bool = False, eps: float = 1e-6
+) -> torch.Tensor:
+    """Dr. GRPO advantages (https://arxiv.org/abs/2503.20783): reward minus group mean.
+
+    Pair with `aggregation="seq_mean_token_sum_norm"` for the full Dr. GRPO objective.
+
+    Args:
+        rewards: `[R]` with R = B*G, groups contiguous.
+        group_size: G.
+        scale_by_std: ignored; never scaling is what defines Dr. GRPO.
+        eps: ignored (nothing is divided).
+
+    Returns:
+        `[R]`.
+    """
+    return grpo_advantages(rewards, group_size=group_size, eps=eps, scale="none")
+
+
+@ADVANTAGES.register("rloo")
+def rloo_advantages(
+    rewards: torch.Tensor, *, group_size: int, scale_by_std: bool = False, eps: float = 1e-6
+) -> torch.Tensor:
+    """REINFORCE leave-one-out (RLOO, https://arxiv.org/abs/2402.14740): `r_i - mean of the other G-1 rewards`.
+
+    The baseline excludes the sample itself, so it is unbiased; algebraically `A_i = G/(G-1) * (r_i - mean)`.
+
+    Args:
+        rewards: `[R]` with R = B*G, groups contiguous.
+        group_size: G >= 2 (with one sample there is no other to compare against).
+        scale_by_std: ignored; RLOO does not scale.
+        eps: ignored.
+
+    Returns:
+        `[R]`.
+    """
+    if group_size < 2:
+        raise ValueError("rloo needs group_size >= 2")
+    grouped = _grouped(rewards, group_size)  # [B, G]
+    others_mean = (grouped.sum(dim=1, keepdim=True) - grouped) / (group_size - 1)  # [B, G]
+    return (grouped - others_mean).reshape(-1)
+
+
+@ADVANTAGES.register("reinforce_pp")
+def reinforce_pp_advantages(
+    rewards: torch.Tensor, *, group_size: int, scale_by_std: bool = True, eps: float = 1e-6
+) -> torch.Tensor:
+    """REINFORCE++-baseline (https://arxiv.org/abs/2501.03262): group mean baseline, batch normalisation.
+
+    `A = r - mean_group(r)`, then `A / (std_batch(A) + eps)` over all R advantages of the batch. Normalising by the
+    batch instead of the group is the paper's point: a group's own std over-weights easy and hard prompts.
+    After subtracting group means the batch mean of `A` is exactly zero, so whitening reduces to that division.
+
+    verl's `compute_reinforce_plus_plus_baseline_outcome_advantage` whitens the advantage broadcast over tokens,
+    which weights each completion by its length; with one reward per completion and no lengths in this call,
+    every completion counts once here.
+
+    Args:
+        rewards: `[R]` with R = B*G, groups contiguous.
+        group_size: G.
+        scale_by_std: ignored; the batch normalisation is part of the estimator.
+        eps: added to the batch standard deviation (all-equal batches stay at zero).
+
+    Returns:
+        `[R]`.
+    """
+    grouped = _grouped(rewards, group_size)  # [B, G]
+    centred = (grouped - grouped.mean(dim=1, keepdim=True)).reshape(-1)  # [R]
+    if centred.numel() < 2:
+        return centred
+    return centred / (centred.std() + eps)

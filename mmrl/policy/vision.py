@@ -22,7 +22,9 @@ except Exception:  # ImportError, or torchvision's own import errors on a CPU to
 HAS_QWEN_VL_UTILS = _qwen_vl_utils is not None
 
 
-def smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = 56 * 56, max_pixels: int = 28 * 28 * 1280):
+def smart_resize(
+    height: int, width: int, factor: int = 28, min_pixels: int = 56 * 56, max_pixels: int = 28 * 28 * 1280
+):
     """The (height, width) a Qwen-VL processor resizes an image to.
 
     Both sides become multiples of `factor` (patch size x merge size), the area is brought within

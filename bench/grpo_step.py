@@ -1,0 +1,505 @@
+"""Time one GRPO optimiser step of mmrl against TRL's `GRPOTrainer`, doing the same work, side by side.
+
+Both sides train the same tiny random Qwen2-VL (same seed, same weights) on the same grounding prompts (the same
+world seeds at every step), with 8 prompts x 8 completions x exactly 32 new tokens, 112 px images, the grounding
+env's reward (IoU + format), one forward/backward over the 64 rows, gradient clipping and one AdamW step. Runs of
+the two sides alternate within every round, so slow phases of a noisy machine hit both. See bench/README.md.
+
+    .venv/bin/python bench/grpo_step.py --repeats 5 [--json out.json] [--variants matched,kl,trl_defaults]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import io
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Before transformers, TRL and tqdm are imported: no hub, no progress bars, quiet tokenizers.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("TQDM_DISABLE", "1")  # mmrl's loop bar; tqdm >= 4.66 reads TQDM_* defaults from the env
+os.environ.setdefault("MPLBACKEND", "Agg")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without installing
+
+import torch  # noqa: E402
+
+import sim  # noqa: E402
+from mmrl.config import AlgoConfig, EnvConfig, SamplingConfig, TrainConfig, TrainerConfig  # noqa: E402
+from mmrl.evaluate import train_seeds  # noqa: E402
+from mmrl.policy import build_tiny  # noqa: E402
+from mmrl.policy.tiny import tiny_processor  # noqa: E402
+from mmrl.policy.vision import to_pil  # noqa: E402
+from mmrl.trainer import train  # noqa: E402
+from rewards import box_iou, format_reward, parse_boxes  # noqa: E402
+
+# ----------------------------------------------------------------------------------------------- THE WORK
+ARCH = "qwen2_vl"
+PROMPTS = 8  # B prompts per optimiser step
+GROUP_SIZE = 8  # G completions per prompt
+NEW_TOKENS = 32  # L, forced on both sides (EOS is masked until then, and generation stops there)
+IMAGE_SIZE = 112
+TEMPLATE = "{instruction} Answer as <answer>[x1,y1,x2,y2]</answer>."
+LR = 1e-5  # irrelevant to timing; equal on both sides anyway
+KL_BETA = 0.04  # the KL coefficient of the GRPO paper (DeepSeekMath), for the "kl" variant
+VARIANTS = ("matched", "kl", "trl_defaults")
+TRL_DEFAULTS = "trl defaults (gc on, fused adamw)"
+
+
+@dataclass
+class Run:
+    """One configuration of one side; every round runs each configured `Run` once."""
+
+    name: str
+    side: str  # "mmrl" or "trl"
+    beta: float = 0.0  # KL coefficient (mmrl: algo.kl_coef; TRL: beta)
+    gradient_checkpointing: bool = False  # TRL only; mmrl has none
+    optim: str = "adamw_torch"  # TRL only; "adamw_torch" is the torch.optim.AdamW that mmrl uses
+    samples: list[dict] = field(default_factory=list)  # one dict per timed step, over all rounds
+    round_medians: list[float] = field(default_factory=list)
+
+
+def world_seeds(steps: int) -> list[list[int]]:
+    """The B world seeds of each step, as `mmrl.trainer.train` (trainer.seed=0) draws them."""
+    return [train_seeds(step, PROMPTS, 1) for step in range(steps)]
+
+
+def _env_reward_weights() -> tuple[float, float]:
+    env = sim.make("grounding", num_envs=1, image_size=IMAGE_SIZE)
+    return env.iou_weight, env.format_weight
+
+
+IOU_WEIGHT, FORMAT_WEIGHT = _env_reward_weights()  # the env's defaults, which mmrl's side uses
+
+
+def grounding_reward(completions, target_box, **kwargs) -> list[float]:
+    """TRL reward function computing exactly `GroundingEnv.step`'s reward: iou_weight * IoU + format_weight * format."""
+    texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+    boxes, _ = parse_boxes(texts)  # [R, 4], NaN rows where unparsed
+    iou = box_iou(boxes, torch.tensor(target_box, dtype=torch.float32))  # [R]
+    reward = IOU_WEIGHT * iou + FORMAT_WEIGHT * format_reward(texts)  # [R]
+    return reward.tolist()
+
+
+def image_only_processor():
+    """A real `transformers.Qwen2VLProcessor` (a `ProcessorMixin`, which TRL requires for VLMs) without a video processor.
+
+    Workaround, local to this benchmark: transformers 5 builds a Qwen2-VL processor only with a video processor, and
+    the video processors need torchvision, which has no CPU build (../shared/NOTES-setup.md); even
+    `video_processor=None` fails the class check. `ProcessorMixin` takes its sub-processors from the names in
+    `__init__`'s signature, so a subclass whose `__init__` names only `image_processor` and `tokenizer` builds an
+    image-only processor. It sets the attributes `Qwen2VLProcessor.__init__` would and skips that `__init__` (which
+    passes a video processor on). `main` checks that it tokenises prompts to exactly the ids mmrl's policy uses.
+    """
+    from transformers import Qwen2VLProcessor
+    from transformers.processing_utils import ProcessorMixin
+
+    class ImageOnlyQwen2VLProcessor(Qwen2VLProcessor):
+        def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+            self.image_token, self.video_token = "<|image_pad|>", "<|video_pad|>"
+            self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
+            self.video_token_id = tokenizer.convert_tokens_to_ids(self.video_token)
+            ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template)
+
+    parts = tiny_processor(ARCH)  # left padding, as TRL pads prompts
+    return ImageOnlyQwen2VLProcessor(
+        parts.image_processor, parts.tokenizer, chat_template=parts.tokenizer.chat_template
+    )
+
+
+def build_dataset(steps: int):
+    """TRL's dataset: one row per (step, prompt), in the order mmrl draws them, with the target box for the reward."""
+    from datasets import Dataset
+
+    seeds = [s for step in world_seeds(steps) for s in step]
+    env = sim.make("grounding", num_envs=len(seeds), image_size=IMAGE_SIZE)
+    obs = env.reset(seed=seeds)
+    return Dataset.from_dict(
+        {
+            "prompt": [[{"role": "user", "content": TEMPLATE.format(instruction=s)}] for s in obs.instruction],
+            "image": [to_pil(img) for img in obs.image],
+            "target_box": env.target_boxes.tolist(),
+        }
+    )
+
+
+def timed(fn, log: list, keep=lambda args, kwargs: True):
+    """`fn` that appends (start, seconds) of each call to `log` (instance-level instrumentation; no code patched)."""
+
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        out = fn(*args, **kwargs)
+        if keep(args, kwargs):
+            log.append((start, time.perf_counter() - start))
+        return out
+
+    return wrapper
+
+
+def per_step(step_s: list[float], gen: list[tuple[float, float]], lengths: list[float], warmup: int) -> list[dict]:
+    """Samples of the steps after `warmup`. `period_s` is the time from this step's rollout start to the next one's:
+    the whole loop per step, including what the step timers leave out (data loading, logging); None for the last."""
+    if not (len(step_s) == len(gen) == len(lengths)):
+        raise RuntimeError(
+            f"step bookkeeping disagrees: {len(step_s)} steps, {len(gen)} rollouts, {len(lengths)} lengths"
+        )
+    starts = [g[0] for g in gen]
+    out = []
+    for i in range(warmup, len(step_s)):
+        period = starts[i + 1] - starts[i] if i + 1 < len(starts) else None
+        out.append({"step_s": step_s[i], "generate_s": gen[i][1], "period_s": period, "completion_len": lengths[i]})
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- MMRL SIDE
+def run_mmrl(run: Run, steps: int, warmup: int, workdir: Path, threads: int) -> list[dict]:
+    """`mmrl.trainer.train` itself; the step time is its own `perf/step_s` (eval before the loop is not in it)."""
+    policy = build_tiny(ARCH, seed=0, prompt_template=TEMPLATE)
+    # mmrl's Sampling has no minimum length; the model's generation config carries one into `generate`.
+    policy.model.generation_config.min_new_tokens = NEW_TOKENS
+    gen: list[tuple[float, float]] = []
+    # Only the training rollouts (group_size=G); the held-out eval before the loop generates with group_size=1.
+    policy.generate = timed(
+        policy.generate, gen, keep=lambda a, k: k.get("group_size", a[1] if len(a) > 1 else 1) == GROUP_SIZE
+    )
+    cfg = TrainConfig(
+        env=EnvConfig(name="grounding", options={"image_size": IMAGE_SIZE}),
+        sampling=SamplingConfig(max_new_tokens=NEW_TOKENS, temperature=1.0),
+        algo=AlgoConfig(group_size=GROUP_SIZE, kl_coef=run.beta),  # ppo_clip, token_mean, clip 0.2, std-scaled
+        trainer=TrainerConfig(
+            total_steps=steps,
+            prompts_per_step=PROMPTS,
+            micro_batch_size=PROMPTS * GROUP_SIZE,  # one forward/backward, as TRL with per_device_train_batch_size=64
+            lr=LR,
+            eval_episodes=1,  # the smallest held-out eval (it runs before the loop, outside every timer)
+            eval_batch_size=1,
+            save_every=0,
+            keep_checkpoints=1,
+            threads=threads,
+            seed=0,
+        ),
+        output_dir=str(workdir),
+    )
+    # stop_after: return right after the last step's checkpoint, skipping the final eval and plots (not timed anyway).
+    with contextlib.redirect_stderr(io.StringIO()):  # the held-out line; errors still raise
+        history = train(cfg, policy=policy, stop_after=steps)
+    rows = [h for h in history if "perf/step_s" in h]
+    return per_step([h["perf/step_s"] for h in rows], gen, [h["completion_len"] for h in rows], warmup)
+
+
+# ----------------------------------------------------------------------------------------------- TRL SIDE
+def run_trl(run: Run, steps: int, warmup: int, workdir: Path, dataset, model_dir: Path) -> list[dict]:
+    """`GRPOTrainer.train`; the step time runs from `on_step_begin` to `on_step_end` of each optimiser step."""
+    from transformers import TrainerCallback
+    from transformers.trainer_callback import PrinterCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    class StepTimer(TrainerCallback):
+        def __init__(self):
+            self.begin, self.step_s, self.lengths = 0.0, [], []
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.begin = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.step_s.append(time.perf_counter() - self.begin)
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "completions/mean_length" in logs:
+                self.lengths.append(logs["completions/mean_length"])
+
+    model = build_tiny(ARCH, seed=0).model  # the same weights as mmrl's policy
+    model.config._name_or_path = str(model_dir)  # with beta > 0, TRL loads its reference model from this path
+    args = GRPOConfig(
+        output_dir=str(workdir),
+        per_device_train_batch_size=PROMPTS * GROUP_SIZE,  # one optimiser step = B*G rows in one forward/backward
+        gradient_accumulation_steps=1,
+        num_generations=GROUP_SIZE,
+        max_completion_length=NEW_TOKENS,
+        generation_kwargs={"min_new_tokens": NEW_TOKENS},
+        temperature=1.0,
+        beta=run.beta,
+        gradient_checkpointing=run.gradient_checkpointing,
+        optim=run.optim,
+        learning_rate=LR,
+        lr_scheduler_type="constant",
+        max_steps=steps,
+        shuffle_dataset=False,  # step s takes rows [s*B, (s+1)*B): the prompts mmrl draws at step s
+        use_cpu=True,
+        bf16=False,
+        report_to=[],
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+    )
+    timer = StepTimer()
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=grounding_reward,
+        args=args,
+        train_dataset=dataset.select(range(steps * PROMPTS)),
+        processing_class=image_only_processor(),
+        callbacks=[timer],
+    )
+    trainer.remove_callback(PrinterCallback)  # with disable_tqdm it would print every step's logs
+    gen: list[tuple[float, float]] = []
+    trainer._generate = timed(trainer._generate, gen)  # prompt encoding + HF generate + decoding, like policy.generate
+    trainer.train()
+    return per_step(timer.step_s, gen, timer.lengths, warmup)
+
+
+# ----------------------------------------------------------------------------------------------- CHECKS
+def check_same_inputs(dataset) -> int:
+    """Fail unless both sides see the same prompt token ids and pixels and score completions the same. Returns P."""
+    from trl.data_utils import prepare_multimodal_messages
+
+    policy = build_tiny(ARCH, seed=0, prompt_template=TEMPLATE)
+    processor = image_only_processor()
+    seeds = world_seeds(1)[0]
+    env = sim.make("grounding", num_envs=PROMPTS, image_size=IMAGE_SIZE)
+    obs = env.reset(seed=seeds)
+    ours = policy.encode(obs)
+    rows = [dataset[i] for i in range(PROMPTS)]
+    convs = [prepare_multimodal_messages(r["prompt"], images=[r["image"]]) for r in rows]  # as GRPOTrainer does
+    theirs = processor.apply_chat_template(convs, add_generation_prompt=True, tokenize=True, return_dict=True)
+    for i in range(PROMPTS):
+        mine = ours["input_ids"][i][ours["attention_mask"][i].bool()].tolist()
+        if mine != list(theirs["input_ids"][i]):
+            raise RuntimeError(f"prompt {i}: mmrl and TRL tokenise differently")
+    if not torch.equal(torch.as_tensor(theirs["pixel_values"]), ours["pixel_values"]):
+        raise RuntimeError("mmrl and TRL preprocess the images differently")
+    boxes = env.target_boxes
+    texts = [f"<answer>[{', '.join(str(int(v) + k) for v in b)}]</answer>" for k, b in enumerate(boxes.tolist())]
+    texts[1] = "no box here"
+    want = env.step(texts).reward
+    got = torch.tensor(grounding_reward([[{"content": t}] for t in texts], [r["target_box"] for r in rows]))
+    torch.testing.assert_close(got, want)
+    return int(ours["attention_mask"].sum(-1).float().mean())
+
+
+def env_reset_seconds(repeats: int = 5) -> float:
+    """What drawing a step's R = B*G worlds costs (inside mmrl's step time; TRL reads decoded rows instead)."""
+    env = sim.make("grounding", num_envs=PROMPTS * GROUP_SIZE, image_size=IMAGE_SIZE)
+    times = []
+    for r in range(repeats):
+        t0 = time.perf_counter()
+        env.reset(seed=train_seeds(r, PROMPTS, GROUP_SIZE))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+# ----------------------------------------------------------------------------------------------- REPORT
+def machine() -> dict:
+    import transformers
+    import trl
+
+    cpu = ""
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        cpu = platform.processor()
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "cpu": cpu,
+        "nproc": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "trl": trl.__version__,
+        "loadavg_start": list(os.getloadavg()),
+    }
+
+
+def describe(values: list[float]) -> dict:
+    if not values:
+        return {"n": 0}
+    q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+    return {
+        "n": len(values),
+        "median": statistics.median(values),
+        "q1": q[0],
+        "q3": q[2],
+        "min": min(values),
+        "max": max(values),
+    }
+
+
+def summarise(run: Run) -> dict:
+    col = lambda k: [s[k] for s in run.samples if s[k] is not None]  # noqa: E731
+    rest = [s["step_s"] - s["generate_s"] for s in run.samples]
+    return {
+        "step_s": describe(col("step_s")),
+        "generate_s": describe(col("generate_s")),
+        "rest_s": describe(rest),
+        "period_s": describe(col("period_s")),
+        "completion_len": describe(col("completion_len")),
+        "round_medians": run.round_medians,
+    }
+
+
+def ratio(trl: Run, mmrl: Run) -> dict:
+    """TRL/mmrl from the pooled medians, and the spread of the per-round ratios (each round ran both, back to back)."""
+    pooled = statistics.median(s["step_s"] for s in trl.samples) / statistics.median(s["step_s"] for s in mmrl.samples)
+    rounds = [t / m for t, m in zip(trl.round_medians, mmrl.round_medians)]
+    periods = (
+        [s["period_s"] for s in trl.samples if s["period_s"]],
+        [s["period_s"] for s in mmrl.samples if s["period_s"]],
+    )
+    period = statistics.median(periods[0]) / statistics.median(periods[1]) if all(periods) else None
+    return {"step": pooled, "per_round": rounds, "period": period}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=5, help="rounds; each round runs every configuration once")
+    parser.add_argument("--steps", type=int, default=3, help="timed optimiser steps per run")
+    parser.add_argument("--warmup", type=int, default=1, help="steps per run before timing starts (dropped)")
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads on both sides")
+    parser.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help="comma list of: matched (beta 0, no gradient checkpointing), kl (beta 0.04 on both sides), "
+        "trl_defaults (TRL with its defaults: gradient checkpointing on, fused AdamW; against mmrl matched)",
+    )
+    parser.add_argument("--json", type=Path, default=None, help="also write every sample and the summary here")
+    opts = parser.parse_args()
+    variants = [v.strip() for v in opts.variants.split(",") if v.strip()]
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        parser.error(f"unknown variant {unknown[0]!r}; choose from {', '.join(VARIANTS)}")
+
+    torch.set_num_threads(opts.threads)
+    warnings.filterwarnings("ignore")
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    total = opts.warmup + opts.steps
+
+    runs = [Run("mmrl", "mmrl"), Run("trl", "trl")]  # matched: always measured, the headline
+    if "trl_defaults" in variants:
+        runs.append(Run(TRL_DEFAULTS, "trl", gradient_checkpointing=True, optim="adamw_torch_fused"))
+    if "kl" in variants:
+        runs += [Run(f"mmrl kl {KL_BETA}", "mmrl", beta=KL_BETA), Run(f"trl kl {KL_BETA}", "trl", beta=KL_BETA)]
+
+    info = machine()
+    print(f"# GRPO optimiser step: mmrl vs TRL GRPOTrainer, tiny {ARCH}, {info['date']}")
+    print(
+        f"# {info['cpu']}, nproc {info['nproc']}, torch threads {info['torch_threads']}, python {info['python']}, "
+        f"torch {info['torch']}, transformers {info['transformers']}, trl {info['trl']}, "
+        f"load avg {' '.join(f'{x:.2f}' for x in info['loadavg_start'])}"
+    )
+
+    dataset = build_dataset(total)
+    prompt_len = check_same_inputs(dataset)
+    params = sum(p.numel() for p in build_tiny(ARCH, seed=0).model.parameters())
+    print(
+        f"# work per step: {PROMPTS} prompts x {GROUP_SIZE} completions x {NEW_TOKENS} new tokens (forced), "
+        f"{IMAGE_SIZE} px images, {prompt_len}-token prompts (checked equal on both sides), {params / 1e6:.2f} M params; "
+        f"{opts.repeats} rounds x ({opts.warmup} warm-up + {opts.steps} timed steps) per configuration",
+        flush=True,
+    )
+
+    with tempfile.TemporaryDirectory(prefix="mmrl-bench-") as tmp:
+        tmp = Path(tmp)
+        model_dir = tmp / "model"
+        build_tiny(ARCH, seed=0).model.save_pretrained(model_dir)
+        for r in range(opts.repeats):
+            order = runs[r % len(runs) :] + runs[: r % len(runs)]  # rotate, so no run always follows the same one
+            for k, run in enumerate(order):
+                workdir = tmp / f"r{r}_{k}"
+                t0 = time.perf_counter()
+                if run.side == "mmrl":
+                    samples = run_mmrl(run, total, opts.warmup, workdir, opts.threads)
+                else:
+                    samples = run_trl(run, total, opts.warmup, workdir, dataset, model_dir)
+                run.samples += samples
+                run.round_medians.append(statistics.median(s["step_s"] for s in samples))
+                print(
+                    f"round {r + 1}/{opts.repeats}  {run.name:<36} step_s "
+                    + " ".join(f"{s['step_s']:.3f}" for s in samples)
+                    + f"  ({time.perf_counter() - t0:.0f} s with setup)",
+                    flush=True,
+                )
+
+    summary = {run.name: summarise(run) for run in runs}
+    by_name = {run.name: run for run in runs}
+    ratios = {"matched": ratio(by_name["trl"], by_name["mmrl"])}
+    if "trl_defaults" in variants:
+        ratios["trl_defaults"] = ratio(by_name[TRL_DEFAULTS], by_name["mmrl"])
+    if "kl" in variants:
+        ratios["kl"] = ratio(by_name[f"trl kl {KL_BETA}"], by_name[f"mmrl kl {KL_BETA}"])
+    info["loadavg_end"] = list(os.getloadavg())
+
+    print()
+    print(
+        "median seconds per optimiser step; [q1-q3] over all timed steps; generate = prompt encoding + sampling + decoding;"
+    )
+    print(
+        "rest = step - generate (scoring, advantages, forward/backward, clipping, AdamW); period = rollout start to next"
+    )
+    header = f"{'run':<36} {'n':>3} {'step':>7} {'[q1-q3]':>15} {'generate':>9} {'rest':>7} {'period':>7} {'len':>5}"
+    print(header)
+    print("-" * len(header))
+    for run in runs:
+        s = summary[run.name]
+        st = s["step_s"]
+        period = s["period_s"].get("median")
+        spread = f"[{st['q1']:.3f}-{st['q3']:.3f}]"
+        print(
+            f"{run.name:<36} {st['n']:>3} {st['median']:>7.3f} {spread:>15} "
+            f"{s['generate_s']['median']:>9.3f} {s['rest_s']['median']:>7.3f} "
+            f"{(f'{period:.3f}' if period else '-'):>7} {s['completion_len']['median']:>5.1f}"
+        )
+    print()
+    for name, rt in ratios.items():
+        rounds = rt["per_round"]
+        period = f", loop period {rt['period']:.2f}x" if rt["period"] else ""
+        print(
+            f"TRL/mmrl {name:<13} {rt['step']:.2f}x step time (per-round ratios {min(rounds):.2f}-{max(rounds):.2f}){period}"
+        )
+    print(
+        f"# mmrl's step includes drawing its {PROMPTS * GROUP_SIZE} worlds (env.reset, {1e3 * env_reset_seconds():.0f} ms "
+        f"here); TRL's step excludes its dataloader (in 'period'). load avg at end "
+        f"{' '.join(f'{x:.2f}' for x in info['loadavg_end'])}"
+    )
+
+    if opts.json is not None:
+        payload = {
+            "machine": info,
+            "work": {
+                "arch": ARCH,
+                "params": params,
+                "prompts": PROMPTS,
+                "group_size": GROUP_SIZE,
+                "new_tokens": NEW_TOKENS,
+                "image_size": IMAGE_SIZE,
+                "prompt_tokens": prompt_len,
+                "template": TEMPLATE,
+            },
+            "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(opts).items()},
+            "runs": [
+                {**{k: v for k, v in vars(run).items() if k != "samples"}, "samples": run.samples} for run in runs
+            ],
+            "summary": summary,
+            "ratios": ratios,
+        }
+        opts.json.parent.mkdir(parents=True, exist_ok=True)
+        opts.json.write_text(json.dumps(payload, indent=2))
+        print(f"# wrote {opts.json}")
+
+
+if __name__ == "__main__":
+    main()

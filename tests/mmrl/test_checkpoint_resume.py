@@ -1,0 +1,246 @@
+"""Checkpoints and resume: a run stopped or killed after step k and resumed ends where an uninterrupted run ends.
+
+The runs train a random tiny Qwen2-VL. On the plain grounding task its babble never holds a box, so every reward and
+every advantage is 0 and nothing would move; the in-process runs use `grounding_letters` (conftest), whose dense
+extra reward gives GRPO a real gradient, and the subprocess run (which cannot see a test-registered env) moves the
+weights with a k1 KL term instead, whose gradient does not vanish at the reference.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from mmrl.checkpoint import latest_checkpoint, list_checkpoints, load_training_state, save_checkpoint
+from mmrl.logging import MetricsLogger, read_metrics
+from mmrl.trainer import train
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def final_weights(output_dir: Path) -> dict[str, torch.Tensor]:
+    path = latest_checkpoint(output_dir)
+    assert path is not None, f"no checkpoint in {output_dir}"
+    return load_file(path / "model.safetensors")
+
+
+def assert_same_weights(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], atol: float = 0.0) -> None:
+    assert got.keys() == want.keys()
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=0, atol=atol, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def training_rows(output_dir: Path) -> list[dict]:
+    """The per-step training rows of metrics.jsonl, without timings (which differ between any two runs)."""
+    rows = [m for m in read_metrics(output_dir / "metrics.jsonl") if "reward/total" in m]
+    return [{k: v for k, v in m.items() if not k.startswith("perf/")} for m in rows]
+
+
+def assert_same_rows(got: list[dict], want: list[dict], keys: tuple[str, ...] | None = None) -> None:
+    assert [m["step"] for m in got] == [m["step"] for m in want]
+    for g, w in zip(got, want):
+        assert g.keys() == w.keys()
+        for key in keys or tuple(w):
+            assert g[key] == pytest.approx(w[key], abs=1e-6), f"step {w['step']}: {key} {g[key]} != {w[key]}"
+
+
+# A learning-rate warmup, so that a scheduler restarted from step 0 shows in the weights.
+RESUMED_RUN = ("trainer.total_steps=4", "trainer.warmup_steps=3")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_run(tmp_path_factory, tiny_run_config, letters_env):
+    """Four steps in one go, a checkpoint after each: the run every resumed one must reproduce."""
+    out = tmp_path_factory.mktemp("uninterrupted")
+    cfg = tiny_run_config(out, f"env.name={letters_env}", *RESUMED_RUN)
+    train(cfg)
+    return out
+
+
+def test_uninterrupted_run_moved_the_weights(uninterrupted_run):
+    """Guards the resume tests below against passing vacuously (weights that never move are easy to restore)."""
+    checkpoints = list_checkpoints(uninterrupted_run)
+    first, last = (load_file(p / "model.safetensors") for p in (checkpoints[0], checkpoints[-1]))
+    assert any(not torch.equal(first[k], last[k]) for k in last)
+    rewards = [m["reward/total"] for m in training_rows(uninterrupted_run)]
+    assert len(set(rewards)) > 1
+
+
+def test_stopped_and_resumed_run_matches_the_uninterrupted_one(
+    uninterrupted_run, tmp_path, tiny_run_config, letters_env
+):
+    cfg = tiny_run_config(tmp_path, f"env.name={letters_env}", *RESUMED_RUN)
+    train(cfg, stop_after=2)
+    assert latest_checkpoint(tmp_path).name == "step_00000002"
+    assert not (tmp_path / "eval.json").exists()  # stopped before the end-of-run report
+    # A fresh process would start from the config alone: no policy object carries over.
+    resumed_cfg = tiny_run_config(tmp_path, f"env.name={letters_env}", *RESUMED_RUN, "resume=true")
+    train(resumed_cfg)
+    assert latest_checkpoint(tmp_path).name == "step_00000004"
+    assert_same_weights(final_weights(tmp_path), final_weights(uninterrupted_run), atol=1e-6)
+    assert_same_rows(training_rows(tmp_path), training_rows(uninterrupted_run))
+    # The held-out score before training is carried in the checkpoint, not re-measured on the trained policy.
+    before = json.loads((tmp_path / "eval.json").read_text())["before"]
+    assert before == json.loads((uninterrupted_run / "eval.json").read_text())["before"]
+
+
+def test_resume_keeps_the_initial_policy_as_kl_reference(tmp_path, tiny_run_config, letters_env):
+    """With kl_coef > 0 the reference is the policy before training, in a resumed run as in an uninterrupted one."""
+    overrides = (f"env.name={letters_env}", "trainer.total_steps=2", "algo.kl_coef=0.5", "algo.kl_estimator=k3")
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    train(tiny_run_config(whole, *overrides))
+    train(tiny_run_config(parts, *overrides), stop_after=1)
+    train(tiny_run_config(parts, *overrides, "resume=true"))
+    assert training_rows(whole)[1]["loss/kl"] > 0  # the second step is measured against a different policy
+    assert_same_rows(training_rows(parts), training_rows(whole), keys=("loss/kl", "loss/policy", "reward/total"))
+    assert_same_weights(final_weights(parts), final_weights(whole), atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------- a real kill
+
+
+KILL_RUN = {
+    "model": {"path": "tiny:qwen2_vl", "prompt_template": "{instruction}"},
+    "env": {"name": "grounding", "options": {"image_size": 112}},
+    "sampling": {"max_new_tokens": 6},
+    # Zero rewards on plain grounding: the k1 KL term (gradient = kl_coef * grad log p) is what moves the weights.
+    "algo": {"group_size": 2, "kl_coef": 0.5, "kl_estimator": "k1"},
+    "trainer": {
+        "total_steps": 4,
+        "prompts_per_step": 2,
+        "eval_episodes": 2,
+        "eval_batch_size": 2,
+        "save_every": 1,
+        "lr": 1e-3,
+        "threads": 1,
+    },
+}
+
+
+def mmrl_train(config: Path, log: Path, *overrides: str) -> subprocess.Popen:
+    """`mmrl train` in a child process; its stderr goes to `log` (a pipe nobody reads could fill and block it)."""
+    with open(log, "w") as stderr:
+        return subprocess.Popen(
+            [sys.executable, "-m", "mmrl", "train", str(config), *overrides],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+
+
+def test_killed_run_resumes_to_the_weights_of_an_uninterrupted_one(tmp_path):
+    config = tmp_path / "kill.yaml"
+    config.write_text(yaml.safe_dump(KILL_RUN))
+    killed = tmp_path / "killed"
+
+    log = tmp_path / "stderr.txt"
+    proc = mmrl_train(config, log, f"output_dir={killed}")
+    try:
+        target = killed / "checkpoints" / "step_00000002"
+        deadline = time.monotonic() + 120
+        while not target.exists():
+            assert proc.poll() is None, f"the run ended before step 2:\n{log.read_text()}"
+            assert time.monotonic() < deadline, "no checkpoint of step 2 after 120 s"
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert latest_checkpoint(killed).name in ("step_00000002", "step_00000003"), "the kill came too late"
+    assert not (killed / "eval.json").exists()
+
+    resumed = mmrl_train(config, log, f"output_dir={killed}", "resume=true")
+    assert resumed.wait(timeout=300) == 0, log.read_text()
+    assert "resumed from" in log.read_text()
+
+    # The uninterrupted reference, in this process, from the same file.
+    from mmrl.config import load_config
+
+    whole = tmp_path / "whole"
+    train(load_config(config, [f"output_dir={whole}"]))
+    reference = final_weights(whole)
+    previous = load_file(list_checkpoints(whole)[-2] / "model.safetensors")
+    assert any(not torch.equal(reference[k], previous[k]) for k in reference)  # the KL term did move the weights
+    assert_same_weights(final_weights(killed), reference, atol=1e-6)
+    # loss/kl is left out: it depends on which policy is the reference (see the KL-reference test above).
+    assert_same_rows(training_rows(killed), training_rows(whole), keys=("reward/total", "loss/policy", "grad_norm"))
+
+
+# ---------------------------------------------------------------------------------------------- atomicity
+
+
+def test_latest_checkpoint_ignores_interrupted_writes_and_strays(tmp_path):
+    root = tmp_path / "checkpoints"
+    for name in ("step_00000002", "step_00000010", ".tmp_step_00000011_4242", "step_12"):
+        (root / name).mkdir(parents=True)
+    (root / "step_00000020").write_text("a file, not a checkpoint folder")
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000002", "step_00000010"]
+    assert latest_checkpoint(tmp_path).name == "step_00000010"
+    assert latest_checkpoint(tmp_path / "nowhere") is None
+
+
+@pytest.fixture
+def saver(tiny_policy):
+    """`save(output_dir, step, keep)` writes a real checkpoint of a tiny policy with AdamW and a scheduler."""
+    policy = tiny_policy("qwen2_vl", seed=0)
+    optimizer = torch.optim.AdamW(policy.model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+
+    def save(output_dir: Path, step: int, keep: int = 2) -> Path:
+        return save_checkpoint(
+            output_dir, step, policy, optimizer, scheduler, {"eval_before": {"iou": 0.5}}, keep=keep
+        )
+
+    return save
+
+
+def test_save_checkpoint_writes_a_complete_folder_and_prunes_old_ones(tmp_path, saver):
+    for step in (1, 2, 3):
+        saver(tmp_path, step, keep=2)
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names == ["step_00000002", "step_00000003"]  # no temporary folder left behind either
+    state, states = load_training_state(tmp_path / "checkpoints" / "step_00000003")
+    assert state == {"eval_before": {"iou": 0.5}, "step": 3}
+    assert {"optimizer", "scheduler", "rng"} <= states.keys()
+    assert (tmp_path / "checkpoints" / "step_00000003" / "model.safetensors").is_file()
+
+
+def test_save_checkpoint_keep_zero_keeps_all_and_a_resaved_step_is_replaced(tmp_path, saver):
+    for step in (1, 2, 3):
+        saver(tmp_path, step, keep=0)
+    assert len(list_checkpoints(tmp_path)) == 3
+    stale = tmp_path / "checkpoints" / "step_00000003" / "stale.txt"
+    stale.write_text("left from the first save of step 3")
+    saver(tmp_path, 3, keep=0)
+    assert not stale.exists()
+
+
+def test_metrics_logger_on_resume_drops_later_lines_and_a_torn_last_line(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    lines = [json.dumps({"step": s, "reward/total": s / 10}) for s in range(4)]
+    path.write_text("\n".join(lines) + '\n{"step": 4, "reward/to')  # killed in the middle of a write
+    logger = MetricsLogger(path, resume_step=2)
+    assert [m["step"] for m in read_metrics(path)] == [0, 1, 2]
+    logger.log(3, {"reward/total": torch.tensor(0.25), "loss/policy": math.nan})
+    rows = read_metrics(path)
+    assert [m["step"] for m in rows] == [0, 1, 2, 3]
+    assert rows[-1] == {"step": 3, "reward/total": 0.25, "loss/policy": None}  # tensors synced, NaN as null
+
+
+def test_metrics_logger_without_resume_starts_a_fresh_file(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(json.dumps({"step": 9}) + "\n")
+    MetricsLogger(path).log(1, {"x": 1})
+    assert read_metrics(path) == [{"step": 1, "x": 1.0}]

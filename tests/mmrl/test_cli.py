@@ -1,0 +1,96 @@
+"""The `mmrl` command: train, eval and envs; mistakes are exit code 2 with a message that names them."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from mmrl.checkpoint import latest_checkpoint
+from mmrl.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+PRESET = str(REPO / "configs" / "grounding_tiny.yaml")
+TINY = ["model.path=tiny:qwen2_vl", "env.options.image_size=112", "sampling.max_new_tokens=4"]
+
+
+@pytest.fixture(scope="module")
+def one_step_checkpoint(tmp_path_factory) -> Path:
+    """The final checkpoint of a one-step `mmrl train` run of a random tiny model."""
+    out = tmp_path_factory.mktemp("cli_run")
+    overrides = [
+        *TINY,
+        "algo.group_size=2",
+        "trainer.prompts_per_step=1",
+        "trainer.total_steps=1",
+        "trainer.eval_episodes=2",
+        "trainer.threads=1",
+        f"output_dir={out}",
+    ]
+    assert main(["train", PRESET, *overrides]) == 0
+    path = latest_checkpoint(out)
+    assert path is not None and path.name == "step_00000001"
+    return path
+
+
+def test_typo_in_an_override_exits_2_naming_the_key_and_the_valid_ones(capsys):
+    assert main(["train", PRESET, "trainer.totl_steps=3"]) == 2
+    err = capsys.readouterr().err
+    assert "totl_steps" in err
+    assert "total_steps" in err and "prompts_per_step" in err
+
+
+def test_bad_value_exits_2_naming_the_key(capsys):
+    assert main(["train", PRESET, "algo.aggregation=token_sum"]) == 2
+    assert "algo.aggregation" in capsys.readouterr().err
+
+
+def test_missing_config_file_exits_2(tmp_path, capsys):
+    assert main(["train", str(tmp_path / "nope.yaml")]) == 2
+    assert "nope.yaml" in capsys.readouterr().err
+
+
+def test_unknown_env_option_exits_2_naming_it(tmp_path, capsys):
+    code = main(["train", PRESET, *TINY, "env.options.image_sise=64", f"output_dir={tmp_path}"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "image_sise" in err and "image_size" in err
+
+
+def test_unknown_env_name_exits_2_listing_the_registered_ones(tmp_path, capsys):
+    assert main(["train", PRESET, *TINY, "env.name=groundng", f"output_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert "groundng" in err and "grounding" in err
+
+
+def test_envs_lists_grounding(capsys):
+    assert main(["envs"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.split()[:2] == ["grounding", "text"] for line in lines), lines
+
+
+def test_no_command_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main([])
+    assert exit_.value.code == 2
+
+
+def test_eval_prints_the_held_out_line_for_a_checkpoint(one_step_checkpoint, capsys):
+    args = ["eval", PRESET, *TINY, f"checkpoint={one_step_checkpoint}", "trainer.eval_episodes=2"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^held-out mean IoU: \d+\.\d{3}$", out, re.MULTILINE), out
+    for key in ("iou", "format", "reward", "success"):
+        assert re.search(rf"^{key}\s+\d+\.\d{{4}}$", out, re.MULTILINE), f"no {key} line in:\n{out}"
+
+
+def test_eval_without_checkpoint_exits_2(capsys):
+    assert main(["eval", PRESET, *TINY]) == 2
+    assert "checkpoint=" in capsys.readouterr().err
+
+
+def test_eval_of_a_missing_checkpoint_exits_2_naming_it(tmp_path, capsys):
+    missing = tmp_path / "checkpoints" / "step_00000099"
+    assert main(["eval", PRESET, *TINY, f"checkpoint={missing}"]) == 2
+    assert str(missing) in capsys.readouterr().err

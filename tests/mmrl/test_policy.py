@@ -1,0 +1,256 @@
+"""VLMPolicy on the three tiny real architectures: sampling-time log-probs, padding, groups, masks, checkpoints.
+
+The reference for every log-prob is one plain forward pass of the Hugging Face model written out in this file,
+so a bug shared by `VLMPolicy.generate` and `VLMPolicy.logprobs` still shows.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import replace
+
+import pytest
+import torch
+
+from mmrl.policy import TINY_ARCHS, Rollout, Sampling, VLMPolicy, completion_mask_from_ids
+
+TEMPERATURE = 0.7
+SAMPLING = Sampling(max_new_tokens=8, temperature=TEMPERATURE)
+ATOL = 1e-4
+
+
+def reference_logits(policy: VLMPolicy, rollout: Rollout) -> torch.Tensor:
+    """`[R, L, V]` logits that predict the completion tokens, from one forward pass over prompt + completion."""
+    model = policy.model
+    input_ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)  # [R, P+L]
+    attention_mask = torch.cat([rollout.prompt_mask, rollout.completion_mask], dim=1).long()
+    inputs = {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "pixel_values": rollout.pixel_values,
+        "image_grid_thw": rollout.image_grid_thw,
+    }
+    if "mm_token_type_ids" in inspect.signature(model.forward).parameters:
+        inputs["mm_token_type_ids"] = (input_ids == model.config.image_token_id).int()
+    with torch.no_grad():
+        logits = model(**inputs, use_cache=False).logits.float()  # [R, P+L, V]
+    prompt_len = rollout.prompt_ids.shape[1]
+    return logits[:, prompt_len - 1 : -1]  # position t predicts token t+1
+
+
+def reference_logprobs(policy: VLMPolicy, rollout: Rollout, temperature: float) -> torch.Tensor:
+    """`[R, L]` log-probs of the completion tokens under softmax(logits / temperature)."""
+    logits = reference_logits(policy, rollout) / temperature
+    return logits.log_softmax(-1).gather(-1, rollout.completion_ids.unsqueeze(-1)).squeeze(-1)
+
+
+def boost_logits(policy: VLMPolicy, token_ids: list[int], amount: float) -> None:
+    """Add `amount` to the logits of `token_ids`, in generation and in forward passes alike."""
+    bias = torch.zeros(policy.model.config.text_config.vocab_size)
+    bias[token_ids] = amount
+    policy.model.lm_head.register_forward_hook(lambda module, args, out: out + bias)
+
+
+def assert_close_on(mask: torch.Tensor, got: torch.Tensor, want: torch.Tensor, atol: float = ATOL) -> None:
+    torch.testing.assert_close(got[mask], want[mask], atol=atol, rtol=0)
+
+
+@pytest.fixture(scope="module", params=TINY_ARCHS)
+def sampled(request, tiny_policy, grounding_obs):
+    """(arch, policy, rollout): B=2 prompts x G=2 samples x 8 tokens, EOS made likely so some rows end early.
+
+    With the EOS logit raised by 3, rows end at different lengths (some run to the limit) and the rest of each row
+    is right padding, which every comparison below has to get right.
+    """
+    arch = request.param
+    policy = tiny_policy(arch, seed=0)
+    boost_logits(policy, policy.eos_token_ids, 3.0)
+    obs = grounding_obs(arch, [0, 0, 1, 1])
+    torch.manual_seed(0)
+    rollout = policy.generate(obs, group_size=2, sampling=SAMPLING)
+    lengths = rollout.completion_mask.sum(-1)
+    assert (lengths < rollout.completion_ids.shape[1]).any(), "no row ended early: the fixture tests no padding"
+    return arch, policy, rollout
+
+
+def test_sampling_logprobs_equal_a_plain_forward_pass(sampled):
+    _, policy, rollout = sampled
+    want = reference_logprobs(policy, rollout, TEMPERATURE)
+    mask = rollout.completion_mask
+    assert_close_on(mask, rollout.logprobs, want)
+    assert (rollout.logprobs[~mask] == 0).all()  # the documented contract: 0 where masked
+
+
+def test_recomputed_logprobs_equal_a_plain_forward_pass(sampled):
+    _, policy, rollout = sampled
+    got = policy.logprobs(rollout, temperature=TEMPERATURE)
+    assert got.requires_grad  # the trainer differentiates these
+    assert_close_on(rollout.completion_mask, got.detach(), reference_logprobs(policy, rollout, TEMPERATURE))
+
+
+def test_rows_is_a_self_contained_slice(sampled):
+    _, policy, rollout = sampled
+    full = policy.logprobs(rollout, temperature=TEMPERATURE).detach()
+    # Rows 1..2 straddle the two groups, so the slice needs the second image's patches, not the first's twice.
+    part = rollout.rows(1, 3)
+    assert len(part) == 2 and part.texts == rollout.texts[1:3]
+    got = policy.logprobs(part, temperature=TEMPERATURE).detach()
+    assert_close_on(part.completion_mask, got, full[1:3])
+    assert_close_on(part.completion_mask, part.logprobs, rollout.logprobs[1:3])
+
+
+def test_rows_of_a_group_share_prompt_and_image_but_not_completions(sampled):
+    _, _, rollout = sampled
+    group_size = rollout.group_size
+    patches = rollout.image_grid_thw.prod(-1).tolist()
+    images = rollout.pixel_values.split(patches)  # one chunk per row
+    for g in range(len(rollout) // group_size):
+        rows = range(g * group_size, (g + 1) * group_size)
+        for r in rows:
+            torch.testing.assert_close(rollout.prompt_ids[r], rollout.prompt_ids[rows[0]], rtol=0, atol=0)
+            torch.testing.assert_close(rollout.prompt_mask[r], rollout.prompt_mask[rows[0]], rtol=0, atol=0)
+            torch.testing.assert_close(images[r], images[rows[0]], rtol=0, atol=0)
+        completions = {tuple(rollout.completion_ids[r].tolist()) for r in rows}
+        assert len(completions) > 1, f"group {g}: every sample at temperature {TEMPERATURE} is the same"
+    assert not torch.equal(images[0], images[group_size])  # the two groups hold different scenes
+
+
+def test_padding_after_eos_holds_pad_tokens_and_no_text(sampled):
+    _, policy, rollout = sampled
+    eos = policy.eos_token_ids
+    for r in range(len(rollout)):
+        ids, mask = rollout.completion_ids[r], rollout.completion_mask[r]
+        n = int(mask.sum())
+        assert mask[:n].all() and not mask[n:].any()  # True then False
+        if n < len(ids):
+            assert ids[n - 1].item() in eos  # the last kept token is the EOS
+            assert (ids[n:] == policy.pad_token_id).all()
+        assert not any(t in eos for t in ids[: n - 1].tolist())  # no EOS before the last kept token
+    assert rollout.texts == policy.processor.tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
+
+
+def test_generate_refuses_worlds_that_do_not_split_into_groups(tiny_policy, grounding_obs):
+    policy = tiny_policy("qwen2_vl", seed=0)
+    with pytest.raises(ValueError, match="groups of 2"):
+        policy.generate(grounding_obs("qwen2_vl", [0, 0, 1]), group_size=2, sampling=SAMPLING)
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_left_padding_does_not_change_logprobs(arch, tiny_policy, grounding_obs):
+    policy = tiny_policy(arch, seed=0)
+    instructions = ["Find it.", "Find the yellow triangle just left of the large blue square, then draw its box."]
+    obs = grounding_obs(arch, [3, 4], instructions)
+    torch.manual_seed(0)
+    batch = policy.generate(obs, group_size=1, sampling=SAMPLING)
+    assert not batch.prompt_mask[0].all() and batch.prompt_mask[1].all(), "row 0 should be the left-padded one"
+    batch_logprobs = policy.logprobs(batch, temperature=TEMPERATURE).detach()
+    for i in range(2):
+        alone_inputs = policy.encode(obs.select([i]))
+        alone = replace(
+            batch.rows(i, i + 1),
+            prompt_ids=alone_inputs["input_ids"],
+            prompt_mask=alone_inputs["attention_mask"].bool(),
+        )
+        mask = alone.completion_mask
+        want = policy.logprobs(alone, temperature=TEMPERATURE).detach()
+        assert_close_on(mask, batch.logprobs[i : i + 1], want)  # sampled in a padded batch
+        assert_close_on(mask, batch_logprobs[i : i + 1], want)  # recomputed in a padded batch
+
+
+def test_what_the_left_padding_holds_does_not_matter(tiny_policy, grounding_obs):
+    policy = tiny_policy("qwen2_vl", seed=0)
+    obs = grounding_obs("qwen2_vl", [3, 4], ["Find it.", "Find the yellow triangle left of the blue square."])
+    torch.manual_seed(0)
+    batch = policy.generate(obs, group_size=1, sampling=SAMPLING)
+    pad = ~batch.prompt_mask
+    assert pad.any()
+    garbage = torch.where(pad, torch.full_like(batch.prompt_ids, 1000), batch.prompt_ids)  # 1000: an ordinary token
+    dirty = replace(batch, prompt_ids=garbage)
+    clean_logprobs = policy.logprobs(batch, temperature=TEMPERATURE).detach()
+    assert_close_on(batch.completion_mask, policy.logprobs(dirty, temperature=TEMPERATURE).detach(), clean_logprobs)
+
+
+def test_completion_mask_keeps_tokens_up_to_and_including_the_first_eos():
+    ids = torch.tensor(
+        [
+            [5, 2, 7, 2],  # EOS second: keep 2, drop what follows (a second EOS too)
+            [5, 6, 7, 8],  # no EOS: keep all
+            [2, 0, 0, 0],  # EOS first
+            [5, 6, 7, 3],  # the other EOS id, last
+        ]
+    )
+    want = torch.tensor(
+        [
+            [True, True, False, False],
+            [True, True, True, True],
+            [True, False, False, False],
+            [True, True, True, True],
+        ]
+    )
+    torch.testing.assert_close(completion_mask_from_ids(ids, [2, 3]), want)
+    assert completion_mask_from_ids(ids, [2])[3].all()
+
+
+def test_vision_placeholder_tokens_are_never_generated(tiny_policy, grounding_obs):
+    policy = tiny_policy("qwen2_vl", seed=0)
+    placeholders = policy.suppress_token_ids
+    config = policy.model.config
+    assert {config.image_token_id, config.video_token_id, config.vision_start_token_id} <= set(placeholders)
+    boost_logits(policy, placeholders, 30.0)  # without suppression the model would sample nothing else
+    obs = grounding_obs("qwen2_vl", [0, 1])
+    torch.manual_seed(0)
+    rollout = policy.generate(obs, group_size=1, sampling=Sampling(max_new_tokens=4, temperature=1.0))
+    assert not torch.isin(rollout.completion_ids, torch.tensor(placeholders)).any()
+    # The control: the boost does make placeholders win once suppression is off.
+    policy.suppress_token_ids = []
+    rollout = policy.generate(obs, group_size=1, sampling=Sampling(max_new_tokens=4, temperature=1.0))
+    assert torch.isin(rollout.completion_ids, torch.tensor(placeholders)).all()
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_saved_policy_loads_back_with_identical_logprobs(arch, tmp_path, tiny_policy, grounding_obs):
+    policy = tiny_policy(arch, seed=0)
+    policy.save_pretrained(tmp_path)
+    loaded = VLMPolicy.from_pretrained(tmp_path, prompt_template=policy.prompt_template)
+    assert type(loaded.model) is type(policy.model)
+    assert loaded.eos_token_ids == policy.eos_token_ids and loaded.pad_token_id == policy.pad_token_id
+    assert loaded.suppress_token_ids == policy.suppress_token_ids
+    obs = grounding_obs(arch, [5, 6])
+    want_inputs, got_inputs = policy.encode(obs), loaded.encode(obs)  # the processor round-trips too
+    assert want_inputs.keys() == got_inputs.keys()
+    for key in want_inputs:
+        torch.testing.assert_close(got_inputs[key], want_inputs[key], rtol=0, atol=0)
+    torch.manual_seed(0)
+    rollout = policy.generate(obs, group_size=1, sampling=SAMPLING)
+    want = policy.logprobs(rollout, temperature=TEMPERATURE).detach()
+    got = loaded.logprobs(rollout, temperature=TEMPERATURE).detach()
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
+def test_greedy_generation_is_deterministic(tiny_policy, grounding_obs):
+    policy = tiny_policy("qwen2_vl", seed=0)
+    obs = grounding_obs("qwen2_vl", [7, 8])
+    greedy = Sampling(max_new_tokens=8, temperature=0.0)
+    torch.manual_seed(1)
+    first = policy.generate(obs, group_size=1, sampling=greedy)
+    torch.manual_seed(2)  # greedy decoding must not read the RNG
+    second = policy.generate(obs, group_size=1, sampling=greedy)
+    torch.testing.assert_close(second.completion_ids, first.completion_ids, rtol=0, atol=0)
+    torch.testing.assert_close(second.logprobs, first.logprobs, rtol=0, atol=0)
+    assert second.texts == first.texts
+    # Greedy log-probs are those of the untempered distribution, and each greedy token is its position's argmax.
+    mask = first.completion_mask
+    assert_close_on(mask, first.logprobs, reference_logprobs(policy, first, 1.0))
+    logits = reference_logits(policy, first)
+    assert torch.equal(logits.argmax(-1)[mask], first.completion_ids[mask])
+
+
+def test_sampling_follows_the_global_seed(tiny_policy, grounding_obs):
+    policy = tiny_policy("qwen2_vl", seed=0)
+    obs = grounding_obs("qwen2_vl", [7, 8])
+    draws = []
+    for seed in (0, 0, 1):
+        torch.manual_seed(seed)
+        draws.append(policy.generate(obs, group_size=1, sampling=SAMPLING).completion_ids)
+    assert torch.equal(draws[0], draws[1])
+    assert not torch.equal(draws[0], draws[2])
