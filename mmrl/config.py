@@ -52,6 +52,17 @@ class AlgoConfig:
     aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
     kl_coef: float = 0.0  # > 0 loads a frozen reference copy of the initial policy
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    entropy_coef: float = 0.0  # entropy bonus weight
+    # Drop groups whose rewards are all equal (they carry no GRPO signal) before the update (DAPO).
+    dynamic_sampling: bool = False
+    # Perception-aware policy optimisation (PAPO, https://arxiv.org/abs/2507.06448): a second pass on a masked
+    # copy of each image; the KL between the two passes is pushed up with weight papo_gamma (0 turns PAPO off).
+    papo_gamma: float = 0.0
+    papo_eta: float = 0.0  # double-entropy regulariser weight (entropy of both passes), against loss hacking
+    papo_mask: Literal["patches", "pixels"] = "patches"  # blacken whole vision patches, or pixel-tensor entries
+    papo_mask_ratio: float = 0.6  # official: patches at 0.6; TRL's version: pixels at 0.3
+    papo_grad_through_masked: bool = False  # official: no gradient through the masked pass
+    papo_kl_bound: float | None = None  # clamp the per-token KL to [0, bound] (TRL used 0.2)
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,14 @@ from tqdm.auto import tqdm
 import sim
 
 from . import algos
-from .algos import aggregate, kl_estimate
+from .algos import aggregate, entropy_bonus_loss, kl_estimate
+from .algos.data import dynamic_sampling_keep
+from .algos.papo import papo_loss_terms
 from .checkpoint import latest_checkpoint, load_training_state, save_checkpoint, set_rng_state
 from .config import ModelConfig, TrainConfig, to_dict
 from .evaluate import EvalResult, evaluate, train_seeds
 from .logging import MetricsLogger, read_metrics
-from .policy import Sampling, VLMPolicy, build_tiny
+from .policy import Sampling, VLMPolicy, build_tiny, masked_images
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 METRIC_LABELS = {"iou": "mean IoU", "reward": "mean reward", "success": "success"}
@@ -137,20 +139,35 @@ def train(cfg: TrainConfig, policy: VLMPolicy | None = None, stop_after: int | N
         result = env.step(rollout.texts)
         rewards = result.reward  # [R]
         advantages = advantage_fn(rewards, group_size=group_size, scale_by_std=ac.scale_by_std)  # [R]
+        kept_groups = batch
+        if ac.dynamic_sampling:
+            # Groups whose rewards are all equal have zero advantage everywhere: train on the others only.
+            keep = dynamic_sampling_keep(rewards, group_size)  # [B]
+            kept_groups = int(keep.sum())
+            if 0 < kept_groups < batch:
+                kept_rows = keep.repeat_interleave(group_size).nonzero().squeeze(-1)
+                rollout, advantages = rollout.select(kept_rows), advantages[kept_rows]
+        masked = None
+        if ac.papo_gamma > 0:
+            mask_rng = torch.Generator().manual_seed(tc.seed * 1_000_003 + step)
+            masked = masked_images(policy, rollout, ac.papo_mask, ac.papo_mask_ratio, mask_rng)
 
         # ---- update: one pass over micro-batches. Each slice's loss is weighted by its share of the batch
         # (tokens for token_mean, rows for the per-sequence means) so the sum equals the full-batch loss.
         optimizer.zero_grad(set_to_none=True)
         total_tokens = rollout.completion_mask.sum().clamp(min=1)
         sums: dict[str, torch.Tensor | float] = {"loss/policy": 0.0, "loss/kl": 0.0}
-        for start in range(0, rows, tc.micro_batch_size):
-            stop = min(start + tc.micro_batch_size, rows)
+        n_rows = len(rollout)
+        with_entropy = ac.entropy_coef > 0 or ac.papo_eta > 0
+        for start in range(0, n_rows, tc.micro_batch_size):
+            stop = min(start + tc.micro_batch_size, n_rows)
             mb = rollout.rows(start, stop)
             if ac.aggregation == "token_mean":
                 weight = mb.completion_mask.sum() / total_tokens
             else:
-                weight = torch.tensor((stop - start) / rows)
-            logprobs = policy.logprobs(mb, temperature=sampling.temperature)  # [r, L]
+                weight = torch.tensor((stop - start) / n_rows)
+            out_lp = policy.logprobs(mb, temperature=sampling.temperature, with_entropy=with_entropy)
+            logprobs, entropy = out_lp if with_entropy else (out_lp, None)  # [r, L] each
             # One update per rollout: the sampling-time log-probs are the "old" ones (ratio 1 at the start).
             lo = loss_fn(
                 logprobs,
@@ -170,9 +187,31 @@ def train(cfg: TrainConfig, policy: VLMPolicy | None = None, stop_after: int | N
                 kl = aggregate(per_token_kl, mb.completion_mask, ac.aggregation, max_len=sampling.max_new_tokens)
                 loss = loss + ac.kl_coef * kl
                 sums["loss/kl"] += kl.detach() * weight
+            extras = []
+            if ac.entropy_coef > 0:
+                extras.append(
+                    entropy_bonus_loss(
+                        entropy, mb.completion_mask, coef=ac.entropy_coef, aggregation=ac.aggregation,
+                        max_len=sampling.max_new_tokens,
+                    )
+                )  # fmt: skip
+            if masked is not None:
+                # PAPO: the same tokens scored with part of the image hidden; their KL to the real pass is pushed up.
+                with torch.set_grad_enabled(ac.papo_grad_through_masked):
+                    out_m = policy.logprobs(masked.rows(start, stop), sampling.temperature, with_entropy=with_entropy)
+                masked_logprobs, masked_entropy = out_m if with_entropy else (out_m, None)
+                extras.append(
+                    papo_loss_terms(
+                        logprobs, masked_logprobs, mb.completion_mask, gamma=ac.papo_gamma, eta=ac.papo_eta,
+                        entropy=entropy, masked_entropy=masked_entropy, bound=ac.papo_kl_bound,
+                        aggregation=ac.aggregation, max_len=sampling.max_new_tokens,
+                    )
+                )  # fmt: skip
+            for extra in extras:
+                loss = loss + extra.loss
             (loss * weight).backward()
             sums["loss/policy"] += lo.loss.detach() * weight
-            for k, v in lo.metrics.items():
+            for k, v in [m for o in (lo, *extras) for m in o.metrics.items()]:
                 sums[k] = sums.get(k, 0.0) + v * weight
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tc.max_grad_norm)
         optimizer.step()
@@ -190,6 +229,8 @@ def train(cfg: TrainConfig, policy: VLMPolicy | None = None, stop_after: int | N
             "perf/generate_s": t_gen,
             "perf/tokens_per_s": rollout.completion_mask.sum() / (time.perf_counter() - t0),
         }
+        if ac.dynamic_sampling:
+            metrics["data/kept_groups"] = kept_groups
         if "success" in result.info:
             metrics["env/success_rate"] = result.info["success"].float().mean()
         logged = logger.log(step + 1, metrics)

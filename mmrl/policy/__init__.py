@@ -2,7 +2,7 @@
 
 from .processing import VisionTextProcessor
 from .tiny import TINY_ARCHS, build_tiny
-from .vlm import Rollout, Sampling, VLMPolicy, completion_mask_from_ids, token_logprobs
+from .vlm import Rollout, Sampling, VLMPolicy, completion_mask_from_ids, masked_images, token_logprobs
 
 __all__ = [
     "TINY_ARCHS",
@@ -12,5 +12,6 @@ __all__ = [
     "VisionTextProcessor",
     "build_tiny",
     "completion_mask_from_ids",
+    "masked_images",
     "token_logprobs",
 ]

@@ -53,9 +53,20 @@ class VisionTextProcessor:
         self.tokenizer.save_pretrained(path)
         self.image_processor.save_pretrained(path)
 
-    def prompt_text(self, instruction: str, num_images: int = 1) -> str:
-        """The chat-formatted prompt for one user turn with `num_images` images before the instruction."""
-        content = [{"type": "image"}] * num_images + [{"type": "text", "text": instruction}]
+    def prompt_text(self, instruction: str, num_images: int = 1, template: str = "{instruction}") -> str:
+        """The chat-formatted prompt for one user turn.
+
+        `template` places the instruction (`{instruction}`) and, optionally, the images (`{image}`); without an
+        `{image}` mark the images come first, as in Qwen-VL's own examples.
+        """
+        if "{image}" in template:
+            before, after = template.split("{image}", 1)
+        else:
+            before, after = "", template
+        content = [{"type": "text", "text": before.format(instruction=instruction)}] if before else []
+        content += [{"type": "image"}] * num_images
+        if after:
+            content.append({"type": "text", "text": after.format(instruction=instruction)})
         messages = [{"role": "user", "content": content}]
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 

@@ -51,6 +51,10 @@ class Rollout:
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
 
+    def select(self, rows: torch.Tensor) -> Rollout:
+        """The rows `rows` (a `[r]` long tensor), e.g. the groups dynamic sampling keeps."""
+        return _select(self, rows)
+
     def rows(self, start: int, stop: int) -> Rollout:
         """Rows [start, stop) as a self-contained rollout (a micro-batch)."""
         i = self.images_per_row
@@ -67,6 +71,28 @@ class Rollout:
             logprobs=self.logprobs[start:stop],
             texts=self.texts[start:stop],
         )
+
+
+def _select(batch: Rollout, rows: torch.Tensor) -> Rollout:
+    i = batch.images_per_row
+    images = (rows.unsqueeze(1) * i + torch.arange(i)).reshape(-1)  # [r*I] image indices
+    patches = batch.image_grid_thw.prod(-1)  # [R*I]
+    offsets = torch.cat([patches.new_zeros(1), patches.cumsum(0)])
+    counts = patches[images]
+    # Row indices of every patch of the selected images, without a Python loop over images.
+    starts = offsets[images].repeat_interleave(counts)
+    within = torch.arange(int(counts.sum())) - (counts.cumsum(0) - counts).repeat_interleave(counts)
+    return replace(
+        batch,
+        prompt_ids=batch.prompt_ids[rows],
+        prompt_mask=batch.prompt_mask[rows],
+        pixel_values=batch.pixel_values[starts + within],
+        image_grid_thw=batch.image_grid_thw[images],
+        completion_ids=batch.completion_ids[rows],
+        completion_mask=batch.completion_mask[rows],
+        logprobs=batch.logprobs[rows],
+        texts=[batch.texts[k] for k in rows.tolist()],
+    )
 
 
 def completion_mask_from_ids(completion_ids: torch.Tensor, eos_token_ids: list[int]) -> torch.Tensor:
@@ -108,7 +134,8 @@ class VLMPolicy:
     Args:
         model: an `AutoModelForImageTextToText` model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL tested).
         processor: its `VisionTextProcessor`.
-        prompt_template: how an env instruction becomes the user turn; `{instruction}` is replaced.
+        prompt_template: how an env instruction becomes the user turn: `{instruction}` is replaced by it, and
+            `{image}`, if present, marks where the image goes (otherwise the image comes first).
     """
 
     def __init__(self, model, processor: VisionTextProcessor, prompt_template: str = "{instruction}"):
@@ -146,7 +173,7 @@ class VLMPolicy:
     # ------------------------------------------------------------------ inputs
     def encode(self, obs: Observation) -> dict[str, torch.Tensor]:
         """Model inputs for every world of `obs`: one image and one instruction per row."""
-        texts = [self.processor.prompt_text(self.prompt_template.format(instruction=s)) for s in obs.instruction]
+        texts = [self.processor.prompt_text(s, template=self.prompt_template) for s in obs.instruction]
         images = [to_pil(img) for img in obs.image]
         return self._with_token_types({k: v.to(self.device) for k, v in self.processor(texts, images).items()})
 
@@ -209,11 +236,14 @@ class VLMPolicy:
         )
 
     # ------------------------------------------------------------------ scoring
-    def logprobs(self, batch: Rollout, temperature: float = 1.0) -> torch.Tensor:
+    def logprobs(
+        self, batch: Rollout, temperature: float = 1.0, with_entropy: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Per-token log-probs of `batch`'s completions under the current weights, with gradients.
 
         Returns:
-            `[R, L]` per token (values at masked positions are meaningless; callers mask them).
+            `[R, L]` per token (values at masked positions are meaningless; callers mask them), and with
+            `with_entropy` also the `[R, L]` entropy of each position's temperature-scaled distribution.
         """
         input_ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)
         attention_mask = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1).long()
@@ -232,7 +262,40 @@ class VLMPolicy:
             use_cache=False,
         )
         logits = out.logits[:, :-1].float()  # [R, L, V]
-        return token_logprobs(logits, batch.completion_ids, temperature if temperature > 0 else 1.0)
+        temperature = temperature if temperature > 0 else 1.0
+        logprobs = token_logprobs(logits, batch.completion_ids, temperature)
+        if not with_entropy:
+            return logprobs
+        from ..algos import entropy_from_logits
+
+        return logprobs, entropy_from_logits(logits / temperature)
+
+
+def masked_images(policy: VLMPolicy, batch: Rollout, domain: str, ratio: float, generator: torch.Generator) -> Rollout:
+    """A copy of `batch` whose images are partly masked, for PAPO's perception loss.
+
+    `domain="patches"` blackens whole vision patches (each `pixel_values` row is one patch) with probability
+    `ratio`, as the official PAPO code does with 14 px patches; `domain="pixels"` zeroes single entries of the
+    normalised pixel tensor (TRL's variant).
+    """
+    from ..algos.papo import black_patch_row, mask_patches, mask_pixels
+
+    if domain == "patches":
+        ip = policy.processor.image_processor
+        fill = black_patch_row(
+            ip.image_mean,
+            ip.image_std,
+            temporal_patch_size=int(getattr(ip, "temporal_patch_size", 2)),
+            patch_size=int(ip.patch_size),
+        ).to(batch.pixel_values)
+        if fill.numel() != batch.pixel_values.shape[-1]:
+            raise ValueError(f"patch rows hold {batch.pixel_values.shape[-1]} values, expected {fill.numel()}")
+        pixels = mask_patches(batch.pixel_values, ratio=ratio, generator=generator, fill=fill)
+    elif domain == "pixels":
+        pixels = mask_pixels(batch.pixel_values, ratio=ratio, generator=generator)
+    else:
+        raise ValueError(f"unknown masking domain {domain!r}; use patches or pixels")
+    return replace(batch, pixel_values=pixels)
 
 
 def _repeat_images(pixel_values: torch.Tensor, grid_thw: torch.Tensor, times: int) -> torch.Tensor:
