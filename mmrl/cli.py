@@ -1,4 +1,4 @@
-"""`mmrl`: train, evaluate and list environments from the command line."""
+"""`mmrl`: train, evaluate, score and list environments from the command line."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ EPILOG = """examples:
   mmrl train configs/grounding_tiny.yaml output_dir=runs/short resume=true
   mmrl eval configs/grounding_tiny.yaml checkpoint=runs/short/checkpoints/step_00000050
   mmrl envs
+  mmrl score pairs.jsonl --metrics ssim,pixel,edge --render svg --size 256 --out scores.csv
 """
 
 
@@ -27,7 +28,23 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("config", help="a YAML preset from configs/")
         p.add_argument("overrides", nargs="*", help="section.field=value overrides, e.g. trainer.lr=1e-5")
     sub.add_parser("envs", help="list the registered environments")
+    from .score import EXAMPLES as SCORE_EXAMPLES
+    from .score import add_arguments as add_score_arguments
+
+    score = sub.add_parser(
+        "score",
+        help="score predictions (images, SVG, chart code, text) against targets",
+        description="Score predictions against targets with the reward library; see `mmrl.score` for the inputs.",
+        epilog=SCORE_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_score_arguments(score)
     args = parser.parse_args(argv)
+
+    if args.command == "score":
+        from .score import run as run_score
+
+        return run_score(args)
 
     from .config import ConfigError, load_config
 

@@ -1,8 +1,12 @@
-"""Reading answers out of untrusted model text.
+"""Reading answers out of untrusted model text: boxes, box lists, points, numbers, letter choices, code blocks.
 
-Everything here is total: any string in gives a result out, and malformed text is a `BoxParse` with `box=None` and
-a reason, never an exception. Tags are found with literal regexes and numbers with a one-pass tokenizer, so the
-cost is linear in the input; the box search itself looks at no more than `MAX_BOX_CHARS` characters.
+Everything here is total: any string in gives a result out, and malformed text is a result with `None` and a
+reason (`BoxParse`, `BoxListParse`, `PointParse`, `NumberParse`, `ChoiceParse`; `extract_code` returns None), never
+an exception. Tags are found with literal regexes and numbers with a one-pass tokenizer, so the cost is linear in
+the input; each search looks at no more than `MAX_BOX_CHARS` (box lists: `MAX_BOX_LIST_CHARS`) characters.
+
+The answer region is the same for every parser: `strip_think`, then the content of the last `<answer>` tag if there
+is one, else the whole remaining text.
 """
 
 from __future__ import annotations
@@ -15,6 +19,9 @@ import torch
 
 MAX_BOX_CHARS = 10_000
 """Only this many characters of the answer (or of the whole think-stripped text) are searched for a box."""
+
+MAX_BOX_LIST_CHARS = 50_000
+"""Only this many characters of the answer are searched by `parse_box_list` (a detection answer lists many boxes)."""
 
 _FLOAT32_MAX = 3.4028234663852886e38  # a larger coordinate would turn into inf in the float32 box tensor
 
@@ -32,14 +39,21 @@ _TOKEN = re.compile(
     re.DOTALL,
 )
 _NON_FINITE_WORDS = frozenset({"nan", "inf", "infinity"})
+_POINT_KEYS = frozenset({"point_2d", "point", "coordinate", "coordinates", "position"})
 _PUNCT = frozenset("[](),{}:")
 
-# The box forms, matched on the token signature: n = number, b = the bbox_2d key, q = a quote, w = a word,
-# o = any other character; brackets, parentheses, braces, commas and colons stand for themselves.
+# The box forms, matched on the token signature: n = number, b = the bbox_2d key, p = a point key (point_2d, ...),
+# q = a quote, w = a word, o = any other character; brackets, parentheses, braces, commas and colons stand for
+# themselves.
 _RUN = re.compile(r"n(?:,n)*")  # [x1, y1, x2, y2], (x1, y1, x2, y2), bare x1, y1, x2, y2
 _POINT_PAIR = re.compile(r"\(n,n\),?\(n,n\)|\[n,n\],?\[n,n\]")  # (x1,y1),(x2,y2) and [[x1,y1],[x2,y2]]
 _BBOX_KEY = re.compile(r"bq?:\[")  # "bbox_2d": [   (the key opens the list that follows)
 _NUMBER_LIST = re.compile(r"\[n(?:,n)*\]")
+_POINT_KEY = re.compile(r"pq?:[\[(]")  # "point_2d": [   or   'coordinate': (
+_NUMBER_TUPLE = re.compile(r"[\[(]n(?:,n)*[\])]")
+_BRACKETED_POINT = re.compile(r"[\[(]n,n[\])]")  # [x, y] and (x, y)
+# One box of a list, in the forms parse_box accepts inside brackets; [[x1,y1],[x2,y2]] is found at its inner "[".
+_LISTED_BOX = re.compile(r"\[n,n,n,n\]|\(n,n,n,n\)|\(n,n\),?\(n,n\)|\[n,n\],?\[n,n\]")
 
 
 @dataclass(frozen=True)
@@ -110,6 +124,20 @@ def extract_answer(text: str) -> str | None:
     return None if last is None else text[last[0] : last[1]].strip()
 
 
+def answer_region(text: str) -> str:
+    """The part of a completion that holds its answer: `strip_think`, then the last `<answer>` tag's content if any.
+
+    Args:
+        text: one completion.
+
+    Returns:
+        The stripped content of the last complete answer tag, or else the whole think-stripped text (unstripped).
+    """
+    body = strip_think(text)
+    answer = extract_answer(body)
+    return body if answer is None else answer
+
+
 def parse_box(text: str, *, normalized_1000: bool = False, scale: tuple[float, float] | None = None) -> BoxParse:
     """Finds one `x1, y1, x2, y2` box in free model output.
 
@@ -136,9 +164,7 @@ def parse_box(text: str, *, normalized_1000: bool = False, scale: tuple[float, f
     """
     if not isinstance(text, str):
         return BoxParse(None, "input is not a string")
-    body = strip_think(text)
-    answer = extract_answer(body)
-    return _parse_region(body if answer is None else answer, normalized_1000=normalized_1000, scale=scale)
+    return _parse_region(answer_region(text), normalized_1000=normalized_1000, scale=scale)
 
 
 def parse_boxes(texts: list[str], **kwargs) -> tuple[torch.Tensor, list[str]]:
@@ -163,15 +189,19 @@ def _parse_region(region: str, *, normalized_1000: bool = False, scale: tuple[fl
 
     No tags are looked at here but Qwen2-VL's box tokens.
     """
-    region = region[:MAX_BOX_CHARS]
-    start = region.find(_BOX_START)
-    if start >= 0:
-        end = region.find(_BOX_END, start)
-        region = region[start + len(_BOX_START) : end if end >= 0 else len(region)]
-    numbers, reason = _find_numbers(region)
+    numbers, reason = _find_numbers(_box_token_content(region[:MAX_BOX_CHARS]))
     if numbers is None:
         return BoxParse(None, reason)
     return _checked_box(numbers, normalized_1000=normalized_1000, scale=scale)
+
+
+def _box_token_content(region: str) -> str:
+    """The content of the first Qwen2-VL `<|box_start|>...<|box_end|>` pair (to the end if unclosed), else `region`."""
+    start = region.find(_BOX_START)
+    if start < 0:
+        return region
+    end = region.find(_BOX_END, start)
+    return region[start + len(_BOX_START) : end if end >= 0 else len(region)]
 
 
 def _tokenize(text: str) -> tuple[str, list[float]]:
@@ -194,7 +224,8 @@ def _tokenize(text: str) -> tuple[str, list[float]]:
             except ValueError:  # not reachable with the ASCII patterns above; a NaN still fails the finite check
                 pass
         elif kind == "word":
-            letter = "b" if piece.lower() == "bbox_2d" else "w"
+            word = piece.lower()
+            letter = "b" if word == "bbox_2d" else "p" if word in _POINT_KEYS else "w"
         elif piece in _PUNCT:
             letter = piece
         elif piece in "\"'":
@@ -264,3 +295,493 @@ def _checked_box(numbers: list[float], *, normalized_1000: bool, scale: tuple[fl
     if x1 == x2 or y1 == y2:
         return BoxParse(None, "degenerate box (zero area)")
     return BoxParse((float(x1), float(y1), float(x2), float(y2)), "")
+
+
+def _scaled_pair(
+    x: float, y: float, *, normalized_1000: bool, scale: tuple[float, float] | None
+) -> tuple[float, float] | None:
+    """Scales one `(x, y)` like `_checked_box` does; None if a coordinate is non-finite or beyond float32."""
+    if scale is not None:
+        sx, sy = scale
+        x, y = (x * sx / 1000, y * sy / 1000) if normalized_1000 else (x * sx, y * sy)
+    if not all(math.isfinite(v) and abs(v) <= _FLOAT32_MAX for v in (x, y)):
+        return None
+    return float(x), float(y)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Points
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PointParse:
+    """One parsed point, or the reason there is none.
+
+    Attributes:
+        point: `(x, y)`, finite and within float32 range; None if no point.
+        reason: why `point` is None; "" when a point was parsed.
+    """
+
+    point: tuple[float, float] | None
+    reason: str
+
+
+def parse_point(text: str, *, normalized_1000: bool = False, scale: tuple[float, float] | None = None) -> PointParse:
+    """Finds one `(x, y)` point in free model output (GUI grounding, pointing).
+
+    The search runs on `answer_region(text)` (at most `MAX_BOX_CHARS` characters) and, when Qwen2-VL box tokens are
+    present, only inside the first `<|box_start|>...<|box_end|>`. Accepted forms, first match wins:
+
+    * a point key with a list: `{"point_2d": [x, y]}`, also `point`, `coordinate`, `coordinates`, `position` (the key
+      decides, so a list of other than two numbers after it is an error, not a miss);
+    * the earliest `(x, y)` or `[x, y]` (`<|box_start|>(x,y)<|box_end|>` is this form inside the tokens);
+    * an answer that is nothing but `x, y`.
+
+    A box where a point was asked for (`[x1, y1, x2, y2]`, `(x1,y1),(x2,y2)`) is `point=None` with the reason
+    "found a box, not a point": callers that accept boxes (`point_in_box_reward`) take the centre themselves.
+
+    Args:
+        text: one completion.
+        normalized_1000: the model writes coordinates on a 0-1000 grid (Qwen2-VL); see `parse_box`.
+        scale: as in `parse_box`: the image `(width, height)` with `normalized_1000`, else `(sx, sy)` multipliers.
+
+    Returns:
+        The point, or None and the reason.
+    """
+    if not isinstance(text, str):
+        return PointParse(None, "input is not a string")
+    region = _box_token_content(answer_region(text)[:MAX_BOX_CHARS])
+    numbers, reason = _find_point_numbers(region)
+    if numbers is None:
+        return PointParse(None, reason)
+    point = _scaled_pair(*numbers, normalized_1000=normalized_1000, scale=scale)
+    return PointParse(None, "point has non-finite numbers") if point is None else PointParse(point, "")
+
+
+def parse_points(texts: list[str], **kwargs) -> tuple[torch.Tensor, list[str]]:
+    """Runs `parse_point` over a batch.
+
+    Args:
+        texts: R completions.
+        **kwargs: `normalized_1000` and `scale`, passed to `parse_point`.
+
+    Returns:
+        points: `[R, 2]` float32 `(x, y)`, NaN rows where nothing parsed (which `point_in_box` scores 0).
+        reasons: R strings, "" where a point parsed.
+    """
+    parses = [parse_point(text, **kwargs) for text in texts]
+    points = torch.tensor([(math.nan, math.nan) if p.point is None else p.point for p in parses], dtype=torch.float32)
+    return points.reshape(-1, 2), [p.reason for p in parses]  # [R, 2]
+
+
+def _find_point_numbers(region: str) -> tuple[tuple[float, float] | None, str]:
+    signature, values = _tokenize(region)
+
+    def numbers_in(match: re.Match[str]) -> list[float]:
+        return [values[i] for i in range(match.start(), match.end()) if signature[i] == "n"]
+
+    key = _POINT_KEY.search(signature)
+    if key is not None:
+        listed = _NUMBER_TUPLE.match(signature, key.end() - 1)
+        if listed is not None:
+            numbers = numbers_in(listed)
+            if len(numbers) != 2:
+                return None, f"point has {len(numbers)} number{'' if len(numbers) == 1 else 's'}, need 2"
+            return (numbers[0], numbers[1]), ""
+    pair = _BRACKETED_POINT.search(signature)
+    if pair is not None and _POINT_PAIR.match(signature, pair.start()) is None:
+        x, y = numbers_in(pair)
+        return (x, y), ""
+    if signature == "n,n":  # the whole answer is "x, y"
+        return (values[0], values[2]), ""
+    if pair is not None or _find_numbers(region)[0] is not None:
+        return None, "found a box, not a point"
+    return None, "no point found"
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Lists of boxes (detection)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BoxListParse:
+    """All boxes of a detection answer, or the reason there are none.
+
+    Attributes:
+        boxes: each `(x1, y1, x2, y2)` as `BoxParse.box`; `()` for an answer that lists no box (`[]`); None if the
+            answer is not a box list at all.
+        reason: why `boxes` is None; with boxes, "" or a note of the malformed boxes that were skipped. A skipped box
+            is simply missing, so it costs recall in `matched_iou` and `detection_f1`.
+    """
+
+    boxes: tuple[tuple[float, float, float, float], ...] | None
+    reason: str
+
+
+def parse_box_list(
+    text: str, *, normalized_1000: bool = False, scale: tuple[float, float] | None = None
+) -> BoxListParse:
+    """Finds every box of a detection answer, in text order.
+
+    The search runs on `answer_region(text)`, at most `MAX_BOX_LIST_CHARS` characters. Accepted forms:
+
+    * a JSON (or Python-quoted) list of objects with `bbox_2d` keys, as Qwen2.5-VL writes them: every key's list is
+      one box (other keys such as `label` are ignored);
+    * otherwise every bracketed box in the text: a list of lists `[[x1, y1, x2, y2], ...]`, tuples
+      `(x1, y1, x2, y2)`, point pairs `[[x1,y1],[x2,y2]]` and Qwen2-VL `<|box_start|>(x1,y1),(x2,y2)<|box_end|>`;
+    * otherwise an empty list `[]` (the model says there is nothing), or a single box in any form `parse_box` reads.
+
+    Args:
+        text: one completion.
+        normalized_1000: the model writes coordinates on a 0-1000 grid (Qwen2-VL); see `parse_box`.
+        scale: as in `parse_box`.
+
+    Returns:
+        The boxes, or None and the reason.
+    """
+    if not isinstance(text, str):
+        return BoxListParse(None, "input is not a string")
+    region = answer_region(text)[:MAX_BOX_LIST_CHARS]
+    signature, values = _tokenize(region)
+
+    def numbers_in(start: int, end: int) -> list[float]:
+        return [values[i] for i in range(start, end) if signature[i] == "n"]
+
+    found: list[tuple[list[float] | None, str]] = []
+    keys = list(_BBOX_KEY.finditer(signature))
+    if keys:
+        for key in keys:
+            listed = _NUMBER_LIST.match(signature, key.end() - 1)
+            if listed is None:
+                found.append((None, "bbox_2d is not a number list"))
+            else:
+                found.append(_four_or_reason(numbers_in(listed.start(), listed.end())))
+    else:
+        found = [(numbers_in(m.start(), m.end()), "") for m in _LISTED_BOX.finditer(signature)]
+    if not found:
+        if "[]" in signature:
+            return BoxListParse((), "")
+        single = _parse_region(region, normalized_1000=normalized_1000, scale=scale)
+        return BoxListParse(None, single.reason) if single.box is None else BoxListParse((single.box,), "")
+
+    boxes = []
+    skipped = []
+    for numbers, reason in found:
+        parsed = (
+            BoxParse(None, reason)
+            if numbers is None
+            else _checked_box(numbers, normalized_1000=normalized_1000, scale=scale)
+        )
+        if parsed.box is None:
+            skipped.append(parsed.reason)
+        else:
+            boxes.append(parsed.box)
+    if not boxes:
+        return BoxListParse(None, skipped[0])
+    note = f"skipped {len(skipped)} malformed box{'' if len(skipped) == 1 else 'es'}: {skipped[0]}" if skipped else ""
+    return BoxListParse(tuple(boxes), note)
+
+
+def parse_box_lists(texts: list[str], **kwargs) -> tuple[list[torch.Tensor | None], list[str]]:
+    """Runs `parse_box_list` over a batch.
+
+    Args:
+        texts: R completions.
+        **kwargs: `normalized_1000` and `scale`, passed to `parse_box_list`.
+
+    Returns:
+        boxes: R entries, each `[P_i, 4]` float32 (`P_i` may be 0), or None where the text is not a box list.
+        reasons: R strings, as `BoxListParse.reason`.
+    """
+    parses = [parse_box_list(text, **kwargs) for text in texts]
+    boxes = [None if p.boxes is None else torch.tensor(p.boxes, dtype=torch.float32).reshape(-1, 4) for p in parses]
+    return boxes, [p.reason for p in parses]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Mapping coordinates between image sizes
+# --------------------------------------------------------------------------------------------------------------------
+
+
+Size = tuple[float, float] | torch.Tensor
+"""An image size `(W, H)` shared by all rows, or a `[R, 2]` tensor of per-row sizes."""
+
+
+def _size_factor(from_size: Size, to_size: Size, coords: torch.Tensor, repeat: int) -> torch.Tensor:
+    """`to / from` per axis, shaped to broadcast against `coords` `[..., 2 * repeat]`."""
+    dtype = torch.promote_types(coords.dtype, torch.float32)
+    from_t = torch.as_tensor(from_size, dtype=dtype, device=coords.device)
+    to_t = torch.as_tensor(to_size, dtype=dtype, device=coords.device)
+    factor = to_t / from_t  # [2] or [R, 2]
+    if factor.shape[-1:] != (2,) or factor.ndim > 2:
+        raise ValueError(f"sizes must be (W, H) or [R, 2], got {tuple(from_t.shape)} and {tuple(to_t.shape)}")
+    factor = factor.repeat(*([1] * (factor.ndim - 1)), repeat)  # [2 * repeat] or [R, 2 * repeat]
+    if factor.ndim == 2:  # per row: broadcast over any middle dimensions of coords
+        factor = factor.view(factor.shape[0], *([1] * (coords.ndim - 2)), 2 * repeat)
+    return factor
+
+
+def rescale_boxes(boxes: torch.Tensor, from_size: Size, to_size: Size) -> torch.Tensor:
+    """Maps xyxy boxes from one image size to another, e.g. from the resized image the model saw to the original.
+
+    Qwen2.5-VL answers in pixels of its resized input (a multiple of 28 px), Qwen2-VL on a 0-1000 grid
+    (`from_size=(1000, 1000)`); targets usually live in the original image. `x -> x * to_W / from_W`, same for y.
+
+    Args:
+        boxes: `[R, 4]` (or `[R, ..., 4]`) boxes; NaN rows stay NaN.
+        from_size: `(W, H)` shared by all rows, or `[R, 2]` per row: the size the boxes are in. Positive.
+        to_size: `(W, H)` or `[R, 2]`: the size to map to.
+
+    Returns:
+        Boxes of the same shape, float32 or wider.
+    """
+    if boxes.shape[-1:] != (4,):
+        raise ValueError(f"rescale_boxes needs [..., 4] boxes, got {tuple(boxes.shape)}")
+    return boxes * _size_factor(from_size, to_size, boxes, repeat=2)
+
+
+def rescale_points(points: torch.Tensor, from_size: Size, to_size: Size) -> torch.Tensor:
+    """`rescale_boxes` for `[R, 2]` (or `[R, ..., 2]`) `(x, y)` points."""
+    if points.shape[-1:] != (2,):
+        raise ValueError(f"rescale_points needs [..., 2] points, got {tuple(points.shape)}")
+    return points * _size_factor(from_size, to_size, points, repeat=1)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Code blocks
+# --------------------------------------------------------------------------------------------------------------------
+
+_FENCE = "```"
+# A fence's info string names the language; these names count as the key language.
+_LANG_ALIASES = {
+    "python": frozenset({"python", "py", "python3"}),
+    "svg": frozenset({"svg"}),
+    "html": frozenset({"html", "htm"}),
+    "javascript": frozenset({"javascript", "js"}),
+}
+
+
+def extract_code(text: str, lang: str | None = None) -> str | None:
+    """Returns the code block of a completion: the last fenced block in `lang`, or a bare `<svg>...</svg>`.
+
+    Think blocks are removed first. Fenced blocks are `` ```info `` on one line, the code, then the next
+    `` ``` ``; an unclosed fence (a completion cut at the token limit) does not count. When several blocks match,
+    the last one wins: models that revise write the final version last.
+
+    * `lang=None`: the last fenced block of any language, else a bare SVG.
+    * `lang="svg"`: the last block fenced as `svg`, or fenced as `xml`/`html`/nothing and holding `<svg`; else the
+      bare SVG from the first `<svg` to the last `</svg>` (tags case-insensitive).
+    * other languages: the last block whose info string starts with the language or an alias (`py` for python).
+
+    Args:
+        text: one completion.
+        lang: the language wanted, case-insensitive; None for any.
+
+    Returns:
+        The code without its fences and surrounding blank lines, or None if there is none.
+    """
+    if not isinstance(text, str):
+        return None
+    body = strip_think(text)
+    want = None if lang is None else lang.strip().lower()
+    names = _LANG_ALIASES.get(want, frozenset({want})) if want is not None else frozenset()
+    chosen = None
+    for info, code in _fenced_blocks(body):
+        words = info.split()
+        tag = words[0].lower() if words else ""
+        if want is None or tag in names or (want == "svg" and tag in ("", "xml", "html") and "<svg" in code.lower()):
+            chosen = code
+    if chosen is not None:
+        return chosen.lstrip("\r\n").rstrip()
+    if want is None or want == "svg":
+        lowered = body.lower()
+        start = lowered.find("<svg")
+        end = lowered.rfind("</svg>")
+        if 0 <= start < end:
+            return body[start : end + len("</svg>")]
+    return None
+
+
+def _fenced_blocks(body: str) -> list[tuple[str, str]]:
+    """`(info, code)` of every closed fenced block, by a linear scan (no regex backtracking on unclosed fences)."""
+    blocks = []
+    pos = 0
+    while True:
+        start = body.find(_FENCE, pos)
+        if start < 0:
+            return blocks
+        line_end = body.find("\n", start + len(_FENCE))
+        if line_end < 0:
+            return blocks
+        info = body[start + len(_FENCE) : line_end]
+        if "`" in info:  # an inline ```x``` on one line, or a longer run of backticks: skip past it
+            pos = start + len(_FENCE)
+            continue
+        end = body.find(_FENCE, line_end + 1)
+        if end < 0:
+            return blocks
+        blocks.append((info.strip(), body[line_end + 1 : end]))
+        pos = end + len(_FENCE)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Numbers
+# --------------------------------------------------------------------------------------------------------------------
+
+# ASCII digits only, so `float` accepts what matches. Thousands separators must come in groups of exactly three
+# ("1,234"; "1,2" is two numbers). Each alternative is anchored on a digit and spaces are bounded, so the scan stays
+# linear.
+_NUMBER = re.compile(
+    r"(?<![\w.])(?P<sign>[-+\u2212]?)\$?"
+    r"(?P<mant>(?:[0-9]{1,3}(?:,[0-9]{3})+(?![0-9])|[0-9]+)(?:\.[0-9]+)?|\.[0-9]+)"
+    r"(?:[eE](?P<exp>[-+]?[0-9]+))?"
+    r"(?:\s{0,3}/\s{0,3}(?P<den>[0-9]+(?:\.[0-9]+)?)(?![0-9.]))?"
+    r"(?P<pct>\s{0,3}%)?"
+)
+_BOXED = "\\boxed{"
+
+
+@dataclass(frozen=True)
+class NumberParse:
+    """One parsed number, or the reason there is none.
+
+    Attributes:
+        value: the number as written (a percentage keeps its value: "45%" is 45.0); None if there is none.
+        percent: the number carried a `%` sign.
+        reason: why `value` is None; "" when a number was parsed.
+    """
+
+    value: float | None
+    percent: bool
+    reason: str
+
+
+def parse_number(text: str) -> NumberParse:
+    """Finds the final numeric answer of a completion.
+
+    The search runs on the last `\\boxed{...}` of `answer_region(text)` if there is one, else on the whole region,
+    at most its last `MAX_BOX_CHARS` characters, and takes the **last** number there (a worked solution ends with
+    its result). Read: signs (also the Unicode minus), thousands separators in groups of three ("1,234,567"),
+    decimals, scientific notation ("2.5e-3"), a leading `$`, simple fractions ("3/4" is 0.75), and a trailing `%`
+    (flagged in `percent`). A number glued to a word or a dot ("x2", "v1.2") is not one.
+
+    Args:
+        text: one completion, or a bare target string.
+
+    Returns:
+        The number, or None and the reason.
+    """
+    if not isinstance(text, str):
+        return NumberParse(None, False, "input is not a string")
+    region = answer_region(text)
+    boxed = region.rfind(_BOXED)
+    if boxed >= 0:
+        region = _braced(region, boxed + len(_BOXED))
+    region = region[-MAX_BOX_CHARS:]
+    matches = list(_NUMBER.finditer(region))
+    if not matches:
+        return NumberParse(None, False, "no number found")
+    last = matches[-1]
+    # float() of the text, not mantissa * 10**exp: "1e999" is inf and "1e-999" is 0.0, never an OverflowError.
+    value = float(last["mant"].replace(",", "") + ("" if last["exp"] is None else "e" + last["exp"]))
+    if last["den"] is not None:
+        den = float(last["den"])
+        if den == 0:
+            return NumberParse(None, False, "division by zero")
+        value = value / den
+    if last["sign"] in ("-", "\u2212"):
+        value = -value
+    if not math.isfinite(value):
+        return NumberParse(None, False, "number is not finite")
+    return NumberParse(value, last["pct"] is not None, "")
+
+
+def _braced(text: str, start: int) -> str:
+    """The text from `start` to the brace that closes an already opened `{` (to the end if it never closes)."""
+    depth = 1
+    for i in range(start, len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[start:i]
+    return text[start:]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Letter choices
+# --------------------------------------------------------------------------------------------------------------------
+
+# The whole answer is one letter, maybe wrapped: "B", "(B)", "[b]", "B.", "**B**", "'B'".
+_LONE_LETTER = re.compile(r"[\s*(\[{\"'`]*([A-Za-z])[\s*)\]}\"'`.:,]*")
+# "answer is (B)", "Answer: b", "the correct option is C", "choice: [D]". Lower case only counts when nothing but
+# punctuation follows (checked in code): "the answer is a cat" is no choice. Bounded spaces keep the scan linear.
+_CHOICE_PHRASE = re.compile(
+    r"\b(?:answer|option|choice)(?:\s{1,3}is)?\s{0,3}[:=]?\s{0,3}(?:option\s{1,3})?([(\[]?)([A-Za-z])([)\]]?)(?![A-Za-z0-9])",
+    re.IGNORECASE,
+)
+_LEADING_LETTER = re.compile(r"\s*[(\[]?([A-Z])[)\].:](?:\s|$)")  # "B. a cat", "(C) the dog"
+_PAREN_LETTER = re.compile(r"\(([A-Z])\)")
+
+
+@dataclass(frozen=True)
+class ChoiceParse:
+    """One multiple-choice letter, or the reason there is none.
+
+    Attributes:
+        letter: the chosen letter, upper case; None if there is none.
+        reason: why `letter` is None; "" when a letter was parsed.
+    """
+
+    letter: str | None
+    reason: str
+
+
+def parse_choice(text: str, choices: str = "ABCDE") -> ChoiceParse:
+    """Finds the letter a completion picks among `choices`.
+
+    The search runs on `answer_region(text)`, at most its last `MAX_BOX_CHARS` characters. In order, first found
+    wins:
+
+    1. the whole answer is one letter, maybe wrapped: `B`, `(B)`, `b.`, `**B**`, `<answer>B</answer>`;
+    2. the last "answer/option/choice (is) (:) X" phrase: `answer: b`, `The answer is (C).`; a lower-case letter
+       only when wrapped in brackets or when nothing but punctuation follows;
+    3. a leading `B.`, `B)`, `(B)` or `B:` followed by a space;
+    4. a single distinct `(X)` anywhere in the text; several different ones are ambiguous.
+
+    Args:
+        text: one completion, or a bare target string.
+        choices: the valid letters, upper case.
+
+    Returns:
+        The letter, or None and the reason.
+    """
+    if not isinstance(text, str):
+        return ChoiceParse(None, "input is not a string")
+    valid = choices.upper()
+    region = answer_region(text)[-MAX_BOX_CHARS:]
+    lone = _LONE_LETTER.fullmatch(region)
+    if lone is not None:
+        letter = lone.group(1).upper()
+        return ChoiceParse(letter, "") if letter in valid else ChoiceParse(None, f"{letter} is not one of {valid}")
+    picked = None
+    for phrase in _CHOICE_PHRASE.finditer(region):
+        opened, letter, closed = phrase.groups()
+        wrapped = bool(opened) and bool(closed)
+        at_end = region[phrase.end() :].strip(" \t\r\n.,;:!)]*") == ""
+        if letter.upper() in valid and (letter.isupper() or wrapped or at_end):
+            picked = letter.upper()
+    if picked is not None:
+        return ChoiceParse(picked, "")
+    leading = _LEADING_LETTER.match(region)
+    if leading is not None and leading.group(1) in valid:
+        return ChoiceParse(leading.group(1), "")
+    found = sorted({m.group(1) for m in _PAREN_LETTER.finditer(region) if m.group(1) in valid})
+    if len(found) == 1:
+        return ChoiceParse(found[0], "")
+    if found:
+        return ChoiceParse(None, f"ambiguous choice: {', '.join(found)}")
+    return ChoiceParse(None, "no choice found")

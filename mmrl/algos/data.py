@@ -102,8 +102,9 @@ def soft_overlong_penalty(lengths: torch.Tensor, max_len: int, cache_len: int, f
     """
     if not 0 < cache_len <= max_len:
         raise ValueError(f"need 0 < cache_len <= max_len, got cache_len={cache_len}, max_len={max_len}")
-    ramp = ((max_len - cache_len) - lengths.float()) / cache_len
-    return factor * ramp.clamp(-1.0, 0.0)
+    from rewards.text import length_penalty  # one copy of the ramp, in the rewards library
+
+    return factor * length_penalty(lengths.float(), target_length=max_len - cache_len, max_length=max_len)
 
 
 def discounted_returns(step_rewards: torch.Tensor, dones: torch.Tensor, gamma: float) -> torch.Tensor:

@@ -9,7 +9,9 @@ kind (circle, square, triangle, diamond), colour (red, green, blue, yellow), siz
 the target. Shapes never overlap, and every distractor differs from the target in colour or kind, so the
 instruction names exactly one shape.
 
-**Reward.** `iou_weight * IoU(answer box, target box) + format_weight * [text is exactly <answer>[box]</answer>]`.
+**Reward.** `iou_weight * IoU(answer box, target box) + format_weight * [text is exactly <answer>[box]</answer>]`
+`+ giou_weight * (GIoU + 1) / 2`. The optional GIoU term (https://arxiv.org/abs/1902.09630) is dense: a box that
+misses still scores more the closer it is, which gives RL a signal where IoU is zero for almost every sample.
 **Success** is IoU >= 0.5.
 
 The target box is the tight box of the target's drawn pixels, `[x1, y1, x2, y2]` with x2 and y2 exclusive (so a
@@ -26,7 +28,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from rewards import box_iou, format_reward, parse_boxes
+from rewards import box_giou, box_iou, format_reward, parse_boxes
 from sim.base import Observation, StepResult, resolve_seeds
 from sim.registry import ENVS
 
@@ -85,6 +87,7 @@ class GroundingEnv:
         max_size: Largest shape side, in pixels.
         iou_weight: Weight of the IoU term of the reward.
         format_weight: Weight of the exact-format term of the reward.
+        giou_weight: Weight of the shaping term `(GIoU + 1) / 2` in [0, 1] (0: off); unparsed answers score 0.
         device: Where the returned tensors live. Scenes are always drawn on the CPU.
     """
 
@@ -101,6 +104,7 @@ class GroundingEnv:
         max_size: int = 36,
         iou_weight: float = 1.0,
         format_weight: float = 0.1,
+        giou_weight: float = 0.0,
         device: str = "cpu",
     ):
         if num_envs < 1:
@@ -117,6 +121,7 @@ class GroundingEnv:
         self.max_size = max_size
         self.iou_weight = iou_weight
         self.format_weight = format_weight
+        self.giou_weight = giou_weight
         self.device = torch.device(device)
 
         self._images = torch.zeros(num_envs, image_size, image_size, 3, dtype=torch.uint8, device=self.device)
@@ -198,6 +203,10 @@ class GroundingEnv:
         iou = box_iou(pred, target).to(torch.float32)  # [N]
         fmt = format_reward(texts).to(device=self.device, dtype=torch.float32)  # [N]
         reward = self.iou_weight * iou + self.format_weight * fmt  # [N]
+        components = {"iou": iou, "format": fmt}
+        if self.giou_weight:
+            components["giou"] = (box_giou(pred, target).to(torch.float32) + 1) / 2  # [N] in [0, 1]
+            reward = reward + self.giou_weight * components["giou"]
         self._ended[:] = True
         return StepResult(
             obs=self._observation(),
@@ -205,7 +214,7 @@ class GroundingEnv:
             terminated=torch.ones(self.num_envs, dtype=torch.bool, device=self.device),
             truncated=torch.zeros(self.num_envs, dtype=torch.bool, device=self.device),
             info={
-                "reward_components": {"iou": iou, "format": fmt},
+                "reward_components": components,
                 "reasons": list(reasons),
                 "target_box": target,
                 "pred_box": pred.clone(),

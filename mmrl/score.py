@@ -1,0 +1,621 @@
+"""`mmrl score`: score predictions against targets with the reward library, without training anything.
+
+Inputs
+------
+A JSON-lines file, one pair per line::
+
+    {"id": "a1", "prediction": "<svg ...>...</svg>", "target": "targets/a1.png"}
+    {"id": "a2", "prediction": "preds/a2.svg", "target": "targets/a2.png"}
+    {"id": "b1", "prediction": "<answer>[10, 20, 50, 60]</answer>", "target": [12, 18, 49, 61]}
+    {"id": "c1", "prediction": "charts/c1.py", "target": {"text": "Revenue by year"}}
+
+or a folder laid out as ``DIR/pred/<stem>.<ext>`` and ``DIR/target/<stem>.<ext>``, pairs matched by file stem
+(``pred/cat.svg`` goes with ``target/cat.png``; a stem on one side only is a row with the reason).
+
+A **prediction** is one of: SVG source or a ``.svg`` file (rendered in the sandbox at ``--size``), chart code or a
+``.py`` file (matplotlib, rendered in the sandbox), an image file (``.png``, ``.jpg``, ...), or text (a ``.txt``
+file, or an inline string: a model's answer, parsed for a box by ``box_iou``). Inline strings are read as
+``--render`` says: ``svg``/``chart`` render them, ``auto`` (default) renders text that starts like SVG (``<svg``,
+``<?xml``) and takes anything else as text. Relative paths are relative to the JSON-lines file.
+
+A **target** is an image path (``{"image": path}`` or a string with an image extension; ``.png``/``.jpg`` files in
+folder mode), a box ``[x1, y1, x2, y2]`` (``{"box": [...]}``; a ``.json`` file in folder mode), or a text
+(``{"text": ...}``, any other string; a ``.txt`` file). ``{"reference_length": N}`` on a line gives
+``code_length`` its reference.
+
+Metrics (``--metrics``, comma-separated)
+---------------------------------------
+``pixel``, ``ssim``, ``edge``, ``color_histogram``, ``embedding`` (needs ``--encoder``): prediction image against
+target image, both brought to ``--size`` (PIL bicubic; transparency composited on white). ``ocr``: words read in the
+prediction image against a text target. ``box_iou``: the box parsed from a text prediction against a box target.
+``text_f1``: word F1 of a text prediction against a text target. ``code_length``: the source's length against
+``reference_length`` (or ``--reference-length``).
+
+A metric that does not apply to a row's kinds is left empty (NaN, and out of the summary). A prediction that fails
+(render refused, timed out or crashed; unreadable file; no box in the text) scores 0.0 on every metric that
+applies, and the row says why. Nothing in the data makes the command fail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import statistics
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # torch is imported where it is used, so that `mmrl --help` stays quick
+    import torch
+
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+IMAGE_METRICS = ("pixel", "ssim", "edge", "color_histogram", "embedding")
+METRICS = (*IMAGE_METRICS, "ocr", "box_iou", "text_f1", "code_length")
+MAX_TEXT_FILE = 1 << 20
+
+EXAMPLES = """examples:
+  mmrl score pairs.jsonl --metrics ssim,pixel,edge --render svg --size 256 --out scores.csv
+  mmrl score runs/eval_svgs --metrics ssim,color_histogram --out scores.jsonl   # DIR/pred/*.svg vs DIR/target/*.png
+  mmrl score boxes.jsonl --metrics box_iou
+  mmrl score charts.jsonl --render chart --metrics ssim,ocr --timeout 20
+
+pairs.jsonl holds one {"id": ..., "prediction": ..., "target": ...} per line; see `mmrl.score` for the kinds.
+"""
+
+
+@dataclass
+class Item:
+    """One prediction/target pair as read, before scoring.
+
+    Attributes:
+        id: the row's id (the line's `id`, else its line number; the stem in folder mode).
+        prediction: what the prediction was given as (a path, or inline text), for the output file.
+        target: what the target was given as.
+        pred_kind: "svg", "chart", "image", "text", or "" if unreadable.
+        pred_value: SVG/chart source, an image path, or the text.
+        target_kind: "image", "box", "text", or "".
+        target_value: an image path, 4 floats, or the text.
+        reference_length: for `code_length`.
+        pred_error: why the prediction could not be read or rendered ("" if it could): its metrics score 0.0.
+        target_error: why the target could not be read ("" if it could): metrics that need it are NaN.
+        scores: metric -> score (NaN where the metric does not apply).
+        render_seconds: the sandbox's time for this prediction, if it was rendered.
+    """
+
+    id: str
+    prediction: str = ""
+    target: str = ""
+    pred_kind: str = ""
+    pred_value: Any = None
+    target_kind: str = ""
+    target_value: Any = None
+    reference_length: float | None = None
+    pred_error: str = ""
+    target_error: str = ""
+    scores: dict[str, float] = field(default_factory=dict)
+    render_seconds: float | None = None
+
+    @property
+    def reason(self) -> str:
+        """Everything wrong with the row, "" if nothing."""
+        return "; ".join(r for r in (self.pred_error, self.target_error) if r)
+
+
+# =========================================================================================================== READING
+
+
+def read_items(source: Path, render: str = "auto") -> list[Item]:
+    """Reads a JSON-lines file or a `pred/` + `target/` folder into items (never raises for bad rows).
+
+    Args:
+        source: the file or folder.
+        render: how inline prediction strings are read: "svg", "chart", "none" (text), or "auto".
+
+    Returns:
+        One item per line (or per stem), in file order (sorted stems).
+    """
+    if source.is_dir():
+        return _read_folder(source)
+    return _read_jsonl(source, render)
+
+
+def _read_jsonl(path: Path, render: str) -> list[Item]:
+    items = []
+    base = path.parent
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            item = Item(id=str(number))
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                item.pred_error = f"line {number} is not JSON ({e.msg})"
+                items.append(item)
+                continue
+            if not isinstance(row, dict):
+                item.pred_error = f"line {number} is not a JSON object"
+                items.append(item)
+                continue
+            item.id = str(row.get("id", number))
+            if isinstance(row.get("reference_length"), int | float):
+                item.reference_length = float(row["reference_length"])
+            _read_prediction(item, row.get("prediction"), base, render)
+            _read_target(item, row.get("target"), base)
+            items.append(item)
+    return items
+
+
+def _read_folder(root: Path) -> list[Item]:
+    pred_dir, target_dir = root / "pred", root / "target"
+    if not pred_dir.is_dir() or not target_dir.is_dir():
+        raise FileNotFoundError(f"{root} must hold pred/ and target/ folders (pairs matched by file stem)")
+
+    def by_stem(folder: Path) -> dict[str, list[Path]]:
+        files: dict[str, list[Path]] = {}
+        for p in sorted(folder.iterdir()):
+            if p.is_file() and not p.name.startswith("."):
+                files.setdefault(p.stem, []).append(p)
+        return files
+
+    preds, targets = by_stem(pred_dir), by_stem(target_dir)
+    items = []
+    for stem in sorted(set(preds) | set(targets)):
+        item = Item(id=stem)
+        pred_files, target_files = preds.get(stem, []), targets.get(stem, [])
+        if len(pred_files) != 1 or len(target_files) != 1:
+            side = "pred" if len(pred_files) != 1 else "target"
+            count = len(pred_files) if side == "pred" else len(target_files)
+            problem = f"{count} files named {stem}.* in {side}/ (need exactly one)"
+            if side == "pred":
+                item.pred_error = problem
+            else:
+                item.target_error = problem
+            item.prediction = ", ".join(p.name for p in pred_files)
+            item.target = ", ".join(p.name for p in target_files)
+            items.append(item)
+            continue
+        _read_prediction(item, str(pred_files[0]), root, "none")
+        target_path = target_files[0]
+        if target_path.suffix.lower() == ".json":
+            try:
+                _read_target(item, json.loads(target_path.read_text(encoding="utf-8")), root)
+            except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+                item.target = str(target_path)
+                item.target_error = f"target {target_path.name}: {e}"
+        else:
+            _read_target(item, str(target_path), root)
+        items.append(item)
+    return items
+
+
+def _read_prediction(item: Item, value: Any, base: Path, render: str) -> None:
+    if not isinstance(value, str):
+        item.pred_error = f"prediction is {type(value).__name__}, not a string"
+        return
+    path = _as_path(value, base)
+    item.prediction = value if path is None else str(path)
+    if path is not None:
+        suffix = path.suffix.lower()
+        if suffix in IMAGE_EXTENSIONS:
+            item.pred_kind, item.pred_value = "image", path
+            return
+        kind = {".svg": "svg", ".py": "chart", ".txt": "text"}.get(suffix)
+        if kind is not None:
+            text = _read_text(path)
+            if text is None:
+                item.pred_error = f"cannot read prediction file {path.name}"
+                item.pred_kind = kind
+                return
+            item.pred_kind, item.pred_value = kind, text
+            return
+    item.prediction = _shorten(value)
+    if render in ("svg", "chart"):
+        item.pred_kind = render
+    elif render == "auto" and value.lstrip()[:5].lower().startswith(("<svg", "<?xml")):
+        item.pred_kind = "svg"
+    else:
+        item.pred_kind = "text"
+    item.pred_value = value
+
+
+def _read_target(item: Item, value: Any, base: Path) -> None:
+    if isinstance(value, dict):
+        if "box" in value:
+            value = value["box"]
+        elif "text" in value:
+            value = {"text": value["text"]}
+        elif "image" in value:
+            value = str(value["image"])
+            path = _as_path(value, base)
+            item.target = value
+            if path is None:
+                item.target_error = f"target image {value!r} not found"
+                item.target_kind = "image"
+            else:
+                item.target_kind, item.target_value = "image", path
+            return
+    if isinstance(value, dict) and isinstance(value.get("text"), str):
+        item.target, item.target_kind, item.target_value = _shorten(value["text"]), "text", value["text"]
+        return
+    if isinstance(value, list):
+        item.target = json.dumps(value)
+        if len(value) == 4 and all(isinstance(v, int | float) and math.isfinite(v) for v in value):
+            item.target_kind, item.target_value = "box", [float(v) for v in value]
+        else:
+            item.target_error = "target box must be 4 finite numbers"
+            item.target_kind = "box"
+        return
+    if isinstance(value, str):
+        path = _as_path(value, base)
+        if path is not None and path.suffix.lower() in IMAGE_EXTENSIONS:
+            item.target, item.target_kind, item.target_value = str(path), "image", path
+            return
+        if path is not None and path.suffix.lower() == ".txt":
+            text = _read_text(path)
+            item.target, item.target_kind, item.target_value = str(path), "text", text
+            if text is None:
+                item.target_error = f"cannot read target file {path.name}"
+            return
+        if value.lower().endswith(IMAGE_EXTENSIONS):
+            item.target, item.target_kind = value, "image"
+            item.target_error = f"target image {value!r} not found"
+            return
+        item.target, item.target_kind, item.target_value = _shorten(value), "text", value
+        return
+    item.target = json.dumps(value) if value is not None else ""
+    item.target_error = "no target (need an image path, a box or a text)"
+
+
+def _as_path(value: str, base: Path) -> Path | None:
+    """`value` as an existing file (relative to `base`), or None if it is not one."""
+    if not value or len(value) > 4096 or "\n" in value or "\x00" in value:
+        return None
+    path = Path(value)
+    if not path.is_absolute():
+        path = base / path
+    try:
+        return path if path.is_file() else None
+    except OSError:
+        return None
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        if path.stat().st_size > MAX_TEXT_FILE:
+            return None
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+
+
+def _shorten(text: str, limit: int = 80) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def load_image(path: Path, size: tuple[int, int]) -> torch.Tensor:
+    """An image file as `[H, W, 3]` uint8 at `size = (W, H)` (bicubic; transparency composited on white)."""
+    import torch
+    from PIL import Image
+
+    with Image.open(path) as image:
+        image.load()
+        rgba = image.convert("RGBA")
+    canvas = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+    rgb = Image.alpha_composite(canvas, rgba).convert("RGB")
+    if rgb.size != size:
+        rgb = rgb.resize(size, Image.Resampling.BICUBIC)
+    return torch.frombuffer(bytearray(rgb.tobytes()), dtype=torch.uint8).view(size[1], size[0], 3)
+
+
+# =========================================================================================================== SCORING
+
+
+def score_items(
+    items: list[Item],
+    metrics: Sequence[str],
+    *,
+    size: tuple[int, int] = (256, 256),
+    timeout: float = 10.0,
+    workers: int = 2,
+    encoder: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    reference_length: float | None = None,
+    batch_size: int = 64,
+    progress: bool | None = None,
+) -> list[Item]:
+    """Fills each item's `scores` (and `pred_error` where its prediction fails), in place, chunk by chunk.
+
+    Args:
+        items: from `read_items`.
+        metrics: names from `METRICS`.
+        size: `(W, H)` images are rendered at and resized to.
+        timeout: per-render limit in seconds.
+        workers: sandbox workers per render kind.
+        encoder: the image encoder for `embedding`.
+        reference_length: default reference for `code_length`.
+        batch_size: rows rendered and scored together.
+        progress: show a tqdm bar; None shows one for more than two batches on a terminal.
+
+    Returns:
+        `items`.
+    """
+    from tqdm.auto import tqdm
+
+    from rewards.render import RenderPool
+
+    unknown = [m for m in metrics if m not in METRICS]
+    if unknown:
+        raise ValueError(f"unknown metric(s) {unknown}; valid: {', '.join(METRICS)}")
+    if "embedding" in metrics and encoder is None:
+        raise ValueError("the embedding metric needs an image encoder (--encoder PATH)")
+    pools: dict[str, RenderPool] = {}
+    bar = tqdm(
+        total=len(items),
+        unit="pair",
+        disable=(not sys.stderr.isatty() or len(items) <= 2 * batch_size) if progress is None else not progress,
+    )
+    try:
+        for start in range(0, len(items), batch_size):
+            chunk = items[start : start + batch_size]
+            _score_chunk(chunk, metrics, size, timeout, workers, pools, encoder, reference_length)
+            bar.update(len(chunk))
+    finally:
+        bar.close()
+        for pool in pools.values():
+            pool.close()
+    return items
+
+
+def _score_chunk(
+    chunk: list[Item],
+    metrics: Sequence[str],
+    size: tuple[int, int],
+    timeout: float,
+    workers: int,
+    pools: dict,
+    encoder: Callable[[torch.Tensor], torch.Tensor] | None,
+    reference_length: float | None,
+) -> None:
+    import torch
+
+    from rewards import box_iou, parse_box
+    from rewards.image import (
+        code_length_reward,
+        color_histogram_similarity,
+        edge_similarity,
+        embedding_similarity,
+        pixel_similarity,
+        ssim,
+    )
+    from rewards.ocr import ocr_similarity, text_f1
+    from rewards.render import RenderPool
+
+    # ------------------------------------------------------------------------------------------ images, both sides
+    pred_images: dict[int, torch.Tensor] = {}
+    if any(m in IMAGE_METRICS or m == "ocr" for m in metrics):
+        for kind in ("svg", "chart"):
+            rows = [i for i, item in enumerate(chunk) if item.pred_kind == kind and not item.pred_error]
+            if not rows:
+                continue
+            if kind not in pools:
+                pools[kind] = RenderPool(kind, workers)
+            results = pools[kind].render_batch([chunk[i].pred_value for i in rows], size, timeout=timeout)
+            for i, result in zip(rows, results):
+                chunk[i].render_seconds = round(result.seconds, 4)
+                if result.image is None:
+                    chunk[i].pred_error = f"render failed: {result.reason}"
+                else:
+                    pred_images[i] = result.image
+        for i, item in enumerate(chunk):
+            if item.pred_kind == "image" and not item.pred_error:
+                try:
+                    pred_images[i] = load_image(item.pred_value, size)
+                except Exception as e:  # any unreadable or hostile file is the row's problem, not the run's
+                    item.pred_error = f"cannot read prediction image: {type(e).__name__}: {e}"
+    target_images: dict[int, torch.Tensor] = {}
+    if any(m in IMAGE_METRICS for m in metrics):
+        for i, item in enumerate(chunk):
+            if item.target_kind == "image" and not item.target_error:
+                try:
+                    target_images[i] = load_image(item.target_value, size)
+                except Exception as e:
+                    item.target_error = f"cannot read target image: {type(e).__name__}: {e}"
+
+    def fill(name: str, target_kind: str, pred_kinds: tuple[str, ...], scored: dict[int, float]) -> None:
+        """Scores where computed; 0.0 where the prediction failed but the metric applies; NaN where it does not."""
+        for i, item in enumerate(chunk):
+            applies = item.target_kind == target_kind and not item.target_error and item.pred_kind in pred_kinds
+            item.scores[name] = scored[i] if i in scored else 0.0 if applies and item.pred_error else math.nan
+
+    # ---------------------------------------------------------------------------------------------------- metrics
+    image_fns: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+        "pixel": pixel_similarity,
+        "ssim": ssim,
+        "edge": edge_similarity,
+        "color_histogram": color_histogram_similarity,
+        "embedding": lambda a, b: embedding_similarity(a, b, encoder),  # type: ignore[arg-type]
+    }
+    image_kinds = ("svg", "chart", "image")
+    pairs = [i for i in range(len(chunk)) if i in pred_images and i in target_images]
+    for name in metrics:
+        scored: dict[int, float] = {}
+        if name in IMAGE_METRICS:
+            if pairs:
+                a = torch.stack([pred_images[i] for i in pairs])  # [n, H, W, 3]
+                b = torch.stack([target_images[i] for i in pairs])  # [n, H, W, 3]
+                scored = dict(zip(pairs, image_fns[name](a, b).tolist()))
+            fill(name, "image", image_kinds, scored)
+        elif name == "ocr":
+            rows = [i for i, item in enumerate(chunk) if i in pred_images and item.target_kind == "text"]
+            if rows:
+                images = torch.stack([pred_images[i] for i in rows])  # [n, H, W, 3]
+                scored = dict(zip(rows, ocr_similarity(images, [chunk[i].target_value for i in rows]).tolist()))
+            fill(name, "text", image_kinds, scored)
+        elif name == "box_iou":
+            for i, item in enumerate(chunk):
+                if item.target_kind == "box" and not item.target_error and item.pred_kind == "text":
+                    parsed = parse_box(item.pred_value)
+                    if parsed.box is None:
+                        item.pred_error = item.pred_error or f"no box in the prediction: {parsed.reason}"
+                    else:
+                        scored[i] = float(box_iou(torch.tensor([parsed.box]), torch.tensor([item.target_value]))[0])
+            fill(name, "box", ("text",), scored)
+        elif name == "text_f1":
+            rows = [i for i, item in enumerate(chunk) if item.pred_kind == "text" and not item.pred_error]
+            rows = [i for i in rows if chunk[i].target_kind == "text" and not chunk[i].target_error]
+            if rows:
+                predictions, targets = [chunk[i].pred_value for i in rows], [chunk[i].target_value for i in rows]
+                scored = dict(zip(rows, text_f1(predictions, targets).tolist()))
+            fill(name, "text", ("text",), scored)
+        elif name == "code_length":
+            for item in chunk:
+                reference = item.reference_length if item.reference_length is not None else reference_length
+                source = item.pred_value if item.pred_kind in ("svg", "chart", "text") else None
+                if isinstance(source, str) and reference is not None and reference > 0:
+                    item.scores[name] = float(code_length_reward([source], reference)[0])
+                else:
+                    item.scores[name] = math.nan
+
+
+# =========================================================================================================== OUTPUT
+
+
+def write_rows(items: Sequence[Item], metrics: Sequence[str], out: Path) -> None:
+    """Per-item scores to CSV (`.csv`) or JSON lines (anything else, e.g. `.jsonl`); empty/null where NaN."""
+    columns = ["id", "prediction", "target", *metrics, "render_seconds", "reason"]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for item in items:
+        row: dict[str, Any] = {"id": item.id, "prediction": item.prediction, "target": item.target}
+        for name in metrics:
+            value = item.scores.get(name, math.nan)
+            row[name] = None if math.isnan(value) else round(value, 6)
+        row["render_seconds"] = item.render_seconds
+        row["reason"] = item.reason
+        rows.append(row)
+    with open(out, "w", encoding="utf-8", newline="") as f:
+        if out.suffix.lower() == ".csv":
+            writer = csv.DictWriter(f, fieldnames=columns)
+            writer.writeheader()
+            for row in rows:
+                writer.writerow({k: "" if v is None else v for k, v in row.items()})
+        else:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+
+
+def summary(items: Sequence[Item], metrics: Sequence[str], *, top: int = 5) -> str:
+    """A table of mean/std/min/max per metric over the rows where it applies, then the failures and their reasons."""
+    lines = [f"{'metric':16s} {'n':>6s} {'mean':>8s} {'std':>8s} {'min':>8s} {'max':>8s}"]
+    for name in metrics:
+        values = [item.scores[name] for item in items if not math.isnan(item.scores.get(name, math.nan))]
+        if values:
+            std = statistics.pstdev(values) if len(values) > 1 else 0.0
+            lines.append(
+                f"{name:16s} {len(values):6d} {statistics.fmean(values):8.4f} {std:8.4f} {min(values):8.4f} {max(values):8.4f}"
+            )
+        else:
+            lines.append(f"{name:16s} {0:6d} {'-':>8s} {'-':>8s} {'-':>8s} {'-':>8s}")
+    failed = [item for item in items if item.reason]
+    renders = [item for item in items if item.pred_kind in ("svg", "chart")]
+    failed_renders = [item for item in renders if item.pred_error.startswith("render failed")]
+    lines.append(
+        f"\n{len(items)} pairs; {len(failed)} with a problem; {len(failed_renders)} of {len(renders)} renders failed"
+    )
+    if failed:
+        reasons = Counter(_reason_key(item.reason) for item in failed)
+        lines.append("top reasons:")
+        lines.extend(f"  {count:5d}  {reason}" for reason, count in reasons.most_common(top))
+    return "\n".join(lines)
+
+
+def _reason_key(reason: str) -> str:
+    """Groups reasons that differ only in details (numbers, quoted values)."""
+    import re
+
+    key = re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", reason)
+    key = re.sub(r"\d+(\.\d+)?", "N", key)
+    return key[:100]
+
+
+# ============================================================================================================== CLI
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `mmrl score` arguments."""
+    parser.add_argument("input", type=Path, help="a JSON-lines file of pairs, or a folder with pred/ and target/")
+    parser.add_argument(
+        "--metrics", default="ssim,pixel", help=f"comma-separated, from: {', '.join(METRICS)} (default: ssim,pixel)"
+    )
+    parser.add_argument(
+        "--render",
+        choices=("auto", "svg", "chart", "none"),
+        default="auto",
+        help="how inline prediction strings are read (files go by extension); default: auto",
+    )
+    parser.add_argument("--size", default="256", help="image size: 256 or WxH, e.g. 320x240 (default: 256)")
+    parser.add_argument("--out", type=Path, help="per-item scores: .csv, or .jsonl (JSON lines)")
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds per render (default: 10)")
+    parser.add_argument("--workers", type=int, default=2, help="sandbox workers per render kind (default: 2)")
+    parser.add_argument("--batch-size", type=int, default=64, help="pairs rendered and scored together (default: 64)")
+    parser.add_argument("--encoder", help="a CLIP/SigLIP checkpoint folder, for the embedding metric")
+    parser.add_argument("--reference-length", type=float, help="reference length for code_length (chars)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs `mmrl score` with parsed arguments; returns the exit code."""
+    metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
+    unknown = [m for m in metrics if m not in METRICS]
+    if unknown or not metrics:
+        print(f"mmrl score: unknown metric(s) {unknown}; valid: {', '.join(METRICS)}", file=sys.stderr)
+        return 2
+    try:
+        parts = [int(v) for v in args.size.lower().split("x")]
+        size = (parts[0], parts[0]) if len(parts) == 1 else (parts[0], parts[1])
+        if len(parts) > 2 or min(size) < 1 or max(size) > 4096:
+            raise ValueError
+    except ValueError:
+        print(f"mmrl score: --size must be N or WxH (1-4096), got {args.size!r}", file=sys.stderr)
+        return 2
+    if not args.input.exists():
+        print(f"mmrl score: no such file or folder: {args.input}", file=sys.stderr)
+        return 2
+    encoder = None
+    if "embedding" in metrics:
+        if not args.encoder:
+            print("mmrl score: the embedding metric needs --encoder PATH (a CLIP/SigLIP checkpoint)", file=sys.stderr)
+            return 2
+        from rewards.image import HFImageEncoder
+
+        encoder = HFImageEncoder.from_pretrained(args.encoder)
+    try:
+        items = read_items(args.input, args.render)
+    except (OSError, FileNotFoundError) as e:
+        print(f"mmrl score: {e}", file=sys.stderr)
+        return 2
+    start = time.perf_counter()
+    score_items(
+        items,
+        metrics,
+        size=size,
+        timeout=args.timeout,
+        workers=args.workers,
+        encoder=encoder,
+        reference_length=args.reference_length,
+        batch_size=args.batch_size,
+        progress=False if args.no_progress else None,
+    )
+    seconds = time.perf_counter() - start
+    if args.out is not None:
+        write_rows(items, metrics, args.out)
+    print(summary(items, metrics))
+    print(f"\nscored in {seconds:.1f} s" + (f"; per-item scores in {args.out}" if args.out is not None else ""))
+    return 0

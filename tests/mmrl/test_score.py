@@ -1,0 +1,118 @@
+"""`mmrl score`: JSON lines and folders in, per-item scores and a summary out; broken items are rows, not crashes."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("cairosvg")
+
+from mmrl.cli import main  # noqa: E402
+from mmrl.score import read_items, score_items  # noqa: E402
+
+NS = 'xmlns="http://www.w3.org/2000/svg"'
+RED = f'<svg {NS} width="8" height="8"><rect width="8" height="8" fill="red"/></svg>'
+HALF = f'<svg {NS} width="8" height="8"><rect width="4" height="8" fill="red"/></svg>'
+
+
+def save_png(path: Path, color: tuple[int, int, int], size: int = 32) -> Path:
+    from PIL import Image
+
+    Image.new("RGB", (size, size), color).save(path)
+    return path
+
+
+@pytest.fixture
+def jsonl(tmp_path) -> Path:
+    save_png(tmp_path / "red.png", (255, 0, 0))
+    save_png(tmp_path / "blue.png", (0, 0, 255), size=50)  # resized to --size
+    (tmp_path / "half.svg").write_text(HALF)
+    rows = [
+        {"id": "same", "prediction": RED, "target": "red.png"},
+        {"id": "file", "prediction": "half.svg", "target": {"image": "red.png"}},
+        {"id": "image", "prediction": "blue.png", "target": "red.png"},
+        {"id": "broken", "prediction": "<svg", "target": "red.png"},
+        {"id": "hostile", "prediction": f'<svg {NS}><image href="file:///etc/passwd"/></svg>', "target": "red.png"},
+        {"id": "no_target", "prediction": RED, "target": "missing.png"},
+        {"id": "box", "prediction": "<answer>[0, 0, 10, 10]</answer>", "target": [0, 0, 10, 20]},
+        {"id": "no_box", "prediction": "I cannot see it", "target": {"box": [0, 0, 10, 20]}},
+        {"id": "text", "prediction": "the cat sat", "target": {"text": "The cat"}, "reference_length": 20},
+    ]
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\nnot json\n")
+    return path
+
+
+def test_score_jsonl_rows(jsonl):
+    items = read_items(jsonl, render="auto")
+    metrics = ["pixel", "ssim", "box_iou", "text_f1", "code_length"]
+    score_items(items, metrics, size=(16, 16), workers=1, progress=False)
+    by_id = {item.id: item for item in items}
+    assert len(items) == 10 and by_id["10"].pred_error.startswith("line 10 is not JSON")
+    assert by_id["same"].scores["pixel"] == pytest.approx(1.0) and by_id["same"].scores["ssim"] == pytest.approx(1.0)
+    assert by_id["same"].reason == "" and by_id["same"].render_seconds is not None
+    assert by_id["file"].scores["pixel"] == pytest.approx(1 - 0.5 * 2 / 3, abs=0.02)  # half the pixels, 2 channels
+    assert by_id["image"].scores["pixel"] == pytest.approx(1 - 2 / 3, abs=1e-6)  # red vs blue: 2 channels of 3
+    for name in ("broken", "hostile"):  # the prediction failed: 0.0 and the reason
+        assert by_id[name].scores["pixel"] == 0.0 and by_id[name].reason.startswith("render failed")
+    assert "external reference" in by_id["hostile"].reason
+    assert math.isnan(by_id["no_target"].scores["pixel"]) and "not found" in by_id["no_target"].reason
+    assert by_id["box"].scores["box_iou"] == pytest.approx(0.5) and math.isnan(by_id["box"].scores["pixel"])
+    assert by_id["no_box"].scores["box_iou"] == 0.0 and "no box" in by_id["no_box"].reason
+    assert by_id["text"].scores["text_f1"] == pytest.approx(0.8)
+    assert by_id["text"].scores["code_length"] == pytest.approx(1 - (1 / 20) ** 2)  # 11 chars, free up to 10
+
+
+def test_cli_writes_csv_and_jsonl_and_prints_a_summary(jsonl, tmp_path, capsys):
+    out = tmp_path / "scores.csv"
+    argv = ["score", str(jsonl), "--metrics", "ssim,pixel", "--size", "16", "--workers", "1", "--out", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "ssim" in printed and "mean" in printed and "top reasons" in printed
+    assert "2 of 5 renders failed" in printed
+    with open(out, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["id"] for r in rows][:3] == ["same", "file", "image"]
+    assert set(rows[0]) == {"id", "prediction", "target", "ssim", "pixel", "render_seconds", "reason"}
+    assert float(rows[0]["ssim"]) == pytest.approx(1.0) and rows[6]["ssim"] == ""  # box row: not applicable
+    jsonl_out = tmp_path / "scores.jsonl"
+    assert main([*argv[:-1], str(jsonl_out), "--metrics", "box_iou", "--no-progress"]) == 0
+    lines = [json.loads(line) for line in jsonl_out.read_text().splitlines()]
+    assert lines[6]["box_iou"] == pytest.approx(0.5) and lines[0]["box_iou"] is None
+
+
+def test_folder_mode_matches_stems(tmp_path, capsys):
+    (tmp_path / "pred").mkdir()
+    (tmp_path / "target").mkdir()
+    (tmp_path / "pred" / "a.svg").write_text(RED)
+    save_png(tmp_path / "target" / "a.png", (255, 0, 0))
+    save_png(tmp_path / "pred" / "b.png", (255, 0, 0))
+    save_png(tmp_path / "target" / "b.png", (255, 0, 0))
+    (tmp_path / "pred" / "c.svg").write_text(RED)  # no target
+    (tmp_path / "pred" / "d.txt").write_text("a box at [1, 1, 5, 5]")
+    (tmp_path / "target" / "d.json").write_text("[1, 1, 5, 5]")
+    assert main(["score", str(tmp_path), "--metrics", "pixel,box_iou", "--size", "8", "--workers", "1"]) == 0
+    items = {item.id: item for item in read_items(tmp_path)}
+    assert items["a"].pred_kind == "svg" and items["b"].pred_kind == "image" and items["d"].target_kind == "box"
+    assert "0 files named c.*" in items["c"].reason
+    printed = capsys.readouterr().out
+    assert "pixel" in printed and "box_iou" in printed
+
+
+def test_cli_usage_errors(tmp_path, capsys):
+    assert main(["score", str(tmp_path / "nope.jsonl")]) == 2
+    assert main(["score", str(tmp_path), "--metrics", "ssim,psnr"]) == 2
+    assert main(["score", str(tmp_path), "--size", "big"]) == 2
+    assert main(["score", str(tmp_path), "--metrics", "embedding"]) == 2
+    err = capsys.readouterr().err
+    assert "psnr" in err and "--size" in err and "--encoder" in err
+
+
+def test_help_shows_an_example(capsys):
+    with pytest.raises(SystemExit):
+        main(["score", "--help"])
+    assert "mmrl score pairs.jsonl --metrics ssim,pixel,edge" in capsys.readouterr().out

@@ -1,0 +1,190 @@
+"""Sandboxed rendering: SVG and chart renders come out right, batches keep their order, workers recover.
+
+The module-level `render` / `render_batch` use the process-wide pools, which stay warm across tests (and test
+modules), so worker start-up is paid once per kind per session.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import signal
+import subprocess
+import sys
+import zlib
+
+import pytest
+import torch
+
+pytest.importorskip("cairosvg")
+
+from rewards.render import RenderPool, render, render_batch, render_similarity, stack_renders  # noqa: E402
+from rewards.render.svg import RenderRefused, check_svg  # noqa: E402
+
+NS = 'xmlns="http://www.w3.org/2000/svg"'
+
+
+def svg(body: str, width: int = 40, height: int = 30, extra: str = "") -> str:
+    return f'<svg {NS} {extra} width="{width}" height="{height}" viewBox="0 0 {width} {height}">{body}</svg>'
+
+
+def tiny_png(rgb: tuple[int, int, int]) -> bytes:
+    """A 2x2 PNG of one colour, built by hand (no PIL needed)."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return len(data).to_bytes(4, "big") + kind + data + zlib.crc32(kind + data).to_bytes(4, "big")
+
+    rows = b"".join(b"\x00" + bytes(rgb) * 2 for _ in range(2))
+    header = (2).to_bytes(4, "big") * 2 + bytes([8, 2, 0, 0, 0])
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+
+
+def test_import_rewards_needs_only_torch():
+    code = (
+        "import sys, rewards, rewards.render, rewards.image, rewards.ocr\n"
+        "heavy = ['cairosvg', 'matplotlib', 'cv2', 'rapidocr_onnxruntime', 'skimage', 'transformers', 'sim', 'mmrl']\n"
+        "print([m for m in heavy if m in sys.modules])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_svg_render_pixels_and_size():
+    body = '<rect x="0" y="0" width="20" height="30" fill="#ff0000"/><rect x="20" width="20" height="30" fill="blue"/>'
+    result = render("svg", svg(body), size=(40, 30))
+    assert result.reason == "" and result.ok
+    image = result.image
+    assert image.dtype == torch.uint8 and image.shape == (30, 40, 3)  # [H, W, 3] for size (W, H)
+    assert image[15, 5].tolist() == [255, 0, 0]
+    assert image[15, 35].tolist() == [0, 0, 255]
+    # Scaled to the requested size; transparent areas come out white.
+    scaled = render("svg", svg('<rect width="20" height="30" fill="black"/>'), size=(80, 60)).image
+    assert (
+        scaled.shape == (60, 80, 3) and scaled[30, 10].tolist() == [0, 0, 0] and scaled[30, 70].tolist() == [255] * 3
+    )
+
+
+def test_svg_gradients_opacity_text_and_inline_png():
+    body = (
+        '<defs><linearGradient id="g"><stop offset="0" stop-color="red"/><stop offset="1" stop-color="blue"/>'
+        '</linearGradient></defs><rect width="40" height="15" fill="url(#g)" opacity="0.5"/>'
+        '<text x="2" y="28" font-family="DejaVu Sans" font-size="10">Hi</text><use href="#g"/>'
+    )
+    result = render("svg", svg(body), size=64)
+    assert result.ok, result.reason
+    data = base64.b64encode(tiny_png((0, 200, 0))).decode()
+    image = render("svg", svg(f'<image href="data:image/png;base64,{data}" width="40" height="30"/>'), size=40).image
+    assert image is not None and image[20, 20].tolist() == [0, 200, 0]
+
+
+def test_chart_render():
+    code = (
+        "import matplotlib.pyplot as plt\n"
+        "fig, ax = plt.subplots()\n"
+        "ax.bar(['a', 'b', 'c'], [3, 1, 2], color='red')\n"
+        "ax.set_title('Sales')\n"
+        "plt.savefig('copy.png')  # writes into the scratch dir, which is allowed\n"
+        "if __name__ == '__main__':\n"
+        "    ax.set_facecolor('black')\n"
+    )
+    result = render("chart", code, size=(96, 64), timeout=30)
+    assert result.ok, result.reason
+    image = result.image
+    assert image.shape == (64, 96, 3)
+    red = (image[..., 0] > 200) & (image[..., 1] < 60) & (image[..., 2] < 60)
+    black = (image < 30).all(-1)
+    assert red.sum() > 20 and black.sum() > 100  # the bars, and the __main__ block ran
+    missing = render("chart", "x = 1", size=32, timeout=30)
+    assert missing.image is None and "no matplotlib figure" in missing.reason
+
+
+def test_render_batch_keeps_order_and_mixes_failures():
+    colors = ["#ff0000", "#00ff00", "#0000ff", "#ffff00", "#00ffff"]
+    sources: list = [svg(f'<rect width="40" height="30" fill="{c}"/>') for c in colors]
+    sources[1] = "<svg"  # malformed
+    sources.append(123)  # not a string
+    results = render_batch("svg", sources, size=16)
+    assert [r.ok for r in results] == [True, False, True, True, True, False]
+    assert "not well-formed" in results[1].reason and "not str" in results[5].reason
+    for i in (0, 2, 3, 4):
+        expected = [int(colors[i][k : k + 2], 16) for k in (1, 3, 5)]
+        assert results[i].image[8, 8].tolist() == expected
+    images, ok = stack_renders(results, 16)
+    assert images.shape == (6, 16, 16, 3) and ok.tolist() == [True, False, True, True, True, False]
+    assert images[1].sum() == 0
+
+
+def test_render_similarity_scores_failures_zero():
+    good = svg('<circle cx="20" cy="15" r="10" fill="purple"/>')
+    target = render("svg", good, size=32).image
+    targets = torch.stack([target, target, target])
+    other = svg('<rect width="40" height="30" fill="yellow"/>')
+    scores, reasons = render_similarity("svg", [good, other, "nope"], targets, metric="ssim")
+    assert scores[0].item() == pytest.approx(1.0) and scores[1].item() < 0.9 and scores[2].item() == 0.0
+    assert reasons[0] == "" and reasons[1] == "" and "not well-formed" in reasons[2]
+
+
+def test_bad_arguments_are_programming_errors():
+    with pytest.raises(ValueError, match="unknown render kind"):
+        render("html", "<p>")
+    with pytest.raises(TypeError, match="unknown svg render options"):
+        render("svg", svg(""), max_things=3)
+    with pytest.raises(ValueError, match="render size"):
+        render("svg", svg(""), size=0)
+
+
+def test_dead_worker_is_restarted():
+    with RenderPool("svg", workers=1) as pool:
+        first = pool.render_batch([svg('<rect width="9" height="9"/>')], 16)[0]
+        assert first.ok and pool.isolation["pid"]
+        os.killpg(pool.isolation["pid"], signal.SIGKILL)  # the worker dies between renders
+        again = pool.render_batch([svg('<rect width="9" height="9"/>')] * 3, 16)
+        assert all(r.ok for r in again), [r.reason for r in again]
+
+
+def test_sandbox_layers_are_up():
+    with RenderPool("svg", workers=1) as pool:
+        assert pool.render_batch([svg("")], 8)[0].ok
+        info = pool.isolation
+    if sys.platform != "linux":
+        pytest.skip("the kernel layers are Linux's")
+    assert set(info) >= {"network_namespace", "landlock_abi", "user"}
+    if os.geteuid() == 0:
+        assert info["user"] not in (None, 0)  # render children drop root
+
+
+@pytest.mark.parametrize(
+    ("source", "reason"),
+    [
+        ('<!DOCTYPE svg [<!ENTITY a "b">]><svg/>', "DOCTYPE"),
+        (f"<svg {NS}><!ENTITY a 'b'></svg>", "DOCTYPE"),
+        ('<?xml version="1.0" encoding="UTF-16"?><svg/>', "UTF-8"),
+        ('<?xml-stylesheet href="http://x/s.css"?><svg/>', "style sheets"),
+        ("<html/>", "not <svg>"),
+        (f'<svg {NS} width="1e9" height="10"/>', "width"),
+        (f'<svg {NS} viewBox="0 0 10 inf"/>', "viewBox height"),
+        (f'<svg {NS}><image href="file:///etc/passwd"/></svg>', "external reference"),
+        (f'<svg {NS}><image href="http://example.com/a.png"/></svg>', "external reference"),
+        (f'<svg {NS}><image href="secret.png"/></svg>', "external reference"),
+        (f'<svg {NS}><use href="other.svg#a"/></svg>', "external reference"),
+        (f'<svg {NS}><image href="data:image/svg+xml;base64,PHN2Zy8+"/></svg>', "external reference"),
+        (f'<svg {NS}><rect href="data:image/png;base64,AAAA"/></svg>', "external reference"),  # data: only on <image>
+        (f'<svg {NS}><rect fill="url(http://x/#g)"/></svg>', "external reference"),
+        (f'<svg {NS}><rect style="fill: url(file:///etc/passwd)"/></svg>', "external reference"),
+        (f"<svg {NS}><style>@import url(#x);</style></svg>", "@import"),
+        (f"<svg {NS}><style>rect {{ fill: url('/etc/passwd') }}</style></svg>", "external reference"),
+        (f"<svg {NS}>" + "<g>" * 100 + "</g>" * 100 + "</svg>", "nested deeper"),
+        (f"<svg {NS}>" + "<rect/>" * 20_001 + "</svg>", "more than 20000 elements"),
+        ("<svg " + "x" * 1_000_001, "bytes"),
+    ],
+)
+def test_check_svg_refuses(source, reason):
+    with pytest.raises(RenderRefused, match=reason):
+        check_svg(source)
+
+
+def test_check_svg_accepts_internal_references():
+    body = '<defs><linearGradient id="g"/></defs><rect fill="url(#g)" style="stroke:url( \'#g\' )"/><use href="#g"/>'
+    assert check_svg(svg(body)).startswith(b"<svg")
+    with pytest.raises(RenderRefused, match="at most|deeper"):
+        check_svg(svg("<g><g><g></g></g></g>"), {"max_depth": 3})
