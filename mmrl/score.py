@@ -181,7 +181,8 @@ def _read_folder(root: Path) -> list[Item]:
             item.target = ", ".join(p.name for p in target_files)
             items.append(item)
             continue
-        _read_prediction(item, str(pred_files[0]), root, "none")
+        # Paths relative to `root`, which is also the base they are resolved against.
+        _read_prediction(item, str(pred_files[0].relative_to(root)), root, "none")
         target_path = target_files[0]
         if target_path.suffix.lower() == ".json":
             try:
@@ -190,7 +191,7 @@ def _read_folder(root: Path) -> list[Item]:
                 item.target = str(target_path)
                 item.target_error = f"target {target_path.name}: {e}"
         else:
-            _read_target(item, str(target_path), root)
+            _read_target(item, str(target_path.relative_to(root)), root)
         items.append(item)
     return items
 

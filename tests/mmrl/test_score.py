@@ -116,3 +116,14 @@ def test_help_shows_an_example(capsys):
     with pytest.raises(SystemExit):
         main(["score", "--help"])
     assert "mmrl score pairs.jsonl --metrics ssim,pixel,edge" in capsys.readouterr().out
+
+
+def test_folder_mode_with_a_relative_folder(tmp_path, monkeypatch):
+    # A folder given relative to the working directory (how people type it) must resolve its files once, not twice.
+    (tmp_path / "run" / "pred").mkdir(parents=True)
+    (tmp_path / "run" / "target").mkdir()
+    (tmp_path / "run" / "pred" / "a.svg").write_text(RED)
+    save_png(tmp_path / "run" / "target" / "a.png", (255, 0, 0))
+    monkeypatch.chdir(tmp_path)
+    items = {item.id: item for item in read_items(Path("run"))}
+    assert items["a"].reason == "" and items["a"].target_kind == "image"
