@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 import yaml
 
+from .policy.vlm import Sampling
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -33,12 +35,8 @@ class EnvConfig:
     eval_metric: str = "iou"  # the reward component (or "reward", "success") printed as held-out score
 
 
-@dataclass(frozen=True)
-class SamplingConfig:
-    max_new_tokens: int = 32
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
+# How completions are drawn: the policy's own dataclass, so config and policy cannot drift apart.
+SamplingConfig = Sampling
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from .checkpoint import latest_checkpoint, load_training_state, save_checkpoint,
 from .config import ModelConfig, TrainConfig, to_dict
 from .evaluate import EvalResult, evaluate, train_seeds
 from .logging import MetricsLogger, read_metrics
-from .policy import Sampling, VLMPolicy, build_tiny, masked_images
+from .policy import VLMPolicy, build_tiny, masked_images
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 METRIC_LABELS = {"iou": "mean IoU", "reward": "mean reward", "success": "success"}
@@ -97,7 +97,7 @@ def train(cfg: TrainConfig, policy: VLMPolicy | None = None, stop_after: int | N
     env = sim.make(cfg.env.name, num_envs=rows, **cfg.env.options)
     advantage_fn = algos.ADVANTAGES.get(ac.advantage)
     loss_fn = algos.POLICY_LOSSES.get(ac.loss)
-    sampling = Sampling(cfg.sampling.max_new_tokens, cfg.sampling.temperature, cfg.sampling.top_p, cfg.sampling.top_k)
+    sampling = cfg.sampling
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
     warmup = max(tc.warmup_steps, 0)

@@ -182,3 +182,31 @@ __all__ += [
     "text_f1",
 ]
 # --- end images and renders -----------------------------------------------------------------------------------------
+
+# --- CLIP rewards ---------------------------------------------------------------------------------------------------
+# Kernels over embeddings (`clip_similarity`, `goal_baseline_reward`, `contrastive_goal_reward`) and registered
+# rewards clip_text (`images`, `texts`), clip_goal_baseline (`images`, `goal`, `baseline`, + `alpha`) and clip_contrast
+# (`images`, `positive`, `negative`), each with a `model` option: a checkpoint path loaded once per process by
+# `load_clip`, or a `CLIPScorer`. transformers is imported only when a model is loaded.
+from rewards.clip import (  # noqa: E402
+    CLIPScorer,
+    clip_contrast_reward,
+    clip_goal_baseline_reward,
+    clip_similarity,
+    clip_text_reward,
+    contrastive_goal_reward,
+    goal_baseline_reward,
+    load_clip,
+)
+
+__all__ += [
+    "CLIPScorer",
+    "clip_contrast_reward",
+    "clip_goal_baseline_reward",
+    "clip_similarity",
+    "clip_text_reward",
+    "contrastive_goal_reward",
+    "goal_baseline_reward",
+    "load_clip",
+]
+# --- end CLIP rewards -----------------------------------------------------------------------------------------------
