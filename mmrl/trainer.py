@@ -262,7 +262,7 @@ def report(cfg: TrainConfig, policy: VLMPolicy, before: dict, after: EvalResult,
     metric = cfg.env.eval_metric
     label = METRIC_LABELS.get(metric, metric)
     metrics = read_metrics(out / "metrics.jsonl")
-    keys = tuple(k for k in metrics[-1] if k.startswith("reward/")) if metrics else ("reward/total",)
+    keys = tuple(dict.fromkeys(k for m in metrics for k in m if k.startswith("reward/")))  # every component, in order
     try:
         plots.reward_curve(metrics, out / "reward_curve.png", keys=keys or ("reward/total",))
         if "target_box" in after.info and "pred_box" in after.info:

@@ -1,9 +1,14 @@
-"""The demo's warm start: a short supervised cold start of a tiny VLM on the grounding task.
+"""The demo's warm start: a short supervised cold start of a tiny VLM on the grounding task, from sloppy demos.
 
 The RL papers this toolkit follows fine-tune on demonstrations before RL so that the policy gets some reward to
-learn from; a random tiny model never emits a box, so GRPO would see only zero rewards. `scripts/make_assets.py`
-runs this once and ships the result (about 2 MB in float16). Training stops as soon as the validation IoU passes
-`target_iou`, which leaves room for RL to improve.
+learn from; a random tiny model never emits a box, so GRPO would see only zero rewards. Here the demonstrator is
+sloppy: its boxes are padded by `demo_margin` of their size on every side (a loose annotation convention). The
+imitating model learns where shapes are and which one the instruction names, and copies the loose boxes; GRPO on
+the true IoU reward then has something to improve that imitation cannot: the demonstrator's own error.
+(Measured while designing the demo: from exact demonstrations, plain GRPO on this tiny model moved held-out IoU by
+at most +0.03 in 150 steps; refining perception from a scalar reward is slow at this scale.)
+
+`scripts/make_assets.py` runs this once and ships the result (about 2.5 MB in float16).
 
 Seeds: supervised examples come from [SFT_SEED_BASE, ...), validation from [VAL_SEED_BASE, ...); both are
 disjoint from GRPO's training seeds (which count up from 0) and from the held-out evaluation seeds.
@@ -25,12 +30,24 @@ from .sft import sft_loss, supervised_batch
 SFT_SEED_BASE = 500_000_000
 VAL_SEED_BASE = 900_000_000
 assert SFT_SEED_BASE + 10**8 <= VAL_SEED_BASE < EVAL_SEED_BASE
-PROMPT_TEMPLATE = "{instruction} Answer as <answer>[x1,y1,x2,y2]</answer>."
+# Instruction before the image: image tokens can then attend to the named shape, which a tiny model learns much
+# faster than building a query from an instruction that comes after the image (measured: 0.11 vs 0.02 IoU at step
+# 1000 of the same curriculum).
+PROMPT_TEMPLATE = "{instruction} {image} Answer as <answer>[x1,y1,x2,y2]</answer>."
 
 
-def box_answer(box: torch.Tensor) -> str:
-    """The answer text for an xyxy pixel box, in the format the demo's prompt asks for."""
-    x1, y1, x2, y2 = (int(round(float(v))) for v in box)
+def box_answer(box: torch.Tensor, margin: float = 0.0, image_size: int | None = None) -> str:
+    """The answer text for an xyxy pixel box, in the format the demo's prompt asks for.
+
+    `margin` pads the box by that fraction of its width and height on every side (clamped to the image): the
+    demonstrations of a sloppy annotator whose boxes are loose.
+    """
+    x1, y1, x2, y2 = (float(v) for v in box)
+    dx, dy = margin * (x2 - x1), margin * (y2 - y1)
+    x1, y1, x2, y2 = x1 - dx, y1 - dy, x2 + dx, y2 + dy
+    if image_size is not None:
+        x1, y1, x2, y2 = max(x1, 0.0), max(y1, 0.0), min(x2, float(image_size)), min(y2, float(image_size))
+    x1, y1, x2, y2 = (int(round(v)) for v in (x1, y1, x2, y2))
     return f"<answer>[{x1},{y1},{x2},{y2}]</answer>"
 
 
@@ -66,42 +83,67 @@ def make_warm_start(
     text_layers: int = 4,
     image_size: int = 128,
     prompt_template: str = PROMPT_TEMPLATE,
-    max_steps: int = 6000,
     single_shape_steps: int = 600,
+    exact_steps: int = 1750,
+    sloppy_steps: int = 0,
+    demo_margin: float = 0.4,
     batch_size: int = 32,
     lr: float = 5e-4,
-    target_iou: float = 0.30,
     eval_every: int = 250,
     seed: int = 0,
+    resume_from: str | Path | None = None,
+    resume_step: int = 0,
+    snapshot_dir: str | Path | None = None,
 ) -> float:
-    """Train a tiny model on grounding answers until validation IoU >= `target_iou`; save it to `out_dir`.
+    """Supervised warm start in three phases; the result is saved to `out_dir`.
 
-    A curriculum: the first `single_shape_steps` steps show one shape per image (learn *where*), the rest the
-    full task with distractors (learn *which*). The model of every validation point is saved to
-    `out_dir/step_XXXXX` as well, so a run can be cut short and its best point kept.
+    1. steps [0, single_shape_steps): one shape per image, exact boxes (learn *where*);
+    2. steps [single_shape_steps, exact_steps): the full task with distractors, exact boxes (learn *which*);
+    3. steps [exact_steps, exact_steps + sloppy_steps): the full task, boxes padded by `demo_margin` of their size
+       on every side: the sloppy demonstrator, whose error GRPO then has to undo. This phase starts with a fresh
+       optimiser; the first two share one.
+
+    With `snapshot_dir`, the model at every validation point is also saved to `snapshot_dir/step_XXXXX` (float32,
+    after that many updates). `resume_from` the snapshot taken at `exact_steps` continues exactly as an
+    uninterrupted run would, since the sloppy phase starts with a fresh optimiser anyway.
 
     Returns:
         The validation IoU of the saved model.
     """
+    # One thread: CPU float sums then come out in the same order on any machine, so the script reproduces the
+    # committed checkpoint bit for bit with this torch version (a few minutes slower than two threads).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     torch.manual_seed(seed)
-    policy = build_warm_model(arch, text_layers, seed, prompt_template)
+    if resume_from is not None:
+        if resume_step != exact_steps:
+            raise ValueError(f"resume only where the sloppy phase begins (step {exact_steps}), not {resume_step}")
+        from .policy.vlm import VLMPolicy
+
+        policy = VLMPolicy.from_pretrained(resume_from, prompt_template=prompt_template)
+    else:
+        policy = build_warm_model(arch, text_layers, seed, prompt_template)
+    start = resume_step if resume_from is not None else 0
+    total = exact_steps + sloppy_steps
     full = sim.make("grounding", num_envs=batch_size, image_size=image_size)
     single = sim.make("grounding", num_envs=batch_size, image_size=image_size, min_shapes=1, max_shapes=1)
-    optimizer = torch.optim.AdamW(policy.model.parameters(), lr=lr, weight_decay=0.0)
-    out_dir = Path(out_dir)
+    optimizer = None
     iou = 0.0
-    bar = tqdm(range(max_steps + 1), desc="warm start (supervised)", dynamic_ncols=True)
+    bar = tqdm(range(start, total), desc="warm start (supervised)", dynamic_ncols=True)
     for step in bar:
-        if step % eval_every == 0 and step > 0:
+        if step in (start, exact_steps):  # the run or the sloppy phase begins: fresh optimiser
+            optimizer = torch.optim.AdamW(policy.model.parameters(), lr=lr, weight_decay=0.0)
+        if step % eval_every == 0 and step > start:
             iou = validation_iou(policy, image_size)
             bar.set_postfix(val_iou=f"{iou:.3f}")
             print(f"step {step}: validation IoU {iou:.3f}", flush=True)
-            policy.save_pretrained(out_dir / f"step_{step:05d}")
-            if iou >= target_iou:
-                break
+            if snapshot_dir is not None:
+                policy.save_pretrained(Path(snapshot_dir) / f"step_{step:05d}")
         env = single if step < single_shape_steps else full
+        margin = demo_margin if step >= exact_steps else 0.0
         obs = env.reset(seed=SFT_SEED_BASE + step * batch_size)
-        batch = supervised_batch(policy, obs, [box_answer(b) for b in env.target_boxes])
+        answers = [box_answer(b, margin, image_size) for b in env.target_boxes]
+        batch = supervised_batch(policy, obs, answers)
         loss = sft_loss(policy.logprobs(batch), batch.completion_mask)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -110,11 +152,9 @@ def make_warm_start(
         if step % 10 == 0:
             bar.set_postfix(loss=f"{loss.item():.3f}", val_iou=f"{iou:.3f}")
     bar.close()
-    for old in out_dir.glob("step_*"):
-        import shutil
-
-        shutil.rmtree(old)
+    iou = validation_iou(policy, image_size)
+    torch.set_num_threads(threads)
     policy.model.to(torch.float16)
     policy.save_pretrained(out_dir)
-    print(f"warm start: validation IoU {iou:.3f} after {step} supervised steps -> {out_dir}")
+    print(f"warm start: validation IoU {iou:.3f} after {total} supervised steps -> {out_dir}")
     return iou
