@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -90,7 +91,10 @@ def test_contrastive_goal_by_hand():
 @pytest.fixture(scope="module")
 def tiny_scorer() -> CLIPScorer:
     transformers = pytest.importorskip("transformers")
-    tokenizer = transformers.AutoTokenizer.from_pretrained("assets/tokenizer")
+    # An absolute path: a relative "assets/tokenizer" looks like a hub id when pytest runs from another directory.
+    tokenizer = transformers.AutoTokenizer.from_pretrained(
+        Path(__file__).resolve().parents[2] / "assets" / "tokenizer"
+    )
     # CLIP pools a text at its end-of-text token, and reads eos_token_id == 2 as "the largest id" (the old OpenAI
     # configs). Use the pad token as end-of-text, as CLIP's own tokenizer does.
     tokenizer.eos_token = tokenizer.pad_token
