@@ -53,6 +53,11 @@ class AlgoConfig:
     entropy_coef: float = 0.0  # entropy bonus weight
     # Drop groups whose rewards are all equal (they carry no GRPO signal) before the update (DAPO).
     dynamic_sampling: bool = False
+    # DAPO's overlong handling: leave completions cut off at max_new_tokens (no EOS) out of the loss, and/or add a
+    # length penalty ramping from 0 to -overlong_penalty over the last overlong_cache_len tokens (0 turns it off).
+    overlong_filter: bool = False
+    overlong_penalty: float = 0.0
+    overlong_cache_len: int = 8
     # Perception-aware policy optimisation (PAPO, https://arxiv.org/abs/2507.06448): a second pass on a masked
     # copy of each image; the KL between the two passes is pushed up with weight papo_gamma (0 turns PAPO off).
     papo_gamma: float = 0.0

@@ -10,6 +10,7 @@ import copy
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -19,7 +20,7 @@ import sim
 
 from . import algos
 from .algos import aggregate, entropy_bonus_loss, kl_estimate
-from .algos.data import dynamic_sampling_keep
+from .algos.data import dynamic_sampling_keep, overlong_mask, soft_overlong_penalty
 from .algos.papo import papo_loss_terms
 from .checkpoint import latest_checkpoint, load_training_state, save_checkpoint, set_rng_state
 from .config import ModelConfig, TrainConfig, to_dict
@@ -138,6 +139,17 @@ def train(cfg: TrainConfig, policy: VLMPolicy | None = None, stop_after: int | N
         # ---- score
         result = env.step(rollout.texts)
         rewards = result.reward  # [R]
+        lengths = rollout.completion_mask.sum(-1)  # [R] generated tokens
+        if ac.overlong_penalty > 0:
+            penalty = soft_overlong_penalty(
+                lengths, sampling.max_new_tokens, ac.overlong_cache_len, ac.overlong_penalty
+            )
+            result.info.setdefault("reward_components", {})["overlong"] = penalty
+            rewards = rewards + penalty
+        if ac.overlong_filter:
+            # Truncated = no EOS generated; such rows stay in the group statistics but leave the loss.
+            truncated = ~torch.isin(rollout.completion_ids, torch.tensor(policy.eos_token_ids)).any(-1)  # [R]
+            rollout = replace(rollout, completion_mask=overlong_mask(rollout.completion_mask, 0, truncated=truncated))
         advantages = advantage_fn(rewards, group_size=group_size, scale_by_std=ac.scale_by_std)  # [R]
         kept_groups = batch
         if ac.dynamic_sampling:
@@ -224,10 +236,10 @@ def train(cfg: TrainConfig, policy: VLMPolicy | None = None, stop_after: int | N
             **sums,
             "grad_norm": grad_norm,
             "lr": scheduler.get_last_lr()[0],
-            "completion_len": rollout.completion_mask.sum(-1).float().mean(),
+            "completion_len": lengths.float().mean(),  # as generated, before any filtering
             "perf/step_s": time.perf_counter() - t0,
             "perf/generate_s": t_gen,
-            "perf/tokens_per_s": rollout.completion_mask.sum() / (time.perf_counter() - t0),
+            "perf/tokens_per_s": lengths.sum() / (time.perf_counter() - t0),
         }
         if ac.dynamic_sampling:
             metrics["data/kept_groups"] = kept_groups

@@ -129,3 +129,38 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(
     for micro in (1, 3):
         for key in ("loss/policy", "grad_norm", "approx_kl"):
             assert logged[micro][key] == pytest.approx(full[key], rel=1e-4, abs=1e-7), f"micro={micro}: {key}"
+
+
+def test_overlong_filter_leaves_truncated_completions_out_of_the_loss(
+    tmp_path, tiny_run_config, tiny_policy, letters_env
+):
+    # A random tiny model never emits EOS within 6 tokens: every completion is truncated, so with the filter nothing
+    # is left to train on (zero gradient, unchanged weights), while without it the same step moves the weights.
+    moved = {}
+    for flag in ("false", "true"):
+        cfg = tiny_run_config(
+            tmp_path / flag, f"env.name={letters_env}", "trainer.total_steps=1", f"algo.overlong_filter={flag}"
+        )
+        policy = tiny_policy("qwen2_vl", seed=0, prompt_template=cfg.model.prompt_template)
+        before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+        with contextlib.redirect_stdout(io.StringIO()):
+            row = step_rows(train(cfg, policy=policy))[0]
+        assert row["completion_len"] == 6  # truncated at max_new_tokens
+        moved[flag] = any(not torch.equal(before[n], p.detach()) for n, p in policy.model.named_parameters())
+        if flag == "true":
+            assert row["grad_norm"] == 0.0 and row["loss/policy"] == 0.0
+    assert moved == {"false": True, "true": False}
+
+
+def test_soft_overlong_penalty_is_a_logged_reward_component(tmp_path, tiny_run_config, tiny_policy, letters_env):
+    cfg = tiny_run_config(
+        tmp_path, f"env.name={letters_env}", "trainer.total_steps=1", "algo.overlong_penalty=0.5",
+        "algo.overlong_cache_len=2",
+    )  # fmt: skip
+    policy = tiny_policy("qwen2_vl", seed=0, prompt_template=cfg.model.prompt_template)
+    with contextlib.redirect_stdout(io.StringIO()):
+        row = step_rows(train(cfg, policy=policy))[0]
+    # Every completion is 6 = max_new_tokens long: the ramp has reached its end, -0.5.
+    assert row["reward/overlong"] == pytest.approx(-0.5)
+    parts = sum(v for k, v in row.items() if k.startswith("reward/") and k != "reward/total")
+    assert row["reward/total"] == pytest.approx(parts, abs=1e-5)
