@@ -76,19 +76,15 @@ def train(cfg: TrainConfig, policy: VLMPolicy | None = None, stop_after: int | N
 
     # ------------------------------------------------------------------ BUILD
     resume_from = latest_checkpoint(out) if cfg.resume else None
-    initial = policy if policy is not None else load_policy(cfg.model, checkpoint=cfg.checkpoint)
+    # The starting policy is needed to train from, or as the KL anchor (also after a resume); load it only then.
+    if policy is None and (resume_from is None or ac.kl_coef > 0):
+        policy = load_policy(cfg.model, checkpoint=cfg.checkpoint)
     reference = None
     if ac.kl_coef > 0:
-        # The KL anchor is the policy the run started from, also after a resume.
-        reference = copy.deepcopy(initial)
+        reference = copy.deepcopy(policy)
         reference.model.requires_grad_(False).eval()
-    policy = initial
     if resume_from is not None:
-        dtype = next(initial.model.parameters()).dtype
-        policy = VLMPolicy.from_pretrained(
-            resume_from, dtype=dtype, device=str(initial.device), prompt_template=initial.prompt_template
-        )
-        del initial
+        policy = load_policy(cfg.model, checkpoint=resume_from)
     model = policy.model
     model.train()
     (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
