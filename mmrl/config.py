@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 import yaml
 
+from .curriculum import CurriculumConfig
 from .policy.vlm import Sampling
 
 
@@ -26,6 +27,10 @@ class ModelConfig:
     # How an env instruction becomes the user turn of the chat; `{instruction}` is replaced.
     prompt_template: str = "{instruction}"
     seed: int = 0  # initialisation seed for "tiny:" models
+    # A VLA: > 0 adds this many action tokens (uniform bins per action dimension, bounds from the env) so the model
+    # acts in continuous-action envs; 0 keeps a text policy. A checkpoint that already has a codec keeps its own.
+    action_bins: int = 0
+    action_chunk: int = 1  # actions per generation (C*D tokens at once)
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,17 @@ class AlgoConfig:
     papo_mask_ratio: float = 0.6  # official: patches at 0.6; TRL's version: pixels at 0.3
     papo_grad_through_masked: bool = False  # official: no gradient through the masked pass
     papo_kl_bound: float | None = None  # clamp the per-token KL to [0, bound] (TRL used 0.2)
+    # Refill: with dynamic_sampling or a difficulty filter, sample up to this many batches of B prompts per step
+    # until B groups pass (DAPO's max_num_gen_batches); 1 trains on whatever passed the first batch.
+    max_sample_batches: int = 1
+    # Online difficulty filtering: keep prompts whose group success rate (mean reward where the env has no
+    # success) lies strictly inside (difficulty_low, difficulty_high); None on both turns it off.
+    difficulty_low: float | None = None
+    difficulty_high: float | None = None
+    # Multi-turn credit: "episode" gives every turn the GRPO advantage of the episode's discounted return;
+    # "step" compares each turn's return-to-go with the same turn of the other group members.
+    credit: Literal["episode", "step"] = "episode"
+    gamma: float = 1.0  # discount over turns
 
 
 @dataclass(frozen=True)
@@ -87,12 +103,25 @@ class TrainerConfig:
 
 
 @dataclass(frozen=True)
+class SFTConfig:
+    """A supervised cold start on scripted demonstrations before RL (envs with an `expert_action`)."""
+
+    episodes: int = 0  # demonstration episodes; 0 skips the phase
+    steps: int = 200  # optimiser steps
+    batch_size: int = 64  # (observation, action) pairs per step
+    lr: float = 1e-3
+    noise: float = 0.3  # executed actions get this much Gaussian noise (labels stay the clean expert's): DART
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
     output_dir: str = "runs/default"
     resume: bool = False  # continue from the last complete checkpoint in output_dir
     checkpoint: str | None = None  # a checkpoint folder to evaluate (mmrl eval) or to start from
@@ -129,6 +158,10 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             except ConfigError as e:
                 errors.append(str(e))
         raise ConfigError("; ".join(errors))
+    if origin is list or tp is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        return list(value)
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping, got {value!r}")

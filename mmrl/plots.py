@@ -77,3 +77,64 @@ def box_grid(
         draw.text((x0 + 2, y0 + h * scale + 1), captions[i][:28], fill=(0, 0, 0))
     canvas.save(path)
     return Path(path)
+
+
+def _upscale(frame: torch.Tensor, scale: int) -> Image.Image:
+    image = Image.fromarray(frame.cpu().numpy())
+    return image.resize((image.width * scale, image.height * scale), Image.NEAREST)
+
+
+def episode_gif(
+    frames: torch.Tensor,
+    path: str | Path,
+    success: torch.Tensor | None = None,
+    columns: int = 4,
+    scale: int = 2,
+    ms_per_frame: int = 250,
+) -> Path:
+    """An animated GIF of K episodes side by side, one tile each, framed green (success) or red at the end.
+
+    Args:
+        frames: `[K, S+1, H, W, 3]` uint8, every observation of each episode (a finished episode's last frame repeats).
+        success: `[K]` bool, colours each tile's frame once its episode is over.
+    """
+    k, steps, h, w, _ = frames.shape
+    columns = min(columns, k)
+    rows = math.ceil(k / columns)
+    pad = 3
+    tile_w, tile_h = w * scale + 2 * pad, h * scale + 2 * pad
+    images = []
+    for t in range(steps):
+        canvas = Image.new("RGB", (columns * tile_w, rows * tile_h), "white")
+        draw = ImageDraw.Draw(canvas)
+        for i in range(k):
+            x, y = (i % columns) * tile_w, (i // columns) * tile_h
+            if success is not None and t == steps - 1:
+                colour = (40, 170, 60) if bool(success[i]) else (210, 40, 40)
+                draw.rectangle([x, y, x + tile_w - 1, y + tile_h - 1], fill=colour)
+            canvas.paste(_upscale(frames[i, t], scale), (x + pad, y + pad))
+        images.append(canvas)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    durations = [ms_per_frame] * (steps - 1) + [ms_per_frame * 6]  # linger on the outcome
+    images[0].save(path, save_all=True, append_images=images[1:], duration=durations, loop=0)
+    return path
+
+
+def frame_strip(frames: torch.Tensor, path: str | Path, title: str = "", scale: int = 2, max_frames: int = 10) -> Path:
+    """One episode's observations in a row (`[S+1, H, W, 3]` uint8), evenly subsampled to at most `max_frames`."""
+    steps = frames.shape[0]
+    picks = sorted({round(i * (steps - 1) / max(max_frames - 1, 1)) for i in range(min(max_frames, steps))})
+    h, w = frames.shape[1] * scale, frames.shape[2] * scale
+    cap_h = 14 if title else 0
+    canvas = Image.new("RGB", (len(picks) * (w + 2), h + cap_h + 12), "white")
+    draw = ImageDraw.Draw(canvas)
+    if title:
+        draw.text((2, 1), title, fill="black")
+    for j, t in enumerate(picks):
+        canvas.paste(_upscale(frames[t], scale), (j * (w + 2), cap_h))
+        draw.text((j * (w + 2) + 2, cap_h + h), f"t={t}", fill="black")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    canvas.save(path)
+    return path

@@ -20,13 +20,22 @@ import sim
 
 from . import algos
 from .algos import aggregate, entropy_bonus_loss, kl_estimate
-from .algos.data import dynamic_sampling_keep, overlong_mask, soft_overlong_penalty
+from .algos.data import (
+    difficulty_filter_keep,
+    discounted_returns,
+    dynamic_sampling_keep,
+    overlong_mask,
+    soft_overlong_penalty,
+    step_group_advantages,
+)
 from .algos.papo import papo_loss_terms
 from .checkpoint import latest_checkpoint, load_training_state, save_checkpoint, set_rng_state
-from .config import ModelConfig, TrainConfig, to_dict
+from .config import AlgoConfig, ModelConfig, TrainConfig, to_dict
+from .curriculum import Curriculum
 from .evaluate import EvalResult, evaluate, train_seeds
 from .logging import MetricsLogger, read_metrics
-from .policy import VLMPolicy, build_tiny, masked_images
+from .policy import VLMPolicy, add_action_tokens, build_tiny, masked_images
+from .rollout import Episodes, cat_episodes, collect_episodes
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 METRIC_LABELS = {"iou": "mean IoU", "reward": "mean reward", "success": "success"}
@@ -60,6 +69,80 @@ def held_out(policy: VLMPolicy, cfg: TrainConfig) -> EvalResult:
     )
 
 
+def starting_policy(cfg: TrainConfig, policy: VLMPolicy | None, env, out: Path) -> VLMPolicy:
+    """The policy RL starts from: the configured model, given action tokens for a continuous env, and cold-started
+    on the env's scripted demonstrations when `sft.episodes > 0` (kept in `<output_dir>/cold_start`, so a resumed
+    run finds it instead of repeating it)."""
+    from .sft import collect_demonstrations, train_on_demonstrations
+
+    cold_start = out / "cold_start"
+    if cfg.sft.episodes > 0 and (cold_start / "config.json").exists():
+        return load_policy(cfg.model, checkpoint=cold_start)
+    policy = policy if policy is not None else load_policy(cfg.model, checkpoint=cfg.checkpoint)
+    if env.action_kind == "continuous" and policy.action_codec is None:
+        if cfg.model.action_bins < 2:
+            raise ValueError(f"env {cfg.env.name!r} takes continuous actions: set model.action_bins (e.g. 256)")
+        add_action_tokens(policy, env.action_low, env.action_high, cfg.model.action_bins, cfg.model.action_chunk)
+    if cfg.sft.episodes > 0:
+        if policy.action_codec is None:
+            raise ValueError("sft.episodes > 0 needs a continuous-action env with a scripted expert")
+        initial = held_out(policy, cfg)
+        print(f"held-out {cfg.env.eval_metric} of the initial model: {initial.metrics[cfg.env.eval_metric]:.3f}",
+              file=sys.stderr)  # fmt: skip
+        images, instructions, tokens, rate = collect_demonstrations(
+            env, policy.action_codec, cfg.sft.episodes, noise=cfg.sft.noise, seed=cfg.trainer.seed
+        )
+        print(f"{len(instructions)} demonstration steps from {cfg.sft.episodes} episodes "
+              f"(expert success {rate:.2f} under noise {cfg.sft.noise})", file=sys.stderr)  # fmt: skip
+        train_on_demonstrations(
+            policy, images, instructions, tokens, steps=cfg.sft.steps, batch_size=cfg.sft.batch_size, lr=cfg.sft.lr,
+            seed=cfg.trainer.seed,
+        )  # fmt: skip
+        tmp = out / "cold_start.tmp"
+        policy.save_pretrained(tmp)
+        (tmp / "initial_eval.json").write_text(json.dumps(initial.metrics, indent=2))
+        tmp.rename(cold_start)  # atomic: a folder named cold_start is always complete
+    return policy
+
+
+def keep_groups(episodes: Episodes, ac: AlgoConfig) -> torch.Tensor:
+    """`[B]` bool: the groups the data-side filters keep (all, when none is on)."""
+    returns = episodes.returns(ac.gamma)
+    keep = torch.ones(returns.numel() // ac.group_size, dtype=torch.bool)
+    if ac.dynamic_sampling:
+        # Groups whose returns are all equal have zero advantage everywhere: no signal, only noise.
+        keep &= dynamic_sampling_keep(returns, ac.group_size)
+    if ac.difficulty_low is not None or ac.difficulty_high is not None:
+        accuracy = episodes.success.float() if episodes.success is not None else returns
+        low = ac.difficulty_low if ac.difficulty_low is not None else float("-inf")
+        high = ac.difficulty_high if ac.difficulty_high is not None else float("inf")
+        keep &= difficulty_filter_keep(accuracy, ac.group_size, low, high)
+    return keep
+
+
+def shaped_step_rewards(episodes: Episodes, ac: AlgoConfig, max_new_tokens: int) -> torch.Tensor:
+    """`[R, T]` turn rewards plus DAPO's soft overlong penalty of each turn's completion (when it is on)."""
+    step_rewards = episodes.step_rewards.clone()
+    if ac.overlong_penalty > 0:
+        lengths = episodes.rollout.completion_mask.sum(-1)  # [M] generated tokens
+        penalty = soft_overlong_penalty(lengths, max_new_tokens, ac.overlong_cache_len, ac.overlong_penalty)
+        step_rewards.index_put_((episodes.world, episodes.turn), penalty, accumulate=True)
+    return step_rewards
+
+
+def write_episode_media(result: EvalResult, stem: Path) -> None:
+    """An animated GIF and a frame strip of the held-out episodes that `result` recorded (multi-step tasks)."""
+    if result.frames is None:
+        return
+    from . import plots
+
+    try:
+        plots.episode_gif(result.frames, stem.with_suffix(".gif"), success=result.success)
+        plots.frame_strip(result.frames[0], stem.with_name(stem.name + "_strip.png"), title=result.instructions[0])
+    except ImportError as e:
+        print(f"skipped episode pictures: {e}", file=sys.stderr)
+
+
 def train(cfg: TrainConfig, policy: VLMPolicy | None = None, stop_after: int | None = None) -> list[dict]:
     """Train with GRPO and return the logged metrics (one dict per step).
 
@@ -75,10 +158,17 @@ def train(cfg: TrainConfig, policy: VLMPolicy | None = None, stop_after: int | N
         torch.set_num_threads(tc.threads)
 
     # ------------------------------------------------------------------ BUILD
+    group_size, batch = ac.group_size, tc.prompts_per_step
+    rows = batch * group_size
+    curriculum = Curriculum(cfg.curriculum)
     resume_from = latest_checkpoint(out) if cfg.resume else None
+    state = load_training_state(resume_from)[0] if resume_from is not None else {}
+    if "curriculum" in state:
+        curriculum.load_state_dict(state["curriculum"])
+    env = sim.make(cfg.env.name, num_envs=rows, **curriculum.options(cfg.env.options))
     # The starting policy is needed to train from, or as the KL anchor (also after a resume); load it only then.
-    if policy is None and (resume_from is None or ac.kl_coef > 0):
-        policy = load_policy(cfg.model, checkpoint=cfg.checkpoint)
+    if resume_from is None or ac.kl_coef > 0:
+        policy = starting_policy(cfg, policy, env, out)
     reference = None
     if ac.kl_coef > 0:
         reference = copy.deepcopy(policy)
@@ -89,20 +179,19 @@ def train(cfg: TrainConfig, policy: VLMPolicy | None = None, stop_after: int | N
     model.train()
     (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
 
-    group_size, batch = ac.group_size, tc.prompts_per_step
-    rows = batch * group_size
-    env = sim.make(cfg.env.name, num_envs=rows, **cfg.env.options)
     advantage_fn = algos.ADVANTAGES.get(ac.advantage)
     loss_fn = algos.POLICY_LOSSES.get(ac.loss)
     sampling = cfg.sampling
+    if policy.action_codec is not None:  # a VLA emits exactly C*D action tokens per generation
+        sampling = replace(sampling, max_new_tokens=policy.action_codec.tokens_per_generation)
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
     warmup = max(tc.warmup_steps, 0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
 
-    start_step, state = 0, {}
+    start_step = 0
     if resume_from is not None:
-        state, states = load_training_state(resume_from)
+        _, states = load_training_state(resume_from)
         optimizer.load_state_dict(states["optimizer"])
         scheduler.load_state_dict(states["scheduler"])
         set_rng_state(states["rng"])
@@ -116,6 +205,7 @@ def train(cfg: TrainConfig, policy: VLMPolicy | None = None, stop_after: int | N
         state["eval_before"] = before.metrics
         logger.log(0, {f"eval/{k}": v for k, v in before.metrics.items()})
         print(f"held-out {label} before training: {before.metrics[cfg.env.eval_metric]:.3f}", file=sys.stderr)
+        write_episode_media(before, out / "episodes_before")
 
     # ------------------------------------------------------------------ LOOP
     bar = tqdm(
@@ -127,34 +217,41 @@ def train(cfg: TrainConfig, policy: VLMPolicy | None = None, stop_after: int | N
         # uninterrupted one would have.
         torch.manual_seed(tc.seed * 1_000_003 + step)
 
-        # ---- collect: G worlds per prompt, reset with the same seed
-        obs = env.reset(seed=train_seeds(step, batch, group_size, base=tc.seed * 100_000_000))
-        rollout = policy.generate(obs, group_size=group_size, sampling=sampling)
+        # ---- collect: G worlds per prompt reset with the same seed, episodes run to their end. Filters (dynamic
+        # sampling, difficulty) drop groups; more batches are sampled until B groups pass or the budget is spent.
+        sampled, kept_parts, kept_groups = [], [], 0
+        for attempt in range(max(ac.max_sample_batches, 1)):
+            seeds = train_seeds(step + attempt * tc.total_steps, batch, group_size, base=tc.seed * 100_000_000)
+            episodes = collect_episodes(policy, env, seeds, group_size, sampling)
+            sampled.append(episodes)
+            keep = keep_groups(episodes, ac)  # [B]
+            if keep.any():
+                kept_parts.append(episodes.select_worlds(keep.repeat_interleave(group_size).nonzero().squeeze(-1)))
+                kept_groups += int(keep.sum())
+            if kept_groups >= batch:
+                break
         t_gen = time.perf_counter() - t0
+        stats = cat_episodes(sampled, policy.pad_token_id or 0)  # everything sampled, for logging
+        # Nothing passed the filters: train on the first batch (zero advantages; only KL/entropy terms act).
+        episodes = cat_episodes(kept_parts, policy.pad_token_id or 0) if kept_parts else sampled[0]
+        if episodes.num_worlds > rows:
+            episodes = episodes.select_worlds(torch.arange(rows))
+        rollout = episodes.rollout
 
-        # ---- score
-        result = env.step(rollout.texts)
-        rewards = result.reward  # [R]
-        lengths = rollout.completion_mask.sum(-1)  # [R] generated tokens
-        if ac.overlong_penalty > 0:
-            penalty = soft_overlong_penalty(
-                lengths, sampling.max_new_tokens, ac.overlong_cache_len, ac.overlong_penalty
-            )
-            result.info.setdefault("reward_components", {})["overlong"] = penalty
-            rewards = rewards + penalty
+        # ---- score: episode returns (discounted over turns), plus any length shaping of the rows
+        step_rewards = shaped_step_rewards(episodes, ac, sampling.max_new_tokens)  # [R', T]
         if ac.overlong_filter:
             # Truncated = no EOS generated; such rows stay in the group statistics but leave the loss.
-            truncated = ~torch.isin(rollout.completion_ids, torch.tensor(policy.eos_token_ids)).any(-1)  # [R]
+            truncated = ~torch.isin(rollout.completion_ids, torch.tensor(policy.eos_token_ids)).any(-1)  # [M]
             rollout = replace(rollout, completion_mask=overlong_mask(rollout.completion_mask, 0, truncated=truncated))
-        advantages = advantage_fn(rewards, group_size=group_size, scale_by_std=ac.scale_by_std)  # [R]
-        kept_groups = batch
-        if ac.dynamic_sampling:
-            # Groups whose rewards are all equal have zero advantage everywhere: train on the others only.
-            keep = dynamic_sampling_keep(rewards, group_size)  # [B]
-            kept_groups = int(keep.sum())
-            if 0 < kept_groups < batch:
-                kept_rows = keep.repeat_interleave(group_size).nonzero().squeeze(-1)
-                rollout, advantages = rollout.select(kept_rows), advantages[kept_rows]
+        if ac.credit == "step":
+            returns = discounted_returns(step_rewards, episodes.dones, ac.gamma)  # [R', T] returns-to-go
+            turn_advantages = step_group_advantages(returns, episodes.active, group_size, scale_by_std=ac.scale_by_std)
+            advantages = turn_advantages[episodes.world, episodes.turn]  # [M]
+        else:
+            discount = ac.gamma ** torch.arange(step_rewards.shape[1], dtype=torch.float32)
+            returns = (step_rewards * discount).sum(-1)  # [R']
+            advantages = advantage_fn(returns, group_size=group_size, scale_by_std=ac.scale_by_std)[episodes.world]
         masked = None
         if ac.papo_gamma > 0:
             mask_rng = torch.Generator().manual_seed(tc.seed * 1_000_003 + step)
@@ -225,24 +322,39 @@ def train(cfg: TrainConfig, policy: VLMPolicy | None = None, stop_after: int | N
         optimizer.step()
         scheduler.step()
 
-        # ---- log
+        # ---- log (over every episode sampled this step, before any filter)
         metrics = {
-            "reward/total": rewards.mean(),
-            **{f"reward/{k}": v.float().mean() for k, v in result.info.get("reward_components", {}).items()},
+            "reward/total": shaped_step_rewards(stats, ac, sampling.max_new_tokens).sum(-1).mean(),
+            **{f"reward/{k}": v.mean() for k, v in stats.components.items()},
             **sums,
             "grad_norm": grad_norm,
             "lr": scheduler.get_last_lr()[0],
-            "completion_len": lengths.float().mean(),  # as generated, before any filtering
+            "completion_len": stats.rollout.completion_mask.sum(-1).float().mean(),  # as generated
             "perf/step_s": time.perf_counter() - t0,
             "perf/generate_s": t_gen,
-            "perf/tokens_per_s": lengths.sum() / (time.perf_counter() - t0),
+            "perf/tokens_per_s": stats.rollout.completion_mask.sum() / (time.perf_counter() - t0),
         }
-        if ac.dynamic_sampling:
+        if ac.overlong_penalty > 0:
+            metrics["reward/overlong"] = (
+                (shaped_step_rewards(stats, ac, sampling.max_new_tokens) - stats.step_rewards).sum(-1).mean()
+            )
+        if stats.step_rewards.shape[1] > 1:
+            metrics["env/episode_steps"] = stats.env_steps.float().mean()
+        if ac.dynamic_sampling or ac.difficulty_low is not None or ac.difficulty_high is not None:
             metrics["data/kept_groups"] = kept_groups
-        if "success" in result.info:
-            metrics["env/success_rate"] = result.info["success"].float().mean()
+            metrics["data/sampled_batches"] = len(sampled)
+        if stats.success is not None:
+            metrics["env/success_rate"] = stats.success.float().mean()
+        if curriculum.enabled:
+            metrics["curriculum/level"] = curriculum.level
         logged = logger.log(step + 1, metrics)
         bar.set_postfix(reward=f"{logged['reward/total']:.3f}", loss=f"{logged['loss/policy']:+.3f}")
+        score = logged.get("env/success_rate", logged["reward/total"])
+        if curriculum.update(score):
+            env.close()
+            env = sim.make(cfg.env.name, num_envs=rows, **curriculum.options(cfg.env.options))
+            print(f"curriculum: {cfg.curriculum.option} = {cfg.curriculum.levels[curriculum.level]}", file=sys.stderr)
+        state["curriculum"] = curriculum.state_dict()
 
         # ---- evaluate
         if tc.eval_every and (step + 1) % tc.eval_every == 0 and step + 1 < tc.total_steps:
@@ -259,6 +371,7 @@ def train(cfg: TrainConfig, policy: VLMPolicy | None = None, stop_after: int | N
     # ------------------------------------------------------------------ REPORT
     after = held_out(policy, cfg)
     logger.log(tc.total_steps, {f"eval/{k}": v for k, v in after.metrics.items()})
+    write_episode_media(after, out / "episodes_after")
     report(cfg, policy, state["eval_before"], after, out)
     return read_metrics(out / "metrics.jsonl")
 

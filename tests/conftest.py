@@ -137,3 +137,74 @@ def tiny_run_config() -> Callable:
         return load_config(PRESET, [*TINY_RUN, f"output_dir={output_dir}", *overrides])
 
     return make
+
+
+class PointReachEnv:
+    """A toy continuous-control env for VLA tests: move a black dot onto a red one in a 64 px image.
+
+    Actions `[N, 2]` in [-1, 1] move the dot by `action * 8` px; success within 6 px ends the episode; 4 steps at
+    most. Reward: 1 on success. Pure torch and PIL, so VLA tests do not depend on a simulator being installed.
+    """
+
+    action_kind = "continuous"
+    action_dim = 2
+    max_episode_steps = 4
+
+    def __init__(self, num_envs: int, image_size: int = 64):
+        self.num_envs, self.size = num_envs, image_size
+        self.action_low, self.action_high = torch.full((2,), -1.0), torch.full((2,), 1.0)
+        self.pos = torch.zeros(num_envs, 2)
+        self.goal = torch.zeros(num_envs, 2)
+        self.steps = torch.zeros(num_envs, dtype=torch.long)
+        self.done = torch.zeros(num_envs, dtype=torch.bool)
+
+    def _obs(self) -> Observation:
+        from PIL import Image, ImageDraw
+
+        images = []
+        for p, g in zip(self.pos.tolist(), self.goal.tolist()):
+            image = Image.new("RGB", (self.size, self.size), (230, 230, 230))
+            draw = ImageDraw.Draw(image)
+            draw.ellipse([g[0] - 5, g[1] - 5, g[0] + 5, g[1] + 5], fill=(220, 30, 30))
+            draw.ellipse([p[0] - 3, p[1] - 3, p[0] + 3, p[1] + 3], fill=(0, 0, 0))
+            images.append(torch.from_numpy(__import__("numpy").asarray(image).copy()))
+        return Observation(image=torch.stack(images), instruction=["Move the dot to the red target."] * self.num_envs,
+                           state=torch.cat([self.pos, self.goal], -1))  # fmt: skip
+
+    def reset(self, seed, env_ids=None):
+        from sim.base import resolve_seeds
+
+        ids = list(range(self.num_envs)) if env_ids is None else list(env_ids)
+        for i, s in zip(ids, resolve_seeds(seed, len(ids))):
+            g = torch.Generator().manual_seed(s)
+            self.pos[i] = torch.rand(2, generator=g) * (self.size - 16) + 8
+            self.goal[i] = torch.rand(2, generator=g) * (self.size - 16) + 8
+            self.steps[i], self.done[i] = 0, False
+        return self._obs()
+
+    def expert_action(self) -> torch.Tensor:
+        return ((self.goal - self.pos) / 8).clamp(-1, 1)
+
+    def step(self, actions):
+        from sim.base import StepResult
+
+        live = ~self.done
+        move = actions.float().clamp(-1, 1) * 8
+        self.pos = torch.where(live.unsqueeze(-1), (self.pos + move).clamp(0, self.size - 1), self.pos)
+        self.steps += live.long()
+        success = live & ((self.pos - self.goal).norm(dim=-1) < 6)
+        truncated = live & ~success & (self.steps >= self.max_episode_steps)
+        self.done |= success | truncated
+        reward = success.float()
+        return StepResult(self._obs(), reward, success, truncated,
+                          {"success": success, "reward_components": {"success": reward}})  # fmt: skip
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def point_env() -> Iterator[str]:
+    """The name under which `PointReachEnv` is registered while the requesting module runs."""
+    with registered_env("point_reach", PointReachEnv):
+        yield "point_reach"

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForImageTextToText
+from transformers import AutoModelForImageTextToText, LogitsProcessor, LogitsProcessorList
 
 from sim.base import Observation
 
@@ -95,6 +95,51 @@ def _select(batch: Rollout, rows: torch.Tensor) -> Rollout:
     )
 
 
+def cat_rollouts(parts: list[Rollout], pad_token_id: int = 0) -> Rollout:
+    """Rows of several rollouts in one (e.g. every turn of multi-turn episodes), re-padded to common lengths.
+
+    Prompts stay left padded and completions right padded; every part must have the same images per row.
+    """
+    if not parts:
+        raise ValueError("nothing to concatenate")
+    if len({p.images_per_row for p in parts}) != 1:
+        raise ValueError("rollouts with different images per row cannot be concatenated")
+    prompt_len = max(p.prompt_ids.shape[1] for p in parts)
+    completion_len = max(p.completion_ids.shape[1] for p in parts)
+    pad_id = pad_token_id  # only ever under a False mask
+
+    def left(x: torch.Tensor, value) -> torch.Tensor:
+        return torch.nn.functional.pad(x, (prompt_len - x.shape[1], 0), value=value)
+
+    def right(x: torch.Tensor, value) -> torch.Tensor:
+        return torch.nn.functional.pad(x, (0, completion_len - x.shape[1]), value=value)
+
+    return Rollout(
+        prompt_ids=torch.cat([left(p.prompt_ids, pad_id) for p in parts]),
+        prompt_mask=torch.cat([left(p.prompt_mask, False) for p in parts]),
+        pixel_values=torch.cat([p.pixel_values for p in parts]),
+        image_grid_thw=torch.cat([p.image_grid_thw for p in parts]),
+        completion_ids=torch.cat([right(p.completion_ids, pad_id) for p in parts]),
+        completion_mask=torch.cat([right(p.completion_mask, False) for p in parts]),
+        logprobs=torch.cat([right(p.logprobs, 0.0) for p in parts]),
+        texts=[t for p in parts for t in p.texts],
+        group_size=parts[0].group_size,
+        images_per_row=parts[0].images_per_row,
+    )
+
+
+class _AllowOnly(LogitsProcessor):
+    """Bans every token but `allowed` (the action tokens of a VLA) at every generation step."""
+
+    def __init__(self, allowed: torch.Tensor):
+        self.allowed = allowed
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        banned = torch.ones(scores.shape[-1], dtype=torch.bool, device=scores.device)
+        banned[self.allowed.to(scores.device)] = False
+        return scores.masked_fill(banned, float("-inf"))
+
+
 def completion_mask_from_ids(completion_ids: torch.Tensor, eos_token_ids: list[int]) -> torch.Tensor:
     """True for every token up to and including the first EOS of each row.
 
@@ -153,18 +198,40 @@ class VLMPolicy:
         # A sampled vision placeholder would make the next forward pass expect image features that do not exist.
         names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
         self.suppress_token_ids = sorted({i for n in names if (i := getattr(model.config, n, None)) is not None})
+        # Set by `add_action_tokens` for a VLA: generation then emits exactly C*D action tokens, and both sampling
+        # and scoring see the distribution restricted to them (so the PPO ratio compares like with like).
+        self.action_codec = None
 
     @classmethod
     def from_pretrained(
         cls, path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu", **kwargs
     ) -> VLMPolicy:
         """Load a checkpoint folder (or a hub id where a hub is reachable) with its processor."""
+        from .action_codec import load_action_codec
+
         model = AutoModelForImageTextToText.from_pretrained(str(path), dtype=dtype).to(device)
-        return cls(model, VisionTextProcessor.from_pretrained(path), **kwargs)
+        policy = cls(model, VisionTextProcessor.from_pretrained(path), **kwargs)
+        load_action_codec(policy, path)  # a VLA carries its codec next to its weights
+        return policy
 
     def save_pretrained(self, path: str | Path) -> None:
         self.model.save_pretrained(path)
         self.processor.save_pretrained(path)
+        if self.action_codec is not None:
+            self.action_codec.save(path)
+
+    def _restrict(self, logits: torch.Tensor) -> torch.Tensor:
+        """Logits over the tokens a completion may hold: the action tokens of a VLA, else the whole vocabulary."""
+        if self.action_codec is None:
+            return logits
+        return logits[..., self.action_codec.token_ids.to(logits.device)]
+
+    def _token_index(self, completion_ids: torch.Tensor) -> torch.Tensor:
+        """Completion ids as indices into `_restrict`'s last dimension."""
+        if self.action_codec is None:
+            return completion_ids
+        lookup = self.action_codec._bin_of.to(completion_ids.device)
+        return lookup[completion_ids.clamp(0, len(lookup) - 1)].clamp(min=0)
 
     @property
     def device(self) -> torch.device:
@@ -198,6 +265,10 @@ class VLMPolicy:
         prompts = obs.select(range(0, len(obs), group_size)) if group_size > 1 else obs
         inputs = self.encode(prompts)
         greedy = sampling.temperature <= 0
+        max_new_tokens, processors = sampling.max_new_tokens, None
+        if self.action_codec is not None:
+            max_new_tokens = self.action_codec.tokens_per_generation
+            processors = LogitsProcessorList([_AllowOnly(self.action_codec.token_ids)])
         was_training = self.model.training
         self.model.eval()
         out = self.model.generate(
@@ -206,7 +277,9 @@ class VLMPolicy:
             temperature=None if greedy else sampling.temperature,
             top_p=None if greedy else sampling.top_p,
             top_k=None if greedy else sampling.top_k,
-            max_new_tokens=sampling.max_new_tokens,
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=max_new_tokens if processors is not None else None,
+            logits_processor=processors,
             num_return_sequences=group_size,
             eos_token_id=self.eos_token_ids,
             pad_token_id=self.pad_token_id,
@@ -218,8 +291,8 @@ class VLMPolicy:
         prompt_len = inputs["input_ids"].shape[1]
         completion_ids = out.sequences[:, prompt_len:]  # [R, L]
         mask = completion_mask_from_ids(completion_ids, self.eos_token_ids)
-        logits = torch.stack(out.logits, dim=1).float()  # [R, L, V] raw logits
-        logprobs = token_logprobs(logits, completion_ids, 1.0 if greedy else sampling.temperature)
+        logits = self._restrict(torch.stack(out.logits, dim=1).float())  # [R, L, V] raw logits (V: allowed tokens)
+        logprobs = token_logprobs(logits, self._token_index(completion_ids), 1.0 if greedy else sampling.temperature)
         completion_ids = completion_ids.masked_fill(~mask, self.pad_token_id)
         texts = self.processor.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
         repeat = lambda x: x.repeat_interleave(group_size, dim=0)  # noqa: E731
@@ -261,9 +334,9 @@ class VLMPolicy:
             logits_to_keep=length + 1,  # only the positions that predict completion tokens
             use_cache=False,
         )
-        logits = out.logits[:, :-1].float()  # [R, L, V]
+        logits = self._restrict(out.logits[:, :-1].float())  # [R, L, V]
         temperature = temperature if temperature > 0 else 1.0
-        logprobs = token_logprobs(logits, batch.completion_ids, temperature)
+        logprobs = token_logprobs(logits, self._token_index(batch.completion_ids), temperature)
         if not with_entropy:
             return logprobs
         from ..algos import entropy_from_logits

@@ -1,0 +1,236 @@
+"""Collecting episodes: the policy acts in R worlds until every episode ends.
+
+One collector serves every task. A single-step task (grounding, image-to-SVG) is one turn: the rows are the R
+completions, exactly what `VLMPolicy.generate` returns. A multi-step task (a robot, a GUI, render-and-correct) runs
+more turns; each turn the worlds still running generate one completion (text, or C*D action tokens for a VLA),
+the env steps, and the turn's rows join the batch. The update later trains on all rows at once, in micro-batches,
+so memory grows with the token count of the episodes, never with activations kept across turns.
+
+GRPO groups are G consecutive worlds reset with the same seed. At the first turn they see the same observation,
+so each group's prompt is encoded once and sampled G times; later turns differ per world.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from sim.base import Observation, VecEnv
+
+from .policy.vlm import Rollout, Sampling, VLMPolicy, cat_rollouts
+
+
+@dataclass(frozen=True)
+class Episodes:
+    """R episodes (G contiguous worlds per group) and the M generations made in them, flattened into rows.
+
+    Row m is the generation of world `world[m]` at turn `turn[m]`. A turn is one generation; with action chunks it
+    spans several env steps, whose rewards are summed into that turn's reward.
+    """
+
+    rollout: Rollout  # [M] rows
+    world: torch.Tensor  # [M] long, the episode a row belongs to
+    turn: torch.Tensor  # [M] long, its turn within the episode
+    step_rewards: torch.Tensor  # [R, T] float, reward of each turn (0 after the episode ended)
+    active: torch.Tensor  # [R, T] bool, the world generated at turn t
+    success: torch.Tensor | None  # [R] bool, the episode succeeded at some step (None: the env has no success)
+    components: dict[str, torch.Tensor]  # name -> [R], each reward component summed over the episode
+    env_steps: torch.Tensor  # [R] long, env steps the episode lasted
+    info: dict[str, Any]  # the first step's info, all R worlds (single-step tasks keep their boxes etc. here)
+    start: Observation | None = None  # the observation the episodes started from, all R worlds
+    frames: torch.Tensor | None = None  # [K, S+1, H, W, 3] uint8 observations of the first K worlds, if recorded
+
+    @property
+    def num_worlds(self) -> int:
+        return self.step_rewards.shape[0]
+
+    @property
+    def dones(self) -> torch.Tensor:
+        """`[R, T]` bool, True at each episode's last turn."""
+        last = self.active.long().sum(-1).clamp(min=1) - 1  # [R]
+        return torch.nn.functional.one_hot(last, self.active.shape[1]).bool() & self.active
+
+    def returns(self, gamma: float = 1.0) -> torch.Tensor:
+        """`[R]` discounted sum of turn rewards, `sum_t gamma^t r_t`."""
+        discount = gamma ** torch.arange(self.step_rewards.shape[1], dtype=torch.float32)
+        return (self.step_rewards * discount).sum(-1)
+
+    def select_worlds(self, worlds: torch.Tensor) -> Episodes:
+        """The episodes `worlds` (`[r]` long, ascending, whole groups) and their rows, renumbered 0..r-1."""
+        renumber = torch.full((self.num_worlds,), -1, dtype=torch.long)
+        renumber[worlds] = torch.arange(len(worlds))
+        rows = (renumber[self.world] >= 0).nonzero().squeeze(-1)
+        return replace(
+            self,
+            rollout=self.rollout.select(rows),
+            world=renumber[self.world[rows]],
+            turn=self.turn[rows],
+            step_rewards=self.step_rewards[worlds],
+            active=self.active[worlds],
+            success=None if self.success is None else self.success[worlds],
+            components={k: v[worlds] for k, v in self.components.items()},
+            env_steps=self.env_steps[worlds],
+            info=_select_info(self.info, worlds, self.num_worlds),
+            start=None,
+            frames=None,
+        )
+
+
+def cat_episodes(parts: list[Episodes], pad_token_id: int = 0) -> Episodes:
+    """Episodes of several collections as one (worlds renumbered in order), e.g. batches refilled by filters."""
+    if len(parts) == 1:
+        return parts[0]
+    turns = max(p.step_rewards.shape[1] for p in parts)
+    pad_t = lambda x: torch.nn.functional.pad(x, (0, turns - x.shape[1]))  # noqa: E731
+    offsets = torch.tensor([0] + [p.num_worlds for p in parts]).cumsum(0)
+    keys = set.intersection(*(set(p.components) for p in parts))
+    info_keys = set.intersection(*(set(p.info) for p in parts))
+    info = {}
+    for k in info_keys:
+        values = [p.info[k] for p in parts]
+        if all(isinstance(v, torch.Tensor) for v in values) and len({v.shape[1:] for v in values}) == 1:
+            info[k] = torch.cat(values)
+        elif all(isinstance(v, list) for v in values):
+            info[k] = [x for v in values for x in v]
+    return Episodes(
+        rollout=cat_rollouts([p.rollout for p in parts], pad_token_id),
+        world=torch.cat([p.world + offsets[i] for i, p in enumerate(parts)]),
+        turn=torch.cat([p.turn for p in parts]),
+        step_rewards=torch.cat([pad_t(p.step_rewards) for p in parts]),
+        active=torch.cat([pad_t(p.active) for p in parts]),
+        success=None if any(p.success is None for p in parts) else torch.cat([p.success for p in parts]),
+        components={k: torch.cat([p.components[k] for p in parts]) for k in keys},
+        env_steps=torch.cat([p.env_steps for p in parts]),
+        info=info,
+        frames=None,
+    )
+
+
+def _select_info(info: dict[str, Any], worlds: torch.Tensor, n: int) -> dict[str, Any]:
+    out = {}
+    for k, v in info.items():
+        if isinstance(v, torch.Tensor) and v.ndim >= 1 and v.shape[0] == n:
+            out[k] = v[worlds]
+        elif isinstance(v, list) and len(v) == n:
+            out[k] = [v[i] for i in worlds.tolist()]
+    return out
+
+
+@torch.no_grad()
+def collect_episodes(
+    policy: VLMPolicy,
+    env: VecEnv,
+    seeds: list[int],
+    group_size: int,
+    sampling: Sampling,
+    *,
+    max_turns: int | None = None,
+    record_frames: int = 0,
+) -> Episodes:
+    """Run R = len(seeds) episodes to their end and return every generation as a row.
+
+    Args:
+        policy: the policy; with an action codec (a VLA) it acts in continuous envs, otherwise it writes text.
+        env: an env with R worlds; `env.action_kind` must match the policy (text, or continuous with a codec).
+        seeds: `[R]` per-world seeds, G equal ones per group, groups contiguous.
+        group_size: G.
+        sampling: how completions are drawn (temperature 0: greedy, for evaluation).
+        max_turns: stop after this many generations even if worlds still run (default: as many as the env's
+            `max_episode_steps` needs, given the chunk size).
+        record_frames: keep every observation of the first K worlds (for episode videos).
+
+    Returns:
+        The episodes.
+    """
+    codec = policy.action_codec
+    if env.action_kind == "continuous" and codec is None:
+        raise ValueError("a continuous-action env needs a VLA policy: set model.action_bins to add action tokens")
+    if env.action_kind == "text" and codec is not None:
+        raise ValueError("a VLA policy (with action tokens) cannot act in a text env")
+    if codec is not None and codec.action_dim != env.action_dim:
+        raise ValueError(f"the policy's action codec has {codec.action_dim} dimensions, the env {env.action_dim}")
+    num = len(seeds)
+    if num != env.num_envs:
+        raise ValueError(f"{num} seeds for an env of {env.num_envs} worlds")
+    chunk = codec.chunk if codec is not None else 1
+    turns = max_turns or max(1, math.ceil(env.max_episode_steps / chunk))
+
+    obs = start = env.reset(seed=seeds)
+    running = torch.ones(num, dtype=torch.bool)  # [R]
+    step_rewards = torch.zeros(num, turns)
+    active = torch.zeros(num, turns, dtype=torch.bool)
+    env_steps = torch.zeros(num, dtype=torch.long)
+    success = None
+    components: dict[str, torch.Tensor] = {}
+    first_info: dict[str, Any] = {}
+    parts, worlds, turn_ids = [], [], []
+    frames = [obs.image[:record_frames].clone()] if record_frames else []
+
+    for t in range(turns):
+        ids = running.nonzero().squeeze(-1)  # [n] worlds still running
+        if len(ids) == 0:
+            break
+        active[ids, t] = True
+        if t == 0 and group_size > 1:
+            rollout = policy.generate(obs, group_size=group_size, sampling=sampling)
+        else:
+            rollout = policy.generate(obs.select(ids) if len(ids) < num else obs, group_size=1, sampling=sampling)
+            rollout = replace(rollout, group_size=group_size)
+        parts.append(rollout)
+        worlds.append(ids)
+        turn_ids.append(torch.full((len(ids),), t, dtype=torch.long))
+
+        if codec is not None:
+            chunk_actions = codec.decode(rollout.completion_ids)  # [n, C, D]
+            step_actions = [_scatter(chunk_actions[:, c], ids, num, env.action_dim) for c in range(chunk)]
+        else:
+            texts = [""] * num
+            for i, text in zip(ids.tolist(), rollout.texts):
+                texts[i] = text
+            step_actions = [texts]
+        for actions in step_actions:
+            if not running.any():
+                break
+            result = env.step(actions)
+            live = running.clone()  # the worlds this step counts for
+            step_rewards[:, t] += torch.where(live, result.reward.float().cpu(), 0.0)
+            env_steps += live.long()
+            for name, value in result.info.get("reward_components", {}).items():
+                components.setdefault(name, torch.zeros(num))
+                components[name] += torch.where(live, value.float().cpu(), 0.0)
+            if "success" in result.info:
+                hit = result.info["success"].bool().cpu() & live
+                success = hit if success is None else success | hit
+            if not first_info:
+                first_info = dict(result.info)
+            running &= ~(result.terminated.bool().cpu() | result.truncated.bool().cpu())
+            obs = result.obs
+            if record_frames:
+                frames.append(obs.image[:record_frames].clone())
+        if env.max_episode_steps <= env_steps.max():
+            running[:] = False
+
+    world = torch.cat(worlds)
+    return Episodes(
+        rollout=cat_rollouts(parts, policy.pad_token_id or 0),
+        world=world,
+        turn=torch.cat(turn_ids),
+        step_rewards=step_rewards,
+        active=active,
+        success=success,
+        components=components,
+        env_steps=env_steps,
+        info=first_info,
+        start=start,
+        frames=torch.stack(frames, dim=1) if record_frames else None,
+    )
+
+
+def _scatter(actions: torch.Tensor, ids: torch.Tensor, num: int, dim: int) -> torch.Tensor:
+    """`[n, D]` actions of worlds `ids` into an `[N, D]` batch (zeros for worlds that ended: envs ignore them)."""
+    full = torch.zeros(num, dim, dtype=torch.float32)
+    full[ids] = actions.float()
+    return full

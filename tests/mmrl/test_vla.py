@@ -1,0 +1,259 @@
+"""VLA = VLM + action codec; multi-turn episodes; trajectory GRPO; data-side filters and the curriculum in the trainer."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+
+import pytest
+import torch
+
+import sim
+from mmrl.algos.data import step_group_advantages
+from mmrl.curriculum import Curriculum, CurriculumConfig
+from mmrl.policy import ActionCodec, Sampling, VLMPolicy, add_action_tokens
+from mmrl.rollout import cat_episodes, collect_episodes
+from mmrl.trainer import train
+
+VLA_RUN = (
+    "model.path=tiny:qwen3_vl",
+    "model.prompt_template='{image} {instruction}'",
+    "model.action_bins=16",
+    "env.options={}",
+    "env.eval_metric=success",
+    "algo.group_size=2",
+    "trainer.prompts_per_step=2",
+    "trainer.eval_episodes=4",
+    "trainer.eval_batch_size=4",
+    "trainer.save_every=1",
+    "trainer.lr=1e-3",
+    "trainer.threads=1",
+)
+
+
+# ---------------------------------------------------------------------------------------------- codec
+def test_codec_values_by_hand():
+    codec = ActionCodec(torch.tensor([-1.0, 0.0]), torch.tensor([1.0, 4.0]), token_ids=[10, 11, 12, 13, 14])
+    # [-1, 1] in 5 bins: -1, -0.5, 0, 0.5, 1; [0, 4]: 0, 1, 2, 3, 4.
+    ids = codec.encode(torch.tensor([[-1.0, 4.0], [0.26, 1.4], [7.0, -3.0]]))
+    assert ids.tolist() == [[10, 14], [13, 11], [14, 10]]  # 0.26 -> bin 3 (0.5), 1.4 -> bin 1; clipped outside
+    actions = codec.decode(torch.tensor([[12, 13]]))
+    torch.testing.assert_close(actions, torch.tensor([[[0.0, 3.0]]]))
+
+
+def test_codec_round_trip_error_is_at_most_half_a_bin_and_bounds_are_exact():
+    low, high = torch.tensor([-2.0, 0.0, -1.0]), torch.tensor([2.0, 1.0, 3.0])
+    codec = ActionCodec(low, high, token_ids=list(range(500, 756)))
+    actions = low + torch.rand(100, 3, generator=torch.Generator().manual_seed(0)) * (high - low)
+    back = codec.decode(codec.encode(actions)).squeeze(1)
+    assert ((back - actions).abs() <= (high - low) / 255 / 2 + 1e-6).all()
+    torch.testing.assert_close(
+        codec.decode(codec.encode(torch.stack([low, high]))).squeeze(1), torch.stack([low, high])
+    )
+
+
+def test_codec_chunks_and_bad_ids():
+    codec = ActionCodec(torch.zeros(2), torch.ones(2), token_ids=[5, 6, 7], chunk=3)
+    assert codec.tokens_per_generation == 6
+    chunked = torch.tensor([[[0.0, 1.0], [0.5, 0.5], [1.0, 0.0]]])  # [1, C=3, D=2]
+    ids = codec.encode(chunked)
+    assert ids.tolist() == [[5, 7, 6, 6, 7, 5]]
+    torch.testing.assert_close(codec.decode(ids), chunked)
+    with pytest.raises(ValueError, match="not action tokens"):
+        codec.decode(torch.tensor([[5, 7, 6, 6, 7, 2]]))
+    with pytest.raises(ValueError, match="high > low"):
+        ActionCodec(torch.ones(2), torch.zeros(2), token_ids=[1, 2])
+
+
+def test_action_tokens_are_added_never_overwritten(tiny_policy, tmp_path):
+    policy = tiny_policy("qwen3_vl", prompt_template="{image} {instruction}")
+    tok = policy.processor.tokenizer
+    before_vocab = dict(tok.get_vocab())
+    before_rows = policy.model.get_input_embeddings().weight.detach().clone()
+    codec = add_action_tokens(policy, torch.full((2,), -1.0), torch.ones(2), bins=32)
+    after = policy.model.get_input_embeddings().weight.detach()
+    assert after.shape[0] >= before_rows.shape[0] + 32 - (before_rows.shape[0] - len(before_vocab))
+    assert min(codec.token_ids.tolist()) >= len(before_vocab)  # brand-new ids
+    assert all(tok.get_vocab()[k] == v for k, v in before_vocab.items())  # no existing token changed id
+    torch.testing.assert_close(after[: before_rows.shape[0]], before_rows)  # nor its embedding
+    assert tok.decode(codec.token_ids[:2]) in ("<|action_0|><|action_1|>", "<|action_0|> <|action_1|>")
+    # Idempotent: a model that has the tokens reuses them.
+    again = add_action_tokens(policy, torch.full((2,), -1.0), torch.ones(2), bins=32)
+    assert again.token_ids.tolist() == codec.token_ids.tolist()
+    with pytest.raises(ValueError, match="bin count"):
+        add_action_tokens(policy, torch.full((2,), -1.0), torch.ones(2), bins=64)
+
+
+def test_vla_generation_is_restricted_and_logprobs_match_after_save_and_load(tiny_policy, point_env, tmp_path):
+    policy = tiny_policy("qwen3_vl", prompt_template="{image} {instruction}")
+    env = sim.make(point_env, num_envs=4)
+    codec = add_action_tokens(policy, env.action_low, env.action_high, bins=16, chunk=2)
+    obs = env.reset(seed=[0, 0, 1, 1])
+    torch.manual_seed(0)
+    rollout = policy.generate(obs, group_size=2, sampling=Sampling(temperature=1.0))
+    assert rollout.completion_ids.shape == (4, 4)  # C*D = 2*2 tokens, no EOS
+    assert rollout.completion_mask.all()
+    assert torch.isin(rollout.completion_ids, codec.token_ids).all()
+    assert codec.decode(rollout.completion_ids).shape == (4, 2, 2)
+    # Sampling-time log-probs are those of the restricted distribution: recomputation agrees.
+    torch.testing.assert_close(policy.logprobs(rollout), rollout.logprobs, atol=1e-4, rtol=0)
+    # Restricted to 16 tokens, every log-prob is > log(1e-30); over the full vocabulary they would differ.
+    policy.save_pretrained(tmp_path / "vla")
+    loaded = VLMPolicy.from_pretrained(tmp_path / "vla", prompt_template="{image} {instruction}")
+    assert loaded.action_codec.state_dict() == codec.state_dict()
+    torch.testing.assert_close(loaded.logprobs(rollout), rollout.logprobs, atol=1e-4, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------- episodes
+def test_collect_episodes_multi_step_rows_and_rewards(tiny_policy, point_env):
+    policy = tiny_policy("qwen3_vl", prompt_template="{image} {instruction}")
+    env = sim.make(point_env, num_envs=4)
+    add_action_tokens(policy, env.action_low, env.action_high, bins=16)
+    torch.manual_seed(0)
+    eps = collect_episodes(policy, env, [3, 3, 4, 4], 2, Sampling(temperature=1.0), record_frames=2)
+    assert len(eps.rollout) == int(eps.active.sum()) == len(eps.world)
+    assert eps.active[:, 0].all()
+    # A world acts at turn t only if it acted at t-1 (episodes end, they never restart).
+    assert (eps.active[:, 1:] <= eps.active[:, :-1]).all()
+    assert (eps.step_rewards[~eps.active] == 0).all()
+    assert eps.env_steps.tolist() == eps.active.sum(-1).tolist()
+    assert eps.frames.shape[:2] == (2, int(eps.env_steps[:2].max()) + 1)
+    # The first turn of a group saw the same image: the prompt was encoded once for both rows.
+    first = (eps.turn == 0).nonzero().squeeze(-1)
+    assert torch.equal(eps.rollout.prompt_ids[first[0]], eps.rollout.prompt_ids[first[1]])
+    # Selecting worlds keeps exactly their rows.
+    sub = eps.select_worlds(torch.tensor([2, 3]))
+    assert len(sub.rollout) == int(eps.active[2:].sum())
+    both = cat_episodes([sub, sub])
+    assert both.num_worlds == 4 and len(both.rollout) == 2 * len(sub.rollout)
+
+
+def test_single_step_collect_is_one_generate(tiny_policy):
+    policy = tiny_policy("qwen2_vl")
+    env = sim.make("grounding", num_envs=4, image_size=112)
+    torch.manual_seed(1)
+    eps = collect_episodes(policy, env, [5, 5, 6, 6], 2, Sampling(max_new_tokens=5))
+    torch.manual_seed(1)
+    direct = policy.generate(env.reset(seed=[5, 5, 6, 6]), group_size=2, sampling=Sampling(max_new_tokens=5))
+    assert eps.rollout.texts == direct.texts
+    assert eps.world.tolist() == [0, 1, 2, 3] and eps.active.shape == (4, 1)
+    torch.testing.assert_close(eps.returns(), env.step(direct.texts).reward)
+
+
+def test_text_policy_refuses_continuous_env(tiny_policy, point_env):
+    env = sim.make(point_env, num_envs=2)
+    with pytest.raises(ValueError, match="action_bins"):
+        collect_episodes(tiny_policy("qwen3_vl"), env, [0, 0], 2, Sampling())
+
+
+# ---------------------------------------------------------------------------------------------- step-level credit
+def test_step_group_advantages_by_hand():
+    # One group of G=3 over T=2 turns; world 2 ended after turn 0.
+    returns = torch.tensor([[1.0, 1.0], [0.0, 0.0], [2.0, 99.0]])
+    active = torch.tensor([[True, True], [True, True], [True, False]])
+    adv = step_group_advantages(returns, active, 3, scale_by_std=False)
+    # Turn 0: mean 1 -> [0, -1, 1]; turn 1: worlds 0 and 1 only, mean 0.5 -> [0.5, -0.5, 0].
+    torch.testing.assert_close(adv, torch.tensor([[0.0, 0.5], [-1.0, -0.5], [1.0, 0.0]]))
+    scaled = step_group_advantages(returns, active, 3)
+    # Turn 1 std (unbiased) of [1, 0] = 0.7071.
+    torch.testing.assert_close(scaled[0, 1], torch.tensor(0.5 / (0.5**0.5 + 1e-6)))
+
+
+def test_step_group_advantages_invariances():
+    g = torch.Generator().manual_seed(0)
+    returns, active = torch.randn(6, 4, generator=g), torch.rand(6, 4, generator=g) > 0.3
+    adv = step_group_advantages(returns, active, 3)
+    junk = torch.where(active, returns, torch.full_like(returns, 1e6))  # inactive content must not matter
+    torch.testing.assert_close(step_group_advantages(junk, active, 3), adv)
+    perm = torch.tensor([3, 4, 5, 0, 1, 2])  # permuting groups permutes advantages
+    torch.testing.assert_close(step_group_advantages(returns[perm], active[perm], 3), adv[perm])
+    # Gradient direction: raising one active return raises its own advantage (unscaled: with 2 active members
+    # a z-score is +-0.71 whatever the values).
+    x = returns.clone().requires_grad_(True)
+    counts = active.view(2, 3, 4).sum(1).repeat_interleave(3, dim=0)  # [6, 4] active members per group and turn
+    i, t = (active & (counts >= 2)).nonzero()[0].tolist()
+    step_group_advantages(x, active, 3, scale_by_std=False)[i, t].backward()
+    assert x.grad[i, t] > 0
+
+
+# ---------------------------------------------------------------------------------------------- curriculum
+def test_curriculum_promotes_on_success_and_round_trips():
+    cur = Curriculum(CurriculumConfig(option="num_targets", levels=[1, 2, 3], promote_at=0.5, window=2))
+    assert cur.options({"image_size": 64}) == {"image_size": 64, "num_targets": 1}
+    assert not cur.update(0.9)  # one step is not a window
+    assert cur.update(0.4) is True and cur.level == 1  # window mean 0.65 >= 0.5
+    other = Curriculum(cur.cfg)
+    other.load_state_dict(cur.state_dict())
+    assert other.state_dict() == cur.state_dict()
+
+
+def test_curriculum_rules():
+    cur = Curriculum(CurriculumConfig(option="k", levels=["a", "b"], promote_at=0.5, window=2))
+    assert cur.update(0.2) is False and cur.update(0.4) is False  # mean 0.3
+    assert cur.update(0.9) is True and cur.level == 1  # window [0.4, 0.9]: mean 0.65
+    assert cur.update(1.0) is False  # last level
+    timed = Curriculum(CurriculumConfig(option="k", levels=[1, 2, 3], steps_per_level=2))
+    assert [timed.update(0.0) for _ in range(5)] == [False, True, False, True, False]
+    with pytest.raises(ValueError, match="levels"):
+        Curriculum(CurriculumConfig(option="k"))
+
+
+# ---------------------------------------------------------------------------------------------- trainer
+def _run(tiny_run_config, out, *overrides):
+    cfg = tiny_run_config(out, *VLA_RUN, *overrides)
+    with contextlib.redirect_stdout(io.StringIO()):
+        return cfg, train(cfg)
+
+
+def test_vla_trains_from_demos_then_grpo_and_resumes(tiny_run_config, point_env, tmp_path):
+    overrides = (
+        f"env.name={point_env}", "sft.episodes=8", "sft.steps=3", "sft.batch_size=8", "trainer.total_steps=2",
+        "algo.entropy_coef=0.01",  # a gradient even when every group's returns are equal
+    )  # fmt: skip
+    cfg, metrics = _run(tiny_run_config, tmp_path / "run", *overrides)
+    steps = [m for m in metrics if "loss/policy" in m]
+    assert len(steps) == 2 and all(torch.isfinite(torch.tensor(m["loss/policy"])) for m in steps)
+    assert all(1 <= m["env/episode_steps"] <= 4 for m in steps)
+    assert (tmp_path / "run" / "cold_start" / "action_codec.json").exists()
+    initial = json.loads((tmp_path / "run" / "cold_start" / "initial_eval.json").read_text())
+    assert "success" in initial
+    assert (tmp_path / "run" / "episodes_after.gif").exists()
+    assert (tmp_path / "run" / "episodes_before_strip.png").exists()
+    # The trained VLA loads with its codec and differs from the cold start.
+    last = sorted((tmp_path / "run" / "checkpoints").iterdir())[-1]
+    trained = VLMPolicy.from_pretrained(last)
+    start = VLMPolicy.from_pretrained(tmp_path / "run" / "cold_start")
+    assert trained.action_codec is not None
+    changed = any(not torch.equal(a, b) for a, b in zip(trained.model.parameters(), start.model.parameters()))
+    assert changed
+    # Killed after step 2, resumed to step 3: the cold start is found, not redone.
+    cfg3 = tiny_run_config(tmp_path / "run", *VLA_RUN, *overrides, "trainer.total_steps=3", "resume=true")
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        resumed = train(cfg3)
+    assert "demonstration steps" not in err.getvalue() and "resumed from" in err.getvalue()
+    assert [m["step"] for m in resumed if "loss/policy" in m] == [1, 2, 3]
+
+
+def test_dynamic_sampling_refills_the_batch(tiny_run_config, point_env, tmp_path):
+    # A random VLA rarely succeeds: most groups are all-zero and get dropped; extra batches are sampled.
+    _, metrics = _run(
+        tiny_run_config, tmp_path / "ds", f"env.name={point_env}", "algo.dynamic_sampling=true",
+        "algo.max_sample_batches=3", "trainer.total_steps=2",
+    )  # fmt: skip
+    steps = [m for m in metrics if "loss/policy" in m]
+    for m in steps:
+        assert 1 <= m["data/sampled_batches"] <= 3
+        assert m["data/kept_groups"] >= 2 or m["data/sampled_batches"] == 3  # refilled until full, or out of budget
+
+
+def test_curriculum_in_the_trainer(tiny_run_config, letters_env, tmp_path):
+    cfg = tiny_run_config(
+        tmp_path / "cur", f"env.name={letters_env}", "trainer.total_steps=3", "curriculum.option=max_shapes",
+        "curriculum.levels=[2, 3]", "curriculum.steps_per_level=2", "env.options={image_size: 112, min_shapes: 2}",
+    )  # fmt: skip
+    with contextlib.redirect_stdout(io.StringIO()):
+        metrics = train(cfg)
+    levels = [m["curriculum/level"] for m in metrics if "curriculum/level" in m]
+    assert levels == [0, 0, 1]
