@@ -12,10 +12,12 @@ own target image (the same drawing with some elements moved and recoloured, rend
 Rounds alternate the two sides, so a slow phase of a noisy machine hits both; the table gives medians and the ratio.
 Both sides' scores are compared (they must agree within 1e-3). With `--clip`, it also times a tiny random CLIP's
 `embedding_similarity` batched against one pair at a time; with `--scaling`, sandboxed renders alone with one worker
-and with `--workers` (the pool scales with free cores: on a busy machine it cannot).
+and with `--workers` (the pool scales with free cores: on a busy machine it cannot). With `--cad`, build123d scripts
+(`CAD_PARTS`, cycled to `--n`) rendered at 256 x 256 through a warm `cad` pool against a fresh `python -c` process
+per script (the naive way: each pays the build123d import; same renderer code, loaded by path; `--cad-naive` of them).
 
     .venv/bin/python bench/rewards.py [--n 64] [--repeats 3] [--workers 2] [--threads 1] [--clip] [--scaling]
-                                      [--json out.json]
+                                      [--cad] [--cad-naive 4] [--json out.json]
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import os
 import platform
 import random
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -171,6 +174,74 @@ def clip_rates(n: int, repeats: int) -> dict[str, float]:
     return {"batched": statistics.median(batched), "one_at_a_time": statistics.median(single)}
 
 
+CAD_PARTS = {
+    "box": "from build123d import *\nresult = Box(40, 30, 10)\n",
+    "drilled_plate": (
+        "from build123d import *\nwith BuildPart() as p:\n    Box(60, 40, 6)\n"
+        "    with GridLocations(40, 20, 2, 2):\n        Hole(3)\n"
+    ),
+    "filleted_boss": (
+        "from build123d import *\nwith BuildPart() as p:\n    Box(40, 30, 10)\n"
+        "    fillet(p.edges().filter_by(Axis.Z), 4)\n    with Locations((0, 0, 5)):\n"
+        "        Cylinder(8, 20, align=(Align.CENTER, Align.CENTER, Align.MIN))\n    Hole(4)\n"
+    ),
+    "bracket": (
+        "from build123d import *\nwith BuildPart() as p:\n    with BuildSketch():\n        with BuildLine():\n"
+        "            Polyline((0, 0), (40, 0), (40, 5), (5, 5), (5, 30), (0, 30), close=True)\n        make_face()\n"
+        "    extrude(amount=20)\n    with Locations(Location((25, 5, 10), (90, 0, 0))):\n        Hole(3)\n"
+    ),
+}
+"""A few small parts, from a plain box to booleans and fillets."""
+
+_CAD_NAIVE = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("cad", sys.argv[1])
+cad = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(cad)
+import build123d  # noqa: F401  (what a process per script pays)
+sys.stdout.write(str(len(cad.render(sys.stdin.read(), int(sys.argv[2]), int(sys.argv[2]), {}))))
+"""
+
+
+def cad_rates(n: int, workers: int, naive: int, repeats: int) -> dict[str, float]:
+    """CAD renders per second: a warm sandboxed pool against a fresh process per script."""
+    scripts = [list(CAD_PARTS.values())[i % len(CAD_PARTS)] for i in range(n)]
+    renderer = Path(__file__).resolve().parents[1] / "rewards" / "render" / "cad.py"
+    with RenderPool("cad", workers=workers) as pool:
+        started = time.perf_counter()
+        warm = pool.render_batch(scripts[: 2 * workers], SIZE, timeout=60)  # start and warm every worker
+        print(f"cad pool of {workers} started in {time.perf_counter() - started:.1f} s")
+        if not all(r.ok for r in warm):
+            raise RuntimeError(f"cad renders failed: {[r.reason for r in warm if not r.ok]}")
+        pooled = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            results = pool.render_batch(scripts, SIZE, timeout=30)
+            pooled.append(n / (time.perf_counter() - start))
+            assert all(r.ok for r in results), [r.reason for r in results if not r.ok]
+        per_part = {}
+        for name, script in CAD_PARTS.items():  # one at a time: latency through the pool, per part
+            seconds = [pool.render_batch([script], SIZE, timeout=30)[0].seconds for _ in range(5)]
+            per_part[name] = 1000 * statistics.median(seconds)
+    start = time.perf_counter()
+    for script in scripts[:naive]:
+        subprocess.run(
+            [sys.executable, "-c", _CAD_NAIVE, str(renderer), str(SIZE)],
+            input=script,
+            text=True,
+            capture_output=True,
+            check=True,
+        )
+    rates = {"pool": statistics.median(pooled), "process_per_script": naive / (time.perf_counter() - start)}
+    print(
+        f"cad renders at {SIZE} px (iso): pool of {workers} {rates['pool']:.1f}/s, fresh process per script "
+        f"{rates['process_per_script']:.2f}/s, ratio {rates['pool'] / rates['process_per_script']:.0f}x; "
+        "latency per part through the pool (ms, median of 5): "
+        + ", ".join(f"{k} {v:.0f}" for k, v in per_part.items())
+    )
+    return {**rates, **{f"ms_{k}": v for k, v in per_part.items()}}
+
+
 # ----------------------------------------------------------------------------------------------------------- MAIN
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -181,6 +252,8 @@ def main() -> int:
     parser.add_argument("--elements", type=int, default=150, help="shapes per SVG (default 150)")
     parser.add_argument("--clip", action="store_true", help="also time batched vs one-at-a-time CLIP similarity")
     parser.add_argument("--scaling", action="store_true", help="also time renders alone with 1 worker and --workers")
+    parser.add_argument("--cad", action="store_true", help="also time CAD renders: pool vs a process per script")
+    parser.add_argument("--cad-naive", type=int, default=4, help="scripts for the process-per-script side (default 4)")
     parser.add_argument("--json", type=Path, help="write every sample and the summary here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -262,6 +335,8 @@ def main() -> int:
             + ", ".join(f"{w} worker{'s' if w > 1 else ''} {r:.1f}/s" for w, r in rates.items())
         )
         summary["render_scaling"] = rates
+    if args.cad:
+        summary["cad"] = cad_rates(args.n, args.workers, args.cad_naive, args.repeats)
     load_after = os.getloadavg()
     print(
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load average "

@@ -49,11 +49,27 @@ def main(argv: list[str] | None = None) -> int:
     from .config import ConfigError, load_config
 
     if args.command == "envs":
+        import inspect
+
         import sim
 
+        print(f"{'name':14s} {'actions':10s} {'image':9s} {'steps':5s}  description")
         for name in sim.ENVS.names():
             cls = sim.ENVS.get(name)
-            print(f"{name:24s} {getattr(cls, 'action_kind', '?'):10s} {(cls.__doc__ or '').strip().splitlines()[0]}")
+            # Defaults read from the constructor: building an env may start a simulator or worker processes.
+            params = inspect.signature(cls.__init__).parameters
+
+            def default(key, fallback="?", params=params, cls=cls):
+                return params[key].default if key in params else getattr(cls, key, fallback)
+
+            size = default("image_size")
+            image = f"{size}x{size}" if isinstance(size, int) else "?"
+            kind = getattr(cls, "action_kind", "?")
+            kind = kind if isinstance(kind, str) else "?"
+            steps = default("max_episode_steps", 1)
+            steps = "sim" if steps is None else steps  # the wrapped simulator decides
+            summary = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+            print(f"{name:14s} {kind:10s} {image:9s} {steps!s:5s}  {summary}")
         return 0
     try:
         cfg = load_config(args.config, args.overrides)

@@ -15,7 +15,7 @@ or a folder laid out as ``DIR/pred/<stem>.<ext>`` and ``DIR/target/<stem>.<ext>`
 A **prediction** is one of: SVG source or a ``.svg`` file (rendered in the sandbox at ``--size``), chart code or a
 ``.py`` file (matplotlib, rendered in the sandbox), an image file (``.png``, ``.jpg``, ...), or text (a ``.txt``
 file, or an inline string: a model's answer, parsed for a box by ``box_iou``). Inline strings are read as
-``--render`` says: ``svg``/``chart`` render them, ``auto`` (default) renders text that starts like SVG (``<svg``,
+``--render`` says: ``svg``/``chart``/``cad`` render them (a ``.py`` file that imports build123d is CAD), ``auto`` (default) renders text that starts like SVG (``<svg``,
 ``<?xml``) and takes anything else as text. Relative paths are relative to the JSON-lines file.
 
 A **target** is an image path (``{"image": path}`` or a string with an image extension; ``.png``/``.jpg`` files in
@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # torch is imported where it is used, so that `mmrl --help` stays quick
     import torch
 
+CODE_KINDS = ("svg", "chart", "cad")  # sources rendered in the sandbox (rewards.render kinds)
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 IMAGE_METRICS = ("pixel", "ssim", "edge", "color_histogram", "embedding")
 METRICS = (*IMAGE_METRICS, "ocr", "box_iou", "text_f1", "code_length")
@@ -214,10 +215,12 @@ def _read_prediction(item: Item, value: Any, base: Path, render: str) -> None:
                 item.pred_error = f"cannot read prediction file {path.name}"
                 item.pred_kind = kind
                 return
+            if kind == "chart" and (render == "cad" or (render == "auto" and "build123d" in text)):
+                kind = "cad"  # a build123d script, not matplotlib code
             item.pred_kind, item.pred_value = kind, text
             return
     item.prediction = _shorten(value)
-    if render in ("svg", "chart"):
+    if render in CODE_KINDS:
         item.pred_kind = render
     elif render == "auto" and value.lstrip()[:5].lower().startswith(("<svg", "<?xml")):
         item.pred_kind = "svg"
@@ -401,7 +404,7 @@ def _score_chunk(
     # ------------------------------------------------------------------------------------------ images, both sides
     pred_images: dict[int, torch.Tensor] = {}
     if any(m in IMAGE_METRICS or m == "ocr" for m in metrics):
-        for kind in ("svg", "chart"):
+        for kind in CODE_KINDS:
             rows = [i for i, item in enumerate(chunk) if item.pred_kind == kind and not item.pred_error]
             if not rows:
                 continue
@@ -443,7 +446,7 @@ def _score_chunk(
         "color_histogram": color_histogram_similarity,
         "embedding": lambda a, b: embedding_similarity(a, b, encoder),  # type: ignore[arg-type]
     }
-    image_kinds = ("svg", "chart", "image")
+    image_kinds = (*CODE_KINDS, "image")
     pairs = [i for i in range(len(chunk)) if i in pred_images and i in target_images]
     for name in metrics:
         scored: dict[int, float] = {}
@@ -478,7 +481,7 @@ def _score_chunk(
         elif name == "code_length":
             for item in chunk:
                 reference = item.reference_length if item.reference_length is not None else reference_length
-                source = item.pred_value if item.pred_kind in ("svg", "chart", "text") else None
+                source = item.pred_value if item.pred_kind in (*CODE_KINDS, "text") else None
                 if isinstance(source, str) and reference is not None and reference > 0:
                     item.scores[name] = float(code_length_reward([source], reference)[0])
                 else:
@@ -525,7 +528,7 @@ def summary(items: Sequence[Item], metrics: Sequence[str], *, top: int = 5) -> s
         else:
             lines.append(f"{name:16s} {0:6d} {'-':>8s} {'-':>8s} {'-':>8s} {'-':>8s}")
     failed = [item for item in items if item.reason]
-    renders = [item for item in items if item.pred_kind in ("svg", "chart")]
+    renders = [item for item in items if item.pred_kind in CODE_KINDS]
     failed_renders = [item for item in renders if item.pred_error.startswith("render failed")]
     lines.append(
         f"\n{len(items)} pairs; {len(failed)} with a problem; {len(failed_renders)} of {len(renders)} renders failed"
@@ -557,7 +560,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--render",
-        choices=("auto", "svg", "chart", "none"),
+        choices=("auto", *CODE_KINDS, "none"),
         default="auto",
         help="how inline prediction strings are read (files go by extension); default: auto",
     )

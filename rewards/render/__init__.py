@@ -4,10 +4,11 @@
 >>> result.image.shape, result.reason  # doctest: +SKIP
 (torch.Size([64, 64, 3]), '')
 
-Kinds: `"svg"` (cairosvg) and `"chart"` (Python code that draws with matplotlib and leaves its figure open; see
-`rewards.render.chart`). Every render runs in a sandbox (`rewards.render.sandbox` documents what it enforces) on a
-pool of warm worker processes, `DEFAULT_WORKERS` per kind, started on first use and kept for the life of the
-process. A failed, refused, hung or oversized render is a `RenderResult` with `image=None` and the reason; nothing
+Kinds: `"svg"` (cairosvg), `"chart"` (Python code that draws with matplotlib and leaves its figure open; see
+`rewards.render.chart`) and `"cad"` (a build123d script; the part in `result`, else `part`, else the last shape or
+`BuildPart` it made, is drawn shaded from fixed views; see `rewards.render.cad`). Every render runs in a sandbox
+(`rewards.render.sandbox` documents what it enforces) on a pool of warm worker processes, `DEFAULT_WORKERS` per
+kind, started on first use and kept for the life of the process. A failed, refused, hung or oversized render is a `RenderResult` with `image=None` and the reason; nothing
 here raises because of what a source contains.
 """
 
@@ -55,13 +56,22 @@ def render(
 ) -> RenderResult:
     """Renders one source in the sandbox.
 
+    >>> script = "from build123d import *\nresult = Box(10, 20, 5) - Cylinder(3, 5)\n"
+    >>> result = render("cad", script, size=(512, 256), views=("front", "iso"))  # doctest: +SKIP
+    >>> result.image.shape, result.reason  # doctest: +SKIP
+    (torch.Size([256, 512, 3]), '')
+
     Args:
-        kind: `"svg"` or `"chart"`.
-        source: the SVG text or the chart code.
+        kind: `"svg"`, `"chart"` or `"cad"`.
+        source: the SVG text, the chart code, or the build123d script. A CAD script's result is the variable
+            `result`, else `part`, else the last build123d shape or `BuildPart` (with a solid) it assigned; it
+            needs no file path.
         size: output `(W, H)` in pixels, or one int for a square.
         timeout: wall-clock (and CPU-time) limit in seconds.
         memory_mb: memory a render may use on top of the warm worker's.
-        **options: renderer options (`rewards.render.svg.OPTIONS`, `rewards.render.chart.OPTIONS`).
+        **options: renderer options (`rewards.render.svg.OPTIONS`, `rewards.render.chart.OPTIONS`,
+            `rewards.render.cad.OPTIONS`: `views`, `normalize`, `background`, ...). An unknown one raises
+            TypeError naming the valid ones; a bad value raises ValueError.
 
     Returns:
         The result: `image` `[H, W, 3]` uint8, or None and the reason.
@@ -84,7 +94,7 @@ def render_batch(
     pool.render_batch(...)`).
 
     Args:
-        kind: `"svg"` or `"chart"`.
+        kind: `"svg"`, `"chart"` or `"cad"`.
         sources: R sources.
         size: output `(W, H)` in pixels, or one int for a square.
         timeout: wall-clock (and CPU-time) limit per render, in seconds.
@@ -134,7 +144,7 @@ def render_similarity(
     registered similarities, or calls this.
 
     Args:
-        kind: `"svg"` or `"chart"`.
+        kind: `"svg"`, `"chart"` or `"cad"`.
         sources: R sources.
         targets: `[R, H, W, 3]` uint8 target images; renders are made at their size.
         metric: an image metric registered in `REWARDS` (`"ssim"`, `"pixel"`, `"edge"`, `"color_histogram"`) or a

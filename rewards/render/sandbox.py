@@ -1,8 +1,8 @@
 """Sandboxed rendering of model-written code: warm worker processes, one fresh forked child per render.
 
-Model-written SVG and chart code is untrusted (docs: DESIGN.md, "Model-generated code is untrusted"). This module
-renders it without letting it hang, exhaust, read, write or reach anything it should not, and without ever raising
-into the caller: every failure is a `RenderResult` with `image=None` and a reason.
+Model-written SVG, chart code and CAD scripts are untrusted (docs: DESIGN.md, "Model-generated code is
+untrusted"). This module renders them without letting them hang, exhaust, read, write or reach anything they should
+not, and without ever raising into the caller: every failure is a `RenderResult` with `image=None` and a reason.
 
 Processes
 ---------
@@ -11,7 +11,8 @@ Processes
     caller (trainer, `mmrl score`)      RenderPool: N workers, requests spread over them, parent-side timeouts
        |  stdin/stdout pipes, length-prefixed JSON frames + raw RGB bytes (never pickle: see below)
     worker ("zygote"), one per slot     `python -I sandbox.py`, under `unshare -n` when that works; imports the
-       |                                renderer once (cairosvg, or matplotlib + numpy) and renders a warm-up image
+       |                                renderer once (cairosvg, matplotlib + numpy, or build123d) and renders a
+       |                                warm-up image
        |  fork() per render, result over a private pipe
     render child                        drops privileges, sets limits, confines itself, runs the untrusted input,
                                         writes one result, `_exit`s. The next render gets a fresh copy of the warm
@@ -73,12 +74,13 @@ What it cannot do
 Recovery: a worker that dies while a render is in flight (killed from outside: renders themselves run in children)
 gets the request once more on a fresh worker; one that stops answering for the timeout plus `GRACE` is killed and
 restarted and the render fails with the reason. A worker that cannot start makes the renders fail with its reason
-(e.g. cairosvg not installed) rather than hang. CAD (build123d/CadQuery) renderers are not here yet: they would be
-a third `KINDS` entry, a `cad.py` next to `svg.py` with the same `OPTIONS` / `warm_up` / `read_roots` / `render`.
+(e.g. cairosvg not installed) rather than hang. A renderer is a module next to this one (`svg.py`, `chart.py`,
+`cad.py`) with `OPTIONS`, `warm_up`, `read_roots` and `render`, and optionally `check_options` (run in the caller on
+the merged options of each batch, so a bad option value raises there instead of failing every render).
 
 This file is also the worker's program: the worker runs it by path (`python -I`), so it imports only the standard
-library at the top, and loads `svg.py` or `chart.py` next to it by path, without importing the `rewards` package
-(and torch).
+library at the top, and loads `svg.py`, `chart.py` or `cad.py` next to it by path, without importing the `rewards`
+package (and torch).
 """
 
 from __future__ import annotations
@@ -105,8 +107,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-KINDS = ("svg", "chart")
-"""Renderers this sandbox runs: `svg` (cairosvg) and `chart` (matplotlib code)."""
+KINDS = ("svg", "chart", "cad")
+"""Renderers this sandbox runs: `svg` (cairosvg), `chart` (matplotlib code) and `cad` (build123d scripts)."""
 
 MAX_SOURCE_BYTES = 1 << 20
 """Inputs larger than this (UTF-8) are refused in the caller, before any worker sees them."""
@@ -437,7 +439,7 @@ class RenderPool:
         if network_namespace is None:
             network_namespace = network_namespace_available()
         self.kind = kind
-        self.options = _renderer_options(kind)
+        self.options, self._check_options = _renderer_options(kind)
         self._workers = [
             _Worker(kind, network_namespace=network_namespace, audit_hook=audit_hook) for _ in range(workers)
         ]
@@ -464,15 +466,21 @@ class RenderPool:
         """Renders every source; never raises for a bad source.
 
         Args:
-            sources: R sources (SVG text, or Python code that leaves a matplotlib figure open).
+            sources: R sources (SVG text, Python code that leaves a matplotlib figure open, or a build123d
+                script).
             size: output `(W, H)` in pixels, or one int for a square.
             timeout: wall-clock seconds per render; the CPU-time limit is the same number of seconds, rounded up.
             memory_mb: address space a render may add to the warm worker's own.
             file_mb: largest file a render may write in its scratch directory.
-            **options: renderer options (`svg.OPTIONS` / `chart.OPTIONS`, e.g. `max_elements` for SVG).
+            **options: renderer options (`svg.OPTIONS` / `chart.OPTIONS` / `cad.OPTIONS`, e.g. `max_elements` for
+                SVG, `views` for CAD).
 
         Returns:
             R results, in the order of `sources`.
+
+        Raises:
+            TypeError: an unknown option (the message names the valid ones).
+            ValueError: a bad size, timeout or option value.
         """
         width, height = as_size(size)
         unknown = sorted(set(options) - set(self.options))
@@ -480,6 +488,8 @@ class RenderPool:
             raise TypeError(f"unknown {self.kind} render options {unknown}; valid: {sorted(self.options)}")
         if not timeout > 0 or not math.isfinite(timeout):
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
+        if self._check_options is not None:
+            self._check_options({**self.options, **options})
         base = {
             "width": width,
             "height": height,
@@ -656,12 +666,15 @@ def shutdown_pools() -> None:
 atexit.register(shutdown_pools)
 
 
-def _renderer_options(kind: str) -> dict[str, Any]:
+def _renderer_options(kind: str) -> tuple[dict[str, Any], Any]:
+    """The renderer's default options and its `check_options` (None if it has none), for the caller side."""
     if __package__:  # imported as rewards.render.sandbox: import the sibling module the normal way
         import importlib
 
-        return dict(importlib.import_module(f"{__package__}.{kind}").OPTIONS)
-    return dict(_load_renderer(kind).OPTIONS)
+        module = importlib.import_module(f"{__package__}.{kind}")
+    else:
+        module = _load_renderer(kind)
+    return dict(module.OPTIONS), getattr(module, "check_options", None)
 
 
 # ======================================================================================================== FRAMING
@@ -729,7 +742,7 @@ def _clean_reason(reason: object) -> str:
 
 
 def _load_renderer(kind: str):
-    """Loads `svg.py` or `chart.py` from this directory by path (no `rewards` package import, so no torch)."""
+    """Loads `svg.py`, `chart.py` or `cad.py` from this directory by path (no `rewards` package, so no torch)."""
     import importlib.util
 
     if kind not in KINDS:

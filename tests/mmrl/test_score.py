@@ -127,3 +127,27 @@ def test_folder_mode_with_a_relative_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     items = {item.id: item for item in read_items(Path("run"))}
     assert items["a"].reason == "" and items["a"].target_kind == "image"
+
+
+def test_score_cad_scripts(tmp_path):
+    """A build123d `.py` prediction is rendered as CAD (not matplotlib) and compared with a target render."""
+    pytest.importorskip("build123d")
+    from PIL import Image
+
+    from rewards.render import render
+
+    box = "from build123d import *\nresult = Box(10, 20, 5)\n"
+    target = render("cad", box, size=(32, 32))
+    assert target.image is not None, target.reason
+    Image.fromarray(target.image.numpy()).save(tmp_path / "box.png")
+    (tmp_path / "box.py").write_text(box)
+    (tmp_path / "ball.py").write_text("from build123d import *\nresult = Sphere(8)\n")
+    rows = [{"id": "same", "prediction": "box.py", "target": "box.png"},
+            {"id": "other", "prediction": "ball.py", "target": "box.png"}]  # fmt: skip
+    (tmp_path / "cad.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    items = read_items(tmp_path / "cad.jsonl", render="auto")
+    assert [item.pred_kind for item in items] == ["cad", "cad"]
+    score_items(items, ["ssim"], size=(32, 32), workers=1, progress=False)
+    by_id = {item.id: item for item in items}
+    assert by_id["same"].scores["ssim"] == pytest.approx(1.0, abs=1e-4)
+    assert by_id["other"].scores["ssim"] < 0.95
