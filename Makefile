@@ -6,6 +6,7 @@ STAMP := $(VENV)/.mmrl-installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export MPLBACKEND := Agg
+export MUJOCO_GL ?= egl
 
 .PHONY: setup demo test bench lint assets clean
 

@@ -17,6 +17,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # no test reaches a model hub
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 os.environ["MPLBACKEND"] = "Agg"
 os.environ["OMP_NUM_THREADS"] = "1"  # for subprocesses; see torch.set_num_threads below
+os.environ.setdefault("MUJOCO_GL", "egl")  # MuJoCo picks its GL backend at first import; EGL needs no extra packages
 for _var, _sub in (("HOME", "home"), ("XDG_CACHE_HOME", "cache"), ("MPLCONFIGDIR", "matplotlib")):
     os.environ[_var] = os.path.join(_SCRATCH, _sub)
     os.makedirs(os.environ[_var], exist_ok=True)
