@@ -8,7 +8,7 @@ export TOKENIZERS_PARALLELISM := false
 export MPLBACKEND := Agg
 export MUJOCO_GL ?= egl
 
-.PHONY: setup demo test bench lint assets clean
+.PHONY: setup setup-maniskill demo test bench lint assets clean
 
 setup: $(STAMP)
 
@@ -20,6 +20,12 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install --quiet -c constraints.txt "torch==2.13.0"
 	$(BIN)/pip install --quiet -c constraints.txt -e ".[dev,bench]"
 	touch $(STAMP)
+
+# ManiSkill 3 is opt-in: it needs a software Vulkan driver newer than Debian 12's (apt, as root) and ~1 GB of
+# packages. Its tests run once it is installed and skip (saying so) before.
+setup-maniskill: setup
+	scripts/setup_vulkan.sh
+	$(BIN)/pip install --quiet -c constraints.txt -e ".[maniskill]"
 
 demo: setup
 	$(BIN)/mmrl train configs/grounding_tiny.yaml output_dir=runs/demo

@@ -1,6 +1,7 @@
 """Robotics simulators behind the `VecEnv` contract. Importing this package registers their envs in `sim.ENVS`.
 
 * `mujoco_tasks`: our own planar MuJoCo tasks, `reach` and `push` (scenes in `assets/mjcf/`).
+* `maniskill`: ManiSkill 3 tasks that need no asset download (`make setup-maniskill` installs it and a Vulkan driver).
 * `gym_mujoco`: Gymnasium's MuJoCo envs (`Reacher-v5`, `Pusher-v5`, ...) as one batched env, `gym_mujoco`.
 
 Nothing here imports `mujoco` or `gymnasium` at module level: they are imported when an env is built, so
@@ -8,8 +9,7 @@ Nothing here imports `mujoco` or `gymnasium` at module level: they are imported 
 """
 
 from sim.robotics.gym_mujoco import GymMujocoEnv
+from sim.robotics.maniskill import ManiSkillEnv
 from sim.robotics.mujoco_tasks import PushEnv, ReachEnv
 
-# ManiSkill 3 adapter: `from sim.robotics.maniskill import ...` goes here once sim/robotics/maniskill.py exists.
-
-__all__ = ["GymMujocoEnv", "PushEnv", "ReachEnv"]
+__all__ = ["GymMujocoEnv", "ManiSkillEnv", "PushEnv", "ReachEnv"]

@@ -257,3 +257,26 @@ def test_curriculum_in_the_trainer(tiny_run_config, letters_env, tmp_path):
         metrics = train(cfg)
     levels = [m["curriculum/level"] for m in metrics if "curriculum/level" in m]
     assert levels == [0, 0, 1]
+
+
+def test_vla_reach_preset_runs_on_mujoco(tmp_path):
+    """The shipped VLA preset, shrunk: demos from the scripted expert, SFT, one GRPO step, held-out success."""
+    pytest.importorskip("mujoco")
+    from pathlib import Path
+
+    from mmrl.config import load_config
+
+    preset = Path(__file__).resolve().parents[2] / "configs" / "vla_reach_tiny.yaml"
+    cfg = load_config(
+        preset,
+        [f"output_dir={tmp_path / 'reach'}", "env.options={image_size: 64}", "sft.episodes=4", "sft.steps=2",
+         "sft.batch_size=8", "algo.group_size=2", "trainer.prompts_per_step=2", "trainer.total_steps=1",
+         "trainer.eval_episodes=4", "trainer.eval_batch_size=4", "trainer.eval_every=0", "trainer.threads=1"],
+    )  # fmt: skip
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        metrics = train(cfg)
+    assert out.getvalue().startswith("held-out success: ")
+    row = next(m for m in metrics if "loss/policy" in m)
+    assert 0 <= row["env/success_rate"] <= 1 and row["env/episode_steps"] >= 1
+    assert (tmp_path / "reach" / "episodes_after.gif").exists()
