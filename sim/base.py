@@ -88,3 +88,14 @@ def resolve_seeds(seed: int | Sequence[int], count: int) -> list[int]:
     if len(seeds) != count:
         raise ValueError(f"got {len(seeds)} seeds for {count} worlds")
     return seeds
+
+
+def resolve_env_ids(env_ids: Sequence[int] | None, num_envs: int) -> list[int]:
+    """The worlds a reset names: all N when `env_ids` is None; out-of-range or repeated ids raise."""
+    ids = list(range(num_envs)) if env_ids is None else [int(i) for i in env_ids]
+    bad = [i for i in ids if not 0 <= i < num_envs]
+    if bad:
+        raise ValueError(f"env_ids {bad} out of range for {num_envs} worlds")
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"env_ids has duplicates: {ids}")
+    return ids

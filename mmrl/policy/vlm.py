@@ -98,7 +98,8 @@ def _select(batch: Rollout, rows: torch.Tensor) -> Rollout:
 def cat_rollouts(parts: list[Rollout], pad_token_id: int = 0) -> Rollout:
     """Rows of several rollouts in one (e.g. every turn of multi-turn episodes), re-padded to common lengths.
 
-    Prompts stay left padded and completions right padded; every part must have the same images per row.
+    Prompts stay left padded and completions right padded (with `pad_token_id`, always under a False mask); every
+    part must have the same images per row.
     """
     if not parts:
         raise ValueError("nothing to concatenate")
@@ -106,7 +107,6 @@ def cat_rollouts(parts: list[Rollout], pad_token_id: int = 0) -> Rollout:
         raise ValueError("rollouts with different images per row cannot be concatenated")
     prompt_len = max(p.prompt_ids.shape[1] for p in parts)
     completion_len = max(p.completion_ids.shape[1] for p in parts)
-    pad_id = pad_token_id  # only ever under a False mask
 
     def left(x: torch.Tensor, value) -> torch.Tensor:
         return torch.nn.functional.pad(x, (prompt_len - x.shape[1], 0), value=value)
@@ -115,11 +115,11 @@ def cat_rollouts(parts: list[Rollout], pad_token_id: int = 0) -> Rollout:
         return torch.nn.functional.pad(x, (0, completion_len - x.shape[1]), value=value)
 
     return Rollout(
-        prompt_ids=torch.cat([left(p.prompt_ids, pad_id) for p in parts]),
+        prompt_ids=torch.cat([left(p.prompt_ids, pad_token_id) for p in parts]),
         prompt_mask=torch.cat([left(p.prompt_mask, False) for p in parts]),
         pixel_values=torch.cat([p.pixel_values for p in parts]),
         image_grid_thw=torch.cat([p.image_grid_thw for p in parts]),
-        completion_ids=torch.cat([right(p.completion_ids, pad_id) for p in parts]),
+        completion_ids=torch.cat([right(p.completion_ids, pad_token_id) for p in parts]),
         completion_mask=torch.cat([right(p.completion_mask, False) for p in parts]),
         logprobs=torch.cat([right(p.logprobs, 0.0) for p in parts]),
         texts=[t for p in parts for t in p.texts],

@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sim.base import Observation, StepResult, resolve_seeds
+from sim.base import Observation, StepResult, resolve_env_ids, resolve_seeds
 from sim.registry import ENVS
 from sim.robotics.mujoco_tasks import import_mujoco, offscreen_renderer
 
@@ -174,12 +174,7 @@ class GymMujocoEnv:
         Returns:
             The observation of all N worlds (copies).
         """
-        ids = list(range(self.num_envs)) if env_ids is None else [int(i) for i in env_ids]
-        bad = [i for i in ids if not 0 <= i < self.num_envs]
-        if bad:
-            raise ValueError(f"env_ids {bad} out of range for {self.num_envs} worlds")
-        if len(set(ids)) != len(ids):
-            raise ValueError(f"env_ids has duplicates: {ids}")
+        ids = resolve_env_ids(env_ids, self.num_envs)
         for k, world_seed in zip(ids, resolve_seeds(seed, len(ids))):
             observation, _ = self.envs[k].reset(seed=world_seed)
             self._states[k] = np.asarray(observation, dtype=np.float32).reshape(-1)

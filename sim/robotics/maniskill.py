@@ -46,7 +46,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from sim.base import Observation, StepResult, resolve_seeds
+from sim.base import Observation, StepResult, resolve_env_ids, resolve_seeds
 from sim.registry import ENVS
 
 # Tasks whose assets ship inside the mani-skill wheel (no download), with the instruction each world shows.
@@ -173,12 +173,7 @@ class ManiSkillEnv:
         Returns:
             The observation of all N worlds (copies): image `[N, H, W, 3]` uint8, N instructions, state `[N, S]`.
         """
-        ids = list(range(self.num_envs)) if env_ids is None else [int(i) for i in env_ids]
-        bad = [i for i in ids if not 0 <= i < self.num_envs]
-        if bad:
-            raise ValueError(f"env_ids {bad} out of range for {self.num_envs} worlds")
-        if len(set(ids)) != len(ids):
-            raise ValueError(f"env_ids has duplicates: {ids}")
+        ids = resolve_env_ids(env_ids, self.num_envs)
         seeds = resolve_seeds(seed, len(ids))
         if ids:
             out = self._worlds.reset(ids, seeds)

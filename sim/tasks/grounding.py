@@ -29,7 +29,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from rewards import box_giou, box_iou, format_reward, parse_boxes
-from sim.base import Observation, StepResult, resolve_seeds
+from sim.base import Observation, StepResult, resolve_env_ids, resolve_seeds
 from sim.registry import ENVS
 
 KINDS = ("circle", "square", "triangle", "diamond")
@@ -146,12 +146,7 @@ class GroundingEnv:
         Returns:
             The observation of all N worlds (copies): image `[N, H, W, 3]` uint8 and N instructions.
         """
-        ids = list(range(self.num_envs)) if env_ids is None else [int(i) for i in env_ids]
-        bad = [i for i in ids if not 0 <= i < self.num_envs]
-        if bad:
-            raise ValueError(f"env_ids {bad} out of range for {self.num_envs} worlds")
-        if len(set(ids)) != len(ids):
-            raise ValueError(f"env_ids has duplicates: {ids}")
+        ids = resolve_env_ids(env_ids, self.num_envs)
         seeds = resolve_seeds(seed, len(ids))
         if not ids:
             return self._observation()
