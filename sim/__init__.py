@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import inspect
 
-from sim import robotics, tasks  # noqa: F401  (registers the built-in envs; simulators are imported lazily)
+from sim import driving, gui, render, robotics, tasks  # noqa: F401  (registers the built-in envs; simulators are imported lazily)
 from sim.base import Observation, StepResult, VecEnv
 from sim.check import check_vec_env
 from sim.registry import ENVS

@@ -1,5 +1,6 @@
-"""Synthetic visual tasks. Importing this package registers every built-in task in `sim.ENVS`."""
+"""Synthetic visual tasks and datasets on disk. Importing this package registers them in `sim.ENVS`."""
 
+from sim.tasks.dataset import DatasetEnv
 from sim.tasks.grounding import GroundingEnv
 
-__all__ = ["GroundingEnv"]
+__all__ = ["DatasetEnv", "GroundingEnv"]

@@ -1,0 +1,944 @@
+"""GUI agent envs on procedurally drawn screens (`sim.gui.screens`): single-step grounding and multi-step tasks.
+
+Both envs take text actions in the action grammar of `rewards.actions` (`click(57, 83)`, `type("alice")`,
+`scroll(down)`, `press(back)`, `finish()`, UI-R1's JSON `[{"action": "click", "coordinate": [57, 83]}]`, ...) with
+pixel coordinates of the observed image, and carry a scripted expert (`expert_action`) whose answers are short
+strings in that grammar, for supervised cold starts and as the reference the step rewards compare with.
+
+`gui_click`
+-----------
+**Task.** Each world is one screen and an instruction naming one of its elements: `"Click the Save button."`,
+`"Click Berlin in the list."`, `"Click the gear icon."`. Episodes last one step. With `answer="point"` (default)
+the policy answers a click (`click(x, y)`, or any click form `parse_action` reads; a bare `(x, y)` is read too but
+earns no format term). With `answer="box"` it answers the element's box `[x1, y1, x2, y2]`.
+
+**Randomizations** (per world, from that world's seed only): layout (of `layouts`), theme (of `themes`), the
+screen's content and state (see `random_screen`: labels, counts, alignment, typed text, ticks, focus, an open menu,
+the list's scroll position, the selected tab), and the target: a kind drawn uniformly among the kinds on the
+screen, then one element of that kind. Labels are unique per screen, so the instruction names exactly one element.
+
+**Reward.** `answer="point"`: `hit_weight * [click point in the target box] + format_weight * [a click action]`.
+`answer="box"`: `hit_weight * [box centre in the target box] * box_size_factor + format_weight * [a box parsed]
++ size_weight * box_size_similarity`, where `box_size_factor` (1 up to `max_area_ratio` times the target's area,
+then `max_area_ratio / ratio`) takes the hit away from huge boxes and `box_size_similarity` pulls the box's size
+to the target's (GUI-G1, https://arxiv.org/abs/2505.15810). The target box has x2/y2 exclusive and the hit test
+includes edges, so the test is one pixel lenient on the right and bottom. **Success**: the point (box centre) hits.
+
+`gui_task`
+----------
+**Task.** Multi-step tasks on small apps whose screen is redrawn after every action. The episode ends on
+`finish`, on an action that completes the task (or irrevocably fails it), or after `max_episode_steps` steps
+(truncated).
+
+* `form`: "Type fox in City, tick Subscribe, then click Submit." (the tick part in 70% of episodes). The expert
+  clicks the field, types, clicks the checkbox, clicks the submit button. Clicking a field focuses it; `type(text)`
+  replaces the focused field's text (Android's `input text` into a cleared field) and does nothing when no field
+  has focus; clicking anything else blurs the field; a checkbox toggles; the reset button restores the form as it
+  was at the start; the submit button ends the episode, a success iff the named field holds the text (compared
+  after `normalize_answer`) and the named box is ticked. `press(enter)` does not submit.
+* `menu`: "Choose Paste from the Edit menu." Clicking a menu header opens its menu (clicking it again, clicking
+  anything but a menu header or item, `press(back)` or scrolling closes it; clicking another header switches
+  menus; the list scrolls as in `scroll`). Clicking a menu item or a list item runs it and ends the episode, a
+  success iff it is the named menu item.
+* `navigate`: "Go to the Photos tab, then finish." or "Open Battery in the Sound tab, then finish." Pages are tabs
+  (a tab bar, switches, links to sub-pages) and sub-pages (a title and text, no tab bar). Clicking a tab or a link
+  opens its page; `press(back)` returns to the previous page, `press(home)` to the first tab; switches toggle and
+  change nothing else. `finish()` ends the episode, a success iff the named page is open. Episodes start on a random
+  page other than the goal, a sub-page in some of them (whose way out is `press(back)` or `press(home)`).
+* `scroll`: "Open Lima in the list." The list is longer than the screen; `scroll(down)` shows the items further
+  down (it moves by one screen less one row, closing any open menu) and `scroll(up)` those above. Clicking a list
+  item opens it and ends the episode, a success iff it is the named item; menus behave as in `menu`.
+
+In every task, an action that does not parse, and any action the description above does not mention (a click on
+nothing in particular, `long_press`, `scroll(left)`, an unknown key), changes nothing and still costs a step.
+`finish()` ends the episode in every task, and is a success only in `navigate` on the goal page.
+
+**Randomizations** (per world, from that world's seed only): the task (of `tasks`), the theme (of `themes`), the
+app's content (labels, counts, layout choices), the goal, and the start state (prefilled fields and ticks, the
+list's scroll position, the start page).
+
+**Reward** per step: `type_weight * action_type + match_weight * action_match + success_weight * success`, where
+`action_type` and `action_match` are the rewards library's `action_type_reward` and `action_match_reward` of the
+action against the expert's action for the state the world was in (a click matches when it lands in the box of the
+element the expert clicks; typed text after `normalize_answer`), and `success` is 1 on the step that ends the
+episode successfully. The match term is paid only when the step brings the world closer to the goal than it has
+ever been in the episode (counted in expert steps), so undoing and redoing a step (ticking a box off and on) does
+not pay twice. Unparsed actions score 0 with the parser's reason in `info["reasons"]`.
+
+**Finished worlds** (`gui_task`). There is no autoreset. A world whose episode ended is frozen until it is reset:
+`step` ignores its action, reward and every component are 0, and its final `terminated`, `truncated` and `success`
+are repeated. (`gui_click` instead refuses a second step before a reset, as `grounding` does.)
+
+**Expert** (`expert_action`). For each world's current state, the next action of a fixed plan that solves the task
+from any state (shortest from the start; after a detour it may take a safe extra step, e.g. closing an open menu
+before scrolling), as text:
+`click(x, y)` at the element's centre, `type("fox")`, `scroll(down)`, `press(back)`, `finish()` (`[x1, y1, x2,
+y2]`, the element's box, for `gui_click` with `answer="box"`). With `noise > 0`, every click coordinate (every box
+coordinate) gets Gaussian noise of std `noise` times the element's width or height: a sloppy demonstrator. Without
+noise it succeeds in every episode (the tests run 50 seeds per task).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from rewards import (
+    Action,
+    action_match_reward,
+    action_type_reward,
+    box_size_factor,
+    box_size_similarity,
+    normalize_answer,
+    parse_actions,
+    parse_boxes,
+    parse_point,
+    point_in_box,
+)
+from sim.base import Observation, StepResult, resolve_env_ids, resolve_seeds
+from sim.gui.screens import (
+    KINDS,
+    LAYOUTS,
+    LINK_LABELS,
+    MIN_SIZE,
+    SWITCH_LABELS,
+    TAB_NAMES,
+    THEMES,
+    WORDS,
+    Element,
+    Screen,
+    SettingsSpec,
+    Theme,
+    detail_screen,
+    draw,
+    fit_tabs,
+    form_screen,
+    random_screen,
+    sample_form,
+    sample_toolbar,
+    settings_rows,
+    settings_screen,
+    toolbar_screen,
+    visible_rows,
+)
+from sim.registry import ENVS
+
+TASKS = ("form", "menu", "navigate", "scroll")
+THEME_NAMES = tuple(THEMES)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Option checks and the expert's noise
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _check_size(image_size: int) -> int:
+    if isinstance(image_size, bool) or not isinstance(image_size, (int, np.integer)) or image_size < MIN_SIZE:
+        raise ValueError(f"image_size must be an int >= {MIN_SIZE} (smaller screens cannot hold legible text), "
+                         f"got {image_size!r}")  # fmt: skip
+    return int(image_size)
+
+
+def _check_choices(name: str, value: str | Sequence[str], valid: Sequence[str]) -> tuple[str, ...]:
+    """A non-empty tuple of distinct entries of `valid` from a sequence (or one name)."""
+    chosen = (value,) if isinstance(value, str) else tuple(value)
+    if not chosen:
+        raise ValueError(f"{name} must name at least one of: {', '.join(valid)}")
+    bad = [v for v in chosen if v not in valid]
+    if bad:
+        raise ValueError(f"{name} has unknown entries {bad}; valid: {', '.join(valid)}")
+    if len(set(chosen)) != len(chosen):
+        raise ValueError(f"{name} has repeated entries: {list(chosen)}")
+    return chosen
+
+
+def _check_weight(name: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def _check_num_envs(num_envs: int) -> int:
+    if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
+        raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
+    return num_envs
+
+
+def _check_actions(actions: Sequence[str], num_envs: int, name: str) -> list[str]:
+    if isinstance(actions, str) or not isinstance(actions, Sequence):
+        raise ValueError(f"{name} takes a list of {num_envs} strings, got {type(actions).__name__}")
+    if len(actions) != num_envs:
+        raise ValueError(f"got {len(actions)} actions for {num_envs} worlds")
+    if not all(isinstance(a, str) for a in actions):
+        raise ValueError(f"every action of {name} must be a string")
+    return list(actions)
+
+
+def _noise(num: int, dims: int, noise: float, generator: torch.Generator | None) -> np.ndarray:
+    """`[num, dims]` standard normal draws (zeros when `noise == 0`); the caller scales them."""
+    if not math.isfinite(noise) or noise < 0:
+        raise ValueError(f"noise must be a finite number >= 0, got {noise!r}")
+    if noise == 0:
+        return np.zeros((num, dims))
+    if generator is None:
+        raise ValueError("expert_action(noise > 0) needs a torch.Generator for its noise (explicit randomness)")
+    return torch.randn(num, dims, generator=generator, dtype=torch.float64).numpy()
+
+
+def _click(element: Element, z: np.ndarray, noise: float, size: int) -> str:
+    """`click(x, y)` at the element's centre, moved by `noise * z * (width, height)` and kept in the image."""
+    x, y = element.centre
+    x1, y1, x2, y2 = element.box
+    x = min(max(round(x + noise * z[0] * (x2 - x1)), 0), size - 1)
+    y = min(max(round(y + noise * z[1] * (y2 - y1)), 0), size - 1)
+    return f"click({x}, {y})"
+
+
+def _draw_rows(screens: list[Screen]) -> torch.Tensor:
+    """`[K, H, W, 3]` uint8 pictures of K screens."""
+    return torch.from_numpy(np.stack([draw(s) for s in screens]))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# gui_click
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@ENVS.register("gui_click")
+class GUIClickEnv:
+    """N worlds of single-step GUI grounding: click the element the instruction names (see the module docstring).
+
+    >>> env = GUIClickEnv(num_envs=2)
+    >>> obs = env.reset(seed=0)
+    >>> env.step(env.expert_action()).reward  # hit_weight + format_weight
+    tensor([1.1000, 1.1000])
+
+    Args:
+        num_envs: N, the number of worlds.
+        image_size: Side of the square screens in pixels, at least `MIN_SIZE` (96).
+        layouts: The layouts worlds draw from (a subset of `LAYOUTS`).
+        themes: The themes worlds draw from (a subset of `THEMES`).
+        answer: `"point"`: the policy answers a click; `"box"`: the element's box.
+        hit_weight: Weight of the hit term.
+        format_weight: Weight of the format term (a click action; a parsed box).
+        size_weight: Weight of the box-size similarity term (box answers only).
+        max_area_ratio: Box answers keep the full hit up to this many times the target's area (>= 1).
+        device: Where the returned tensors live. Screens are always drawn on the CPU.
+    """
+
+    action_kind = "text"
+    max_episode_steps = 1
+
+    def __init__(
+        self,
+        num_envs: int,
+        image_size: int = 128,
+        layouts: Sequence[str] = LAYOUTS,
+        themes: Sequence[str] = THEME_NAMES,
+        answer: str = "point",
+        hit_weight: float = 1.0,
+        format_weight: float = 0.1,
+        size_weight: float = 0.1,
+        max_area_ratio: float = 4.0,
+        device: str = "cpu",
+    ):
+        self.num_envs = _check_num_envs(num_envs)
+        self.image_size = _check_size(image_size)
+        self.layouts = _check_choices("layouts", layouts, LAYOUTS)
+        self.themes = _check_choices("themes", themes, THEME_NAMES)
+        if answer not in ("point", "box"):
+            raise ValueError(f"answer must be 'point' or 'box', got {answer!r}")
+        self.answer = answer
+        self.hit_weight = _check_weight("hit_weight", hit_weight)
+        self.format_weight = _check_weight("format_weight", format_weight)
+        self.size_weight = _check_weight("size_weight", size_weight)
+        if _check_weight("max_area_ratio", max_area_ratio) < 1:
+            raise ValueError(f"max_area_ratio must be >= 1, got {max_area_ratio!r}")
+        self.max_area_ratio = float(max_area_ratio)
+        self.device = torch.device(device)
+
+        size = self.image_size
+        self._images = torch.zeros(num_envs, size, size, 3, dtype=torch.uint8, device=self.device)
+        self._target_boxes = torch.zeros(num_envs, 4, dtype=torch.float32, device=self.device)  # [N, 4]
+        self._instructions = [""] * num_envs
+        self.screens: list[Screen | None] = [None] * num_envs
+        self.targets: list[Element | None] = [None] * num_envs
+        # A world may be stepped once after each reset; worlds never reset count as ended.
+        self._ended = torch.ones(num_envs, dtype=torch.bool)  # [N], on CPU: only read by Python checks
+
+    @property
+    def target_boxes(self) -> torch.Tensor:
+        """The target elements' boxes `[N, 4]` float32 (x1, y1, x2, y2; x2/y2 exclusive), a copy."""
+        return self._target_boxes.clone()
+
+    def reset(self, seed: int | Sequence[int], env_ids: Sequence[int] | None = None) -> Observation:
+        """Draw new screens and targets for the worlds `env_ids` (all when None).
+
+        Args:
+            seed: One seed per reset world, or an int from which world k of `env_ids` gets `seed + k`.
+            env_ids: Indices of the worlds to reset; None resets all N.
+
+        Returns:
+            The observation of all N worlds (copies): image `[N, H, W, 3]` uint8 and N instructions.
+        """
+        ids = resolve_env_ids(env_ids, self.num_envs)
+        seeds = resolve_seeds(seed, len(ids))
+        if not ids:
+            return self._observation()
+        for i, world_seed in zip(ids, seeds):
+            rng = np.random.default_rng(world_seed)
+            layout = self.layouts[int(rng.integers(len(self.layouts)))]
+            theme = THEMES[self.themes[int(rng.integers(len(self.themes)))]]
+            screen = random_screen(rng, self.image_size, layout, theme)
+            # A kind first, then an element of it: lists would otherwise supply most targets.
+            kinds = [k for k in KINDS if any(e.kind == k for e in screen.elements)]
+            kind = kinds[int(rng.integers(len(kinds)))]
+            candidates = [e for e in screen.elements if e.kind == kind]
+            target = candidates[int(rng.integers(len(candidates)))]
+            self.screens[i], self.targets[i] = screen, target
+            self._instructions[i] = target.instruction
+        index = torch.tensor(ids, dtype=torch.long, device=self.device)
+        self._images[index] = _draw_rows([self.screens[i] for i in ids]).to(self.device)
+        boxes = torch.tensor([self.targets[i].box for i in ids], dtype=torch.float32)  # [K, 4]
+        self._target_boxes[index] = boxes.to(self.device)
+        self._ended[ids] = False
+        return self._observation()
+
+    def step(self, actions: list[str]) -> StepResult:
+        """Score one answer per world; every episode then ends.
+
+        Args:
+            actions: N answer strings: a click (`answer="point"`) or a box (`answer="box"`).
+
+        Returns:
+            A StepResult with the unchanged observation, reward `[N]` float32, terminated all True, truncated all
+            False, and info: `reward_components` (`hit`, `format`, and `size` for box answers: `[N]`), `reasons`
+            (N strings, "" where an answer parsed), `target_box` `[N, 4]`, `pred_point` `[N, 2]` (the click point
+            or box centre, NaN rows where nothing parsed), `pred_box` `[N, 4]` (box answers; NaN rows otherwise)
+            and `success` (`[N]` bool: a hit).
+
+        Raises:
+            ValueError: `actions` is not a list of N strings.
+            RuntimeError: Some worlds already ended their episode and were not reset since.
+        """
+        texts = _check_actions(actions, self.num_envs, type(self).__name__)
+        ended = self._ended.nonzero().flatten().tolist()
+        if ended:
+            raise RuntimeError(f"worlds {ended} have ended their episode (or were never reset); reset them first")
+        target = self._target_boxes.detach().to("cpu", torch.float32).clone()  # [N, 4], never the buffer itself
+        nan2 = (math.nan, math.nan)
+        if self.answer == "point":
+            points, fmt, reasons = [], [], []
+            for text, action in zip(texts, parse_actions(texts)):
+                if action.kind == "click":
+                    points.append((float(action.args["x"]), float(action.args["y"])))
+                    fmt.append(1.0)
+                    reasons.append("")
+                    continue
+                fmt.append(0.0)
+                # A bare point still hits (without the format term); another action kind is a miss.
+                point = parse_point(text).point if action.kind is None else None
+                points.append(point if point is not None else nan2)
+                if point is not None:
+                    reasons.append("")
+                elif action.kind is not None:
+                    reasons.append(f"answer is a {action.kind} action, not a click")
+                else:
+                    reasons.append(action.reason)
+            pred_point = torch.tensor(points, dtype=torch.float32).reshape(-1, 2)  # [N, 2]
+            pred_box = torch.full((self.num_envs, 4), math.nan)  # [N, 4]
+            hit = point_in_box(pred_point, target)  # [N]
+            components = {"hit": hit, "format": torch.tensor(fmt, dtype=torch.float32)}
+            reward = self.hit_weight * hit + self.format_weight * components["format"]
+            success = hit > 0
+        else:
+            pred_box, reasons = parse_boxes(texts)
+            pred_box = pred_box.to(torch.float32)  # [N, 4], NaN rows where nothing parsed
+            pred_point = (pred_box[:, :2] + pred_box[:, 2:]) / 2  # [N, 2]
+            centre_hit = point_in_box(pred_point, target)  # [N]
+            hit = centre_hit * box_size_factor(pred_box, target, self.max_area_ratio).to(torch.float32)  # [N]
+            size = box_size_similarity(pred_box, target).to(torch.float32)  # [N]
+            fmt = torch.isfinite(pred_box).all(-1).to(torch.float32)  # [N]
+            components = {"hit": hit, "format": fmt, "size": size}
+            reward = self.hit_weight * hit + self.format_weight * fmt + self.size_weight * size
+            success = centre_hit > 0
+        self._ended[:] = True
+        dev = self.device
+        return StepResult(
+            obs=self._observation(),
+            reward=reward.to(device=dev, dtype=torch.float32),
+            terminated=torch.ones(self.num_envs, dtype=torch.bool, device=dev),
+            truncated=torch.zeros(self.num_envs, dtype=torch.bool, device=dev),
+            info={
+                "reward_components": {k: v.to(dev) for k, v in components.items()},
+                "reasons": list(reasons),
+                "target_box": target.to(dev),
+                "pred_point": pred_point.to(dev),
+                "pred_box": pred_box.to(dev),
+                "success": success.to(dev),
+            },
+        )
+
+    def expert_action(self, noise: float = 0.0, generator: torch.Generator | None = None) -> list[str]:
+        """The scripted answer for every world: the target's centre (`click(x, y)`) or its box (`[x1, y1, x2, y2]`).
+
+        Args:
+            noise: Std of the Gaussian noise on every coordinate, in units of the target's width (x) or height (y).
+            generator: Source of the noise; required when `noise > 0`.
+
+        Returns:
+            N answer strings.
+        """
+        z = _noise(self.num_envs, 4, noise, generator)  # [N, 4]
+        answers = []
+        for i, target in enumerate(self.targets):
+            if target is None:
+                answers.append("")
+                continue
+            if self.answer == "point":
+                answers.append(_click(target, z[i], noise, self.image_size))
+                continue
+            x1, y1, x2, y2 = target.box
+            w, h = x2 - x1, y2 - y1
+            xs = sorted(round(v + noise * d * w) for v, d in ((x1, z[i, 0]), (x2, z[i, 2])))
+            ys = sorted(round(v + noise * d * h) for v, d in ((y1, z[i, 1]), (y2, z[i, 3])))
+            xs = [min(max(v, 0), self.image_size) for v in xs]
+            ys = [min(max(v, 0), self.image_size) for v in ys]
+            answers.append(f"[{xs[0]}, {ys[0]}, {xs[1]}, {ys[1]}]")
+        return answers
+
+    def close(self) -> None:
+        """Nothing to release: screens are drawn in-process."""
+
+    def _observation(self) -> Observation:
+        return Observation(image=self._images.clone(), instruction=list(self._instructions))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# gui_task: the apps
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class _App:
+    """One world's app: its state, the screen drawn from it, the goal, and the expert's next action.
+
+    Subclasses set `instruction` and `screen` in `__init__`, call `_redraw()` after every change of state, and define
+    the hooks below. A hook that ends the episode returns whether it succeeded; None means the episode goes on.
+    """
+
+    instruction: str
+    screen: Screen
+
+    def act(self, action: Action) -> bool | None:
+        """Apply a parsed action; return None while the episode goes on, else whether it ended in success."""
+        if action.kind == "click":
+            return self.click(self.screen.element_at(float(action.args["x"]), float(action.args["y"])))
+        if action.kind == "type":
+            return self.type(str(action.args["text"]))
+        if action.kind == "scroll":
+            return self.scroll(str(action.args["direction"]))
+        if action.kind == "press":
+            return self.press(str(action.args["key"]))
+        if action.kind == "finish":
+            return self.reached()
+        return None  # unparsed, long_press: nothing happens
+
+    def click(self, element: Element | None) -> bool | None:
+        return None
+
+    def type(self, text: str) -> bool | None:
+        return None
+
+    def scroll(self, direction: str) -> bool | None:
+        return None
+
+    def press(self, key: str) -> bool | None:
+        return None
+
+    def reached(self) -> bool:
+        """Whether `finish()` now ends the episode in success."""
+        return False
+
+    def expert(self) -> tuple[str, Element | None]:
+        """The expert's next action from the current state (text, "" for a click) and the element it clicks, if any."""
+        raise NotImplementedError
+
+    def remaining(self) -> int:
+        """How many expert actions the goal is away (the last one is the action that ends the episode)."""
+        raise NotImplementedError
+
+
+def _same_text(a: str, b: str) -> bool:
+    return normalize_answer(a) == normalize_answer(b)
+
+
+class _FormApp(_App):
+    """Fill one field, maybe tick one checkbox, submit."""
+
+    def __init__(self, rng: np.random.Generator, size: int, theme: Theme):
+        self.size, self.theme = size, theme
+        spec = self.spec = sample_form(rng, size)
+        self.field = int(rng.integers(len(spec.fields)))
+        self.word = WORDS[int(rng.integers(len(WORDS)))]
+        self.check = int(rng.integers(len(spec.checkboxes))) if rng.random() < 0.7 else None
+        others = [w for w in WORDS if w != self.word]
+        texts = [others[int(rng.integers(len(others)))] if rng.random() < 0.3 else "" for _ in spec.fields]
+        checked = [bool(rng.random() < 0.4) for _ in spec.checkboxes]
+        if self.check is not None:
+            checked[self.check] = False
+        self.start = (tuple(texts), tuple(checked))
+        self.texts, self.checked = texts, checked
+        self.focused: int | None = None
+        tick = f", tick {spec.checkboxes[self.check]}" if self.check is not None else ""
+        self.instruction = f"Type {self.word} in {spec.fields[self.field]}{tick}, then click {spec.submit}."
+        self._redraw()
+
+    def _redraw(self) -> None:
+        self.screen = form_screen(self.size, self.theme, self.spec, self.texts, self.checked, self.focused)
+
+    def _done(self) -> bool:
+        ticked = self.check is None or self.checked[self.check]
+        return ticked and _same_text(self.texts[self.field], self.word)
+
+    def click(self, element):
+        self.focused = None  # anything but a field takes the focus away
+        if element is not None and element.kind == "field":
+            self.focused = self.spec.fields.index(element.label)
+        elif element is not None and element.kind == "checkbox":
+            k = self.spec.checkboxes.index(element.label)
+            self.checked[k] = not self.checked[k]
+        elif element is not None and element.kind == "button":
+            if element.label == self.spec.submit:
+                return self._done()
+            self.texts, self.checked = list(self.start[0]), list(self.start[1])  # the reset button
+        self._redraw()
+        return None
+
+    def type(self, text):
+        if self.focused is not None:
+            self.texts[self.focused] = text
+            self._redraw()
+        return None
+
+    def expert(self):
+        screen, spec = self.screen, self.spec
+        if not _same_text(self.texts[self.field], self.word):
+            if self.focused == self.field:
+                return f'type("{self.word}")', None
+            return "", screen.find("field", spec.fields[self.field])
+        if self.check is not None and not self.checked[self.check]:
+            return "", screen.find("checkbox", spec.checkboxes[self.check])
+        return "", screen.find("button", spec.submit)
+
+    def remaining(self):
+        steps = 1  # the submit click
+        if self.check is not None and not self.checked[self.check]:
+            steps += 1
+        if not _same_text(self.texts[self.field], self.word):
+            steps += 1 if self.focused == self.field else 2
+        return steps
+
+
+class _ToolbarApp(_App):
+    """A menu bar over a scrollable list: pick a menu item (`menu`) or open a list item (`scroll`)."""
+
+    def __init__(self, rng: np.random.Generator, size: int, theme: Theme, task: str):
+        self.size, self.theme, self.task = size, theme, task
+        self.shown = visible_rows(size)
+        if task == "menu":
+            spec = self.spec = sample_toolbar(rng, size)
+            self.menu = int(rng.integers(len(spec.menus)))
+            self.goal = spec.menu_items[self.menu][int(rng.integers(len(spec.menu_items[self.menu])))]
+            self.instruction = f"Choose {self.goal} from the {spec.menus[self.menu]} menu."
+        else:
+            spec = self.spec = sample_toolbar(rng, size, min_items=self.shown + 2, max_items=3 * self.shown)
+        last = len(spec.items) - min(self.shown, len(spec.items))  # the largest scroll offset
+        self.offset = int(rng.integers(0, last + 1))
+        if task == "scroll":
+            hidden = [k for k in range(len(spec.items)) if not self.offset <= k < self.offset + self.shown]
+            # Mostly an item off screen, so that scrolling is needed; sometimes one in view.
+            pool = hidden if hidden and rng.random() < 0.75 else list(range(len(spec.items)))
+            self.target = pool[int(rng.integers(len(pool)))]
+            self.goal = spec.items[self.target]
+            self.instruction = f"Open {self.goal} in the list."
+        self.last = last
+        self.step_rows = max(1, self.shown - 1)  # a scroll keeps one row of context
+        self.open: int | None = None
+        self._redraw()
+
+    def _redraw(self) -> None:
+        self.screen = toolbar_screen(self.size, self.theme, self.spec, self.open, self.offset)
+
+    def click(self, element):
+        if element is not None and element.kind == "menu_item":
+            return self.task == "menu" and self.open == self.menu and element.label == self.goal
+        if element is not None and element.kind == "item":
+            return self.task == "scroll" and element.label == self.goal
+        if element is not None and element.kind == "menu":
+            k = self.spec.menus.index(element.label)
+            self.open = None if self.open == k else k
+        else:
+            self.open = None
+        self._redraw()
+        return None
+
+    def scroll(self, direction):
+        if direction in ("up", "down"):
+            move = self.step_rows if direction == "down" else -self.step_rows
+            self.offset = min(max(self.offset + move, 0), self.last)
+            self.open = None
+            self._redraw()
+        return None
+
+    def press(self, key):
+        if key == "back" and self.open is not None:
+            self.open = None
+            self._redraw()
+        return None
+
+    def _scrolls(self) -> tuple[int, str]:
+        """How many scrolls bring the target into view, and their direction."""
+        offset, count = self.offset, 0
+        direction = "down" if self.target >= offset + self.shown else "up"
+        while not offset <= self.target < offset + self.shown:
+            move = self.step_rows if direction == "down" else -self.step_rows
+            offset, count = min(max(offset + move, 0), self.last), count + 1
+        return count, direction
+
+    def expert(self):
+        if self.task == "menu":
+            if self.open != self.menu:
+                return "", self.screen.find("menu", self.spec.menus[self.menu])
+            return "", self.screen.find("menu_item", self.goal)
+        if self.open is not None:
+            return "press(back)", None  # the open menu may cover the target
+        count, direction = self._scrolls()
+        if count:
+            return f"scroll({direction})", None
+        return "", self.screen.find("item", self.goal)
+
+    def remaining(self):
+        if self.task == "menu":
+            return 1 if self.open == self.menu else 2
+        return 1 + (self.open is not None) + self._scrolls()[0]
+
+
+class _NavApp(_App):
+    """Tabs with links to sub-pages: reach the named page, then finish."""
+
+    def __init__(self, rng: np.random.Generator, size: int, theme: Theme):
+        self.size, self.theme = size, theme
+        tabs = fit_tabs([TAB_NAMES[int(i)] for i in rng.permutation(len(TAB_NAMES))[: int(rng.integers(2, 5))]], size)
+        rows = settings_rows(size)
+        link_pool = [LINK_LABELS[int(i)] for i in rng.permutation(len(LINK_LABELS))]
+        self.specs: list[SettingsSpec] = []
+        self.on: list[list[bool]] = []
+        for _ in tabs:
+            n_links = int(rng.integers(1, 4))
+            links = tuple(link_pool[:n_links])
+            del link_pool[:n_links]
+            n_switches = min(int(rng.integers(0, 3)), rows - n_links)
+            switches = tuple(SWITCH_LABELS[int(i)] for i in rng.permutation(len(SWITCH_LABELS))[:n_switches])
+            self.specs.append(SettingsSpec(tabs=tabs, switches=switches, links=links, buttons=()))
+            self.on.append([bool(rng.random() < 0.5) for _ in switches])
+        self.filler = tuple(float(w) for w in rng.uniform(0.35, 0.95, size=8))
+        pages = [(t,) for t in range(len(tabs))] + [
+            (t, j) for t, s in enumerate(self.specs) for j in range(len(s.links))
+        ]
+        self.goal = pages[int(rng.integers(len(pages)))]
+        starts = [p for p in pages if p != self.goal]
+        self.page = starts[int(rng.integers(len(starts)))]
+        self.history: list[tuple[int, ...]] = [(self.page[0],)] if len(self.page) == 2 else []
+        if len(self.goal) == 1:
+            self.instruction = f"Go to the {tabs[self.goal[0]]} tab, then finish."
+        else:
+            link = self.specs[self.goal[0]].links[self.goal[1]]
+            self.instruction = f"Open {link} in the {tabs[self.goal[0]]} tab, then finish."
+        self._redraw()
+
+    def _redraw(self) -> None:
+        t = self.page[0]
+        if len(self.page) == 1:
+            self.screen = settings_screen(self.size, self.theme, self.specs[t], t, self.on[t])
+        else:
+            self.screen = detail_screen(self.size, self.theme, self.specs[t].links[self.page[1]], self.filler)
+
+    def _go(self, page: tuple[int, ...]) -> None:
+        self.history.append(self.page)
+        self.page = page
+
+    def click(self, element):
+        if element is None or len(self.page) == 2:
+            return None  # sub-pages have nothing to click
+        t = self.page[0]
+        if element.kind == "tab":
+            k = self.specs[t].tabs.index(element.label)
+            if k != t:
+                self._go((k,))
+        elif element.kind == "link":
+            self._go((t, self.specs[t].links.index(element.label)))
+        elif element.kind == "switch":
+            k = self.specs[t].switches.index(element.label)
+            self.on[t][k] = not self.on[t][k]
+        self._redraw()
+        return None
+
+    def press(self, key):
+        if key == "back" and self.history:
+            self.page = self.history.pop()
+        elif key == "home":
+            self.page, self.history = (0,), []
+        self._redraw()
+        return None
+
+    def reached(self):
+        return self.page == self.goal
+
+    def expert(self):
+        if self.page == self.goal:
+            return "finish()", None
+        if len(self.page) == 2:
+            return "press(back)", None  # back from a sub-page always lands on its tab
+        t, g = self.page[0], self.goal[0]
+        if t == g:
+            return "", self.screen.find("link", self.specs[t].links[self.goal[1]])
+        return "", self.screen.find("tab", self.specs[t].tabs[g])
+
+    def remaining(self):
+        def hops(page: tuple[int, ...]) -> int:
+            if page == self.goal:
+                return 0
+            if len(page) == 2:
+                return 1 + hops((page[0],))
+            return 1 if len(self.goal) == 1 or self.goal[0] == page[0] else 2
+
+        return hops(self.page) + 1  # + finish
+
+
+def _make_app(task: str, rng: np.random.Generator, size: int, theme: Theme) -> _App:
+    if task == "form":
+        return _FormApp(rng, size, theme)
+    if task in ("menu", "scroll"):
+        return _ToolbarApp(rng, size, theme, task)
+    if task == "navigate":
+        return _NavApp(rng, size, theme)
+    raise ValueError(f"unknown task {task!r}; valid: {', '.join(TASKS)}")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# gui_task: the env
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@ENVS.register("gui_task")
+class GUITaskEnv:
+    """N worlds of multi-step GUI tasks with text actions (see the module docstring for the tasks and rewards).
+
+    >>> env = GUITaskEnv(num_envs=2, tasks=["menu"])
+    >>> obs = env.reset(seed=0)
+    >>> first = env.step(env.expert_action())  # opens the menu
+    >>> last = env.step(env.expert_action())  # picks the item: the episode ends in success
+    >>> bool(last.info["success"].all()), bool(last.terminated.all())
+    (True, True)
+
+    Args:
+        num_envs: N, the number of worlds.
+        image_size: Side of the square screens in pixels, at least `MIN_SIZE` (96).
+        tasks: The tasks worlds draw from (a subset of `TASKS`).
+        themes: The themes worlds draw from (a subset of `THEMES`).
+        max_episode_steps: Steps after which an episode is truncated.
+        type_weight: Weight of the per-step action-type term.
+        match_weight: Weight of the per-step action-match term (paid once per step of progress).
+        success_weight: Weight of the success term, paid on the step that ends the episode in success.
+        device: Where the returned tensors live. Screens are always drawn on the CPU.
+    """
+
+    action_kind = "text"
+
+    def __init__(
+        self,
+        num_envs: int,
+        image_size: int = 128,
+        tasks: Sequence[str] = TASKS,
+        themes: Sequence[str] = THEME_NAMES,
+        max_episode_steps: int = 8,
+        type_weight: float = 0.1,
+        match_weight: float = 0.2,
+        success_weight: float = 1.0,
+        device: str = "cpu",
+    ):
+        self.num_envs = _check_num_envs(num_envs)
+        self.image_size = _check_size(image_size)
+        self.tasks = _check_choices("tasks", tasks, TASKS)
+        self.themes = _check_choices("themes", themes, THEME_NAMES)
+        if isinstance(max_episode_steps, bool) or not isinstance(max_episode_steps, int) or max_episode_steps < 1:
+            raise ValueError(f"max_episode_steps must be an int >= 1, got {max_episode_steps!r}")
+        self.max_episode_steps = max_episode_steps
+        self.type_weight = _check_weight("type_weight", type_weight)
+        self.match_weight = _check_weight("match_weight", match_weight)
+        self.success_weight = _check_weight("success_weight", success_weight)
+        self.device = torch.device(device)
+
+        size = self.image_size
+        self._images = torch.zeros(num_envs, size, size, 3, dtype=torch.uint8, device=self.device)
+        self._instructions = [""] * num_envs
+        self.apps: list[_App | None] = [None] * num_envs
+        self.task_names = [""] * num_envs  # the task of each world
+        # Per-world episode state on the CPU (only Python reads it).
+        self._steps = [0] * num_envs
+        self._best = [0] * num_envs  # fewest expert steps to the goal seen this episode (the match term's bar)
+        self._ended = [True] * num_envs  # frozen until reset; never-reset worlds count as ended
+        self._terminated = [False] * num_envs
+        self._truncated = [False] * num_envs
+        self._success = [False] * num_envs
+
+    def reset(self, seed: int | Sequence[int], env_ids: Sequence[int] | None = None) -> Observation:
+        """Start new episodes in the worlds `env_ids` (all when None).
+
+        Args:
+            seed: One seed per reset world, or an int from which world k of `env_ids` gets `seed + k`.
+            env_ids: Indices of the worlds to reset; None resets all N.
+
+        Returns:
+            The observation of all N worlds (copies): image `[N, H, W, 3]` uint8 and N instructions.
+        """
+        ids = resolve_env_ids(env_ids, self.num_envs)
+        seeds = resolve_seeds(seed, len(ids))
+        if not ids:
+            return self._observation()
+        for i, world_seed in zip(ids, seeds):
+            rng = np.random.default_rng(world_seed)
+            task = self.tasks[int(rng.integers(len(self.tasks)))]
+            theme = THEMES[self.themes[int(rng.integers(len(self.themes)))]]
+            app = self.apps[i] = _make_app(task, rng, self.image_size, theme)
+            self.task_names[i] = task
+            self._instructions[i] = app.instruction
+            self._steps[i], self._best[i] = 0, app.remaining()
+            self._ended[i] = self._terminated[i] = self._truncated[i] = self._success[i] = False
+        index = torch.tensor(ids, dtype=torch.long, device=self.device)
+        self._images[index] = _draw_rows([self.apps[i].screen for i in ids]).to(self.device)
+        return self._observation()
+
+    def step(self, actions: list[str]) -> StepResult:
+        """Apply one action per running world and score it; ended worlds stay frozen.
+
+        Args:
+            actions: N action strings in the grammar of `rewards.actions` (ignored for worlds that ended).
+
+        Returns:
+            A StepResult with the new observation, reward `[N]` float32, terminated and truncated `[N]` bool, and
+            info: `reward_components` (`action_type`, `action_match`, `success`: `[N]`, what each term paid this
+            step before weighting), `reasons` (N strings: the parser's reason, or the action that was expected;
+            "" where the action was the expected one or the world is frozen), `expected_action` (N strings: the
+            expert's action the step was scored against, "" for frozen worlds) and `success` (`[N]` bool: the
+            episode ended in success, repeated while frozen).
+
+        Raises:
+            ValueError: `actions` is not a list of N strings.
+            RuntimeError: Some worlds were never reset.
+        """
+        texts = _check_actions(actions, self.num_envs, type(self).__name__)
+        never = [i for i, app in enumerate(self.apps) if app is None]
+        if never:
+            raise RuntimeError(f"worlds {never} were never reset; reset them first")
+        live = [not ended for ended in self._ended]
+        n = self.num_envs
+        expected: list[str | None] = [None] * n
+        boxes = torch.full((n, 4), math.nan, dtype=torch.float64)  # [N, 4] the box a click must hit
+        for i in range(n):
+            if live[i]:
+                text, element = self.apps[i].expert()
+                expected[i] = text if element is None else _click(element, np.zeros(2), 0.0, self.image_size)
+                if element is not None:
+                    boxes[i] = torch.tensor(element.box, dtype=torch.float64)
+        # NaN rows are frozen worlds: nothing to score.
+        type_ok = action_type_reward(texts, expected).nan_to_num(0.0)  # [N]
+        match_ok = action_match_reward(texts, expected, target_box=boxes).nan_to_num(0.0)  # [N]
+
+        paid = torch.zeros(n)
+        success_now = torch.zeros(n)
+        reasons = [""] * n
+        redraw = []
+        for i, action in enumerate(parse_actions(texts)):
+            if not live[i]:
+                continue
+            app = self.apps[i]
+            before = app.screen
+            outcome = app.act(action)
+            self._steps[i] += 1
+            remaining = 0 if outcome else app.remaining()
+            if match_ok[i] > 0 and remaining < self._best[i]:
+                paid[i] = 1.0
+            self._best[i] = min(self._best[i], remaining)
+            if action.kind is None:
+                reasons[i] = action.reason
+            elif match_ok[i] == 0:
+                reasons[i] = f"expected {expected[i]}"
+            elif paid[i] == 0:
+                reasons[i] = "this step was already rewarded earlier in the episode"
+            if outcome is not None:
+                self._terminated[i], self._success[i] = True, outcome
+                success_now[i] = float(outcome)
+            elif self._steps[i] >= self.max_episode_steps:
+                self._truncated[i] = True
+            self._ended[i] = self._terminated[i] or self._truncated[i]
+            if app.screen is not before:
+                redraw.append(i)
+        if redraw:
+            index = torch.tensor(redraw, dtype=torch.long, device=self.device)
+            self._images[index] = _draw_rows([self.apps[i].screen for i in redraw]).to(self.device)
+
+        live_t = torch.tensor(live)
+        components = {
+            "action_type": torch.where(live_t, type_ok, 0.0).to(torch.float32),
+            "action_match": paid.to(torch.float32),
+            "success": success_now.to(torch.float32),
+        }
+        reward = (
+            self.type_weight * components["action_type"]
+            + self.match_weight * components["action_match"]
+            + self.success_weight * components["success"]
+        )
+        dev = self.device
+        return StepResult(
+            obs=self._observation(),
+            reward=reward.to(device=dev, dtype=torch.float32),
+            terminated=torch.tensor(self._terminated, device=dev),
+            truncated=torch.tensor(self._truncated, device=dev),
+            info={
+                "reward_components": {k: v.to(dev) for k, v in components.items()},
+                "reasons": reasons,
+                "expected_action": [e or "" for e in expected],
+                "success": torch.tensor(self._success, device=dev),
+            },
+        )
+
+    def expert_action(self, noise: float = 0.0, generator: torch.Generator | None = None) -> list[str]:
+        """The expert's next action for every world's current state (`finish()` for worlds that ended).
+
+        Args:
+            noise: Std of the Gaussian noise on click coordinates, in units of the clicked element's width (x) and
+                height (y). Other actions are never noisy.
+            generator: Source of the noise; required when `noise > 0`.
+
+        Returns:
+            N action strings, e.g. `click(57, 83)`, `type("fox")`, `scroll(down)`, `press(back)`, `finish()`.
+        """
+        z = _noise(self.num_envs, 2, noise, generator)  # [N, 2], drawn for every world so worlds stay independent
+        answers = []
+        for i, app in enumerate(self.apps):
+            if app is None or self._ended[i]:
+                answers.append("finish()")
+                continue
+            text, element = app.expert()
+            answers.append(text if element is None else _click(element, z[i], noise, self.image_size))
+        return answers
+
+    def close(self) -> None:
+        """Nothing to release: screens are drawn in-process."""
+
+    def _observation(self) -> Observation:
+        return Observation(image=self._images.clone(), instruction=list(self._instructions))

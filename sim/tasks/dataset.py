@@ -1,0 +1,614 @@
+"""Files on disk as a single-step text env: a user's RefCOCO-, ScreenSpot- or ChartQA-style data trains with no code.
+
+**Task.** Each world shows one record's image, letterboxed to `image_size`, with the record's question (plus, with
+`answer_hint`, one sentence saying how to answer, e.g. `"Answer with <answer>[x1, y1, x2, y2]</answer> in pixels of
+the 64x64 image."`). The policy answers once; the answer is scored by a reward registered in `rewards.REWARDS`, and
+the episode ends.
+
+**Data** (`path`): either a JSON-lines file (or a folder holding `data.jsonl`), one object a line:
+
+    {"image": "images/0001.png", "question": "Find the red car.", "box": [12, 30, 57, 64]}
+    {"image": "/data/screens/17.png", "instruction": "Click 'Save'.", "point": [211.5, 40]}
+    {"image": "charts/3.png", "question": "What is the peak value?", "answer": "42.5"}
+
+`image` is a path relative to the file's folder, or absolute; `question` (or `instruction`) the text; the target is
+one of `answer` (text, a number, or a list of accepted texts), `box` (`[x1, y1, x2, y2]` in pixels of the original
+image) or `point` (`[x, y]`, likewise). Blank lines are skipped. Or a folder written by Hugging Face `datasets`
+(`Dataset.save_to_disk`; a `DatasetDict` is read at its `hf_split`) with the same columns, where `image` is an
+`Image` feature, image bytes, or a path relative to that folder. Bad records (unreadable JSON, a missing image file,
+a missing or malformed field) raise `ValueError` at construction, naming the line (or row) and the field.
+
+**Images.** The image is resized so that its longer side is `image_size` (bilinear), keeping its aspect ratio, and
+pasted centred on a black `image_size` square. Boxes and points are mapped the same way,
+`x' = x * w' / w + (S - w') // 2` and `y' = y * h' / h + (S - h') // 2` (w x h the original size, w' x h' the
+resized one, S = `image_size`), so targets and answers are both in pixels of the image the policy sees.
+
+**Reward** (`reward`): a name in `rewards.REWARDS`, called as `fn(completions, target_box=..., answer=...)` (each
+function takes the targets it names; `reward_kwargs` maps a reward name to its options, e.g.
+`{"numeric_match": {"rel_tol": 0.05}}` for ChartQA's relaxed accuracy). Box targets feed `target_box`; a point
+target feeds `target_box` as the square of half-side `point_tolerance * image_size` around it (so `point_in_box`
+scores "within that many pixels of the point" on both axes); text targets feed `answer`. With `reward=None` each
+record gets the reward of its target: `box` -> `box_iou`, `point` -> `point_in_box`, a numeric `answer` ("42",
+"-3.5", "45%") -> `numeric_match`, any other `answer` -> `exact_match`. Each reward used is logged as a component
+(0 in rows it does not score).
+
+**Success** where the reward has a natural one: IoU >= 0.5 (`box_iou`, `box_giou`: the IoU of the same answer), a
+hit (`point_in_box`), a match (`exact_match`, `numeric_match`, `multiple_choice`); rows scored by other rewards
+count as not successful, and `info["success"]` is left out when no reward in use has one.
+
+**Seeds and the held-out split.** The last `eval_fraction` of the records (at least one when the fraction is > 0) is
+held out. With `split="auto"` (default), a seed below 1_000_000_000 (`EVAL_SEED_BASE`, where `mmrl.evaluate` starts
+its held-out seeds) picks a training record and a seed at or above it a held-out one, so training never sees an
+evaluation record. Within its part, seed `s` (offset by the base) picks `part[order_e[s % m]]`, with `m` the part's
+size, `e = s // m` the epoch and `order_e` a permutation drawn from `(shuffle_seed, e)` (the identity with
+`shuffle=False`): seeds 0..m-1 visit every training record once, in a shuffled order, and so does each later epoch.
+`split="train"` / `"eval"` send every seed into that part; `split="all"` uses every record and holds none out.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import io
+import json
+import math
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from PIL import Image
+
+from rewards import REWARDS, answer_region, parse_box, parse_choice, parse_number, parse_point
+from rewards.combine import BoundReward
+from sim.base import Observation, StepResult, resolve_env_ids, resolve_seeds
+from sim.registry import ENVS
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_PATH = REPO / "assets" / "datasets" / "shapes_qa" / "data.jsonl"
+# Where held-out seeds start; the same number as `mmrl.evaluate.EVAL_SEED_BASE` (sim cannot import mmrl).
+EVAL_SEED_BASE = 1_000_000_000
+
+# Rewards whose success is a threshold on their own score: name -> minimum score that counts.
+_SUCCESS_AT = {"box_iou": 0.5, "exact_match": 1.0, "numeric_match": 1.0, "multiple_choice": 1.0}
+_BOX_ANSWER_REWARDS = ("box_iou", "box_giou", "box_size")  # answers parsed with parse_box
+_NUMBER = re.compile(r"[-+]?\$?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?%?|[-+]?\.\d+%?")
+
+
+@dataclass(frozen=True)
+class Record:
+    """One validated record. Coordinates are in pixels of the original image."""
+
+    where: str  # "data.jsonl line 3" or "row 3", for error messages
+    image: str | int  # the image file's path, or the row of a saved `datasets` dataset whose Image column holds it
+    question: str
+    box: tuple[float, float, float, float] | None
+    point: tuple[float, float] | None
+    answer: str | tuple[str, ...] | None
+    reward: str  # the registered reward that scores it
+
+
+@ENVS.register("dataset")
+class DatasetEnv:
+    """N worlds of single-step questions about images read from disk (see the module docstring).
+
+    >>> env = DatasetEnv(num_envs=2)  # the sample dataset assets/datasets/shapes_qa
+    >>> obs = env.reset(seed=0)
+    >>> env.step(env.expert_action()).reward  # the records' own answers score full marks
+    tensor([1., 1.])
+
+    Args:
+        num_envs: N, the number of worlds.
+        path: A JSON-lines file, a folder holding `data.jsonl`, or a folder saved by `datasets`.
+        reward: A name in `rewards.REWARDS`, or None to pick one per record from its target.
+        image_size: Side of the square images the policy sees, in pixels.
+        split: `"auto"` (held-out seeds >= 1e9 read the held-out records), `"train"`, `"eval"` or `"all"`.
+        eval_fraction: The share of records, at the end of the data, held out for evaluation.
+        shuffle: Visit each part in a per-epoch shuffled order (else in file order).
+        shuffle_seed: Seeds those orders.
+        point_tolerance: Half-side of the square around a point target, as a fraction of `image_size`.
+        reward_kwargs: Reward name -> options bound to that reward (`{"numeric_match": {"rel_tol": 0.05}}`).
+        answer_hint: Append one sentence saying how to format the answer to each question.
+        hf_split: The split of a saved `DatasetDict` to read.
+        cache_size: Prepared (decoded, letterboxed) images kept in memory.
+        device: Where the returned tensors live.
+    """
+
+    action_kind = "text"
+    max_episode_steps = 1
+
+    def __init__(
+        self,
+        num_envs: int,
+        path: str | os.PathLike[str] = DEFAULT_PATH,
+        reward: str | None = None,
+        image_size: int = 64,
+        split: Literal["auto", "train", "eval", "all"] = "auto",
+        eval_fraction: float = 0.1,
+        shuffle: bool = True,
+        shuffle_seed: int = 0,
+        point_tolerance: float = 0.05,
+        reward_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+        answer_hint: bool = True,
+        hf_split: str = "train",
+        cache_size: int = 1024,
+        device: str = "cpu",
+    ):
+        if num_envs < 1:
+            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+        if image_size < 8:
+            raise ValueError(f"image_size must be >= 8, got {image_size}")
+        if split not in ("auto", "train", "eval", "all"):
+            raise ValueError(f"split must be 'auto', 'train', 'eval' or 'all', got {split!r}")
+        if not 0.0 <= eval_fraction < 1.0:
+            raise ValueError(f"eval_fraction must be in [0, 1), got {eval_fraction}")
+        if point_tolerance <= 0:
+            raise ValueError(f"point_tolerance must be > 0, got {point_tolerance}")
+        if reward is not None and reward not in REWARDS:
+            raise ValueError(f"unknown reward {reward!r}; registered: {', '.join(REWARDS.names())}")
+        self.num_envs = num_envs
+        self.image_size = image_size
+        self.split = split
+        self.shuffle = shuffle
+        self.shuffle_seed = shuffle_seed
+        self.point_tolerance = float(point_tolerance)
+        self.answer_hint = answer_hint
+        self.device = torch.device(device)
+
+        self.path = Path(path)
+        if not self.path.is_absolute() and not self.path.exists() and (REPO / self.path).exists():
+            self.path = REPO / self.path  # presets name the shipped samples relative to the repository
+        self.records, self._rows = _read_records(self.path, reward, hf_split)
+        count = len(self.records)
+        held = math.ceil(eval_fraction * count) if split != "all" and eval_fraction > 0 else 0
+        if held >= count:
+            raise ValueError(f"eval_fraction={eval_fraction} holds out all {count} records; nothing left to train on")
+        self.train_ids = list(range(count - held))
+        self.eval_ids = list(range(count - held, count))
+        if split == "eval" and not self.eval_ids:
+            raise ValueError("split='eval' needs held-out records; set eval_fraction > 0")
+
+        kwargs = dict(reward_kwargs or {})
+        used = sorted({r.reward for r in self.records})
+        unknown = sorted(set(kwargs) - set(used))
+        if unknown:
+            raise ValueError(f"reward_kwargs names rewards {unknown} that no record uses; used: {', '.join(used)}")
+        self._fns = {name: BoundReward(name, REWARDS.get(name), kwargs.get(name, {})) for name in used}
+        self._has_success = any(name in _SUCCESS_AT or name in ("box_giou", "point_in_box") for name in used)
+
+        self._prepared = functools.lru_cache(maxsize=cache_size)(self._prepare)
+        self._images = torch.zeros(num_envs, image_size, image_size, 3, dtype=torch.uint8)  # [N, S, S, 3]
+        self._target_boxes = torch.full((num_envs, 4), math.nan)  # [N, 4] in pixels of the shown image
+        self._record_ids = [-1] * num_envs
+        self._instructions = [""] * num_envs
+        self._ended = torch.ones(num_envs, dtype=torch.bool)  # [N]; never-reset worlds count as ended
+
+    # ------------------------------------------------------------------------------------------------ contract
+    def record_index(self, seed: int) -> int:
+        """The record a world reset with `seed` shows (see "Seeds and the held-out split" in the module docstring).
+
+        Raises:
+            ValueError: A held-out seed when no record is held out.
+        """
+        held_out = self.split == "eval" or (self.split == "auto" and seed >= EVAL_SEED_BASE)
+        part = self.eval_ids if held_out else self.train_ids
+        if self.split == "all":
+            part = self.train_ids  # every record: nothing was held out
+        if not part:
+            raise ValueError(f"seed {seed} asks for a held-out record, but none is held out (eval_fraction=0)")
+        offset = seed - EVAL_SEED_BASE if self.split == "auto" and held_out else seed
+        epoch, position = divmod(int(offset), len(part))
+        return part[int(self._order(held_out, epoch, len(part))[position])]
+
+    def reset(self, seed: int | Sequence[int], env_ids: Sequence[int] | None = None) -> Observation:
+        """Show new records in the worlds `env_ids` (all when None).
+
+        Args:
+            seed: One seed per reset world, or an int from which world k of `env_ids` gets `seed + k`.
+            env_ids: Indices of the worlds to reset; None resets all N.
+
+        Returns:
+            The observation of all N worlds (copies): image `[N, S, S, 3]` uint8 and N instructions.
+        """
+        ids = resolve_env_ids(env_ids, self.num_envs)
+        seeds = resolve_seeds(seed, len(ids))
+        for k, world_seed in zip(ids, seeds):
+            index = self.record_index(world_seed)
+            image, box = self._prepared(index)
+            self._images[k] = image
+            self._target_boxes[k] = box
+            self._record_ids[k] = index
+            self._instructions[k] = self._instruction(self.records[index])
+        self._ended[ids] = False
+        return self._observation()
+
+    def step(self, actions: list[str]) -> StepResult:
+        """Score one answer per world; every episode then ends.
+
+        Args:
+            actions: N answer strings.
+
+        Returns:
+            A StepResult with the unchanged observation, reward `[N]` float32, terminated all True, truncated all
+            False, and info: `reward_components` (one `[N]` entry per reward in use, 0 where it does not score the
+            row), `reasons` (N strings, "" for a correct answer), `target_box` (`[N, 4]` float32 in pixels of the
+            shown image, NaN rows for text targets), `record` (`[N]` int64 record indices) and, when a reward in use
+            has a notion of it, `success` (`[N]` bool).
+
+        Raises:
+            ValueError: `actions` is not a list of N strings.
+            RuntimeError: Some worlds already ended their episode and were not reset since.
+        """
+        n = self.num_envs
+        if isinstance(actions, str) or not isinstance(actions, Sequence) or len(actions) != n:
+            raise ValueError(f"DatasetEnv takes a list of {n} strings, got {type(actions).__name__}")
+        if not all(isinstance(a, str) for a in actions):
+            raise ValueError("every action of DatasetEnv must be a string")
+        ended = self._ended.nonzero().flatten().tolist()
+        if ended:
+            raise RuntimeError(f"worlds {ended} have ended their episode (or were never reset); reset them first")
+
+        texts = list(actions)
+        records = [self.records[i] for i in self._record_ids]
+        reward = torch.zeros(n)
+        success = torch.zeros(n, dtype=torch.bool)
+        reasons = [""] * n
+        components = {}
+        for name, fn in self._fns.items():
+            rows = [k for k, record in enumerate(records) if record.reward == name]
+            component = torch.zeros(n)
+            if rows:
+                index = torch.tensor(rows)
+                row_texts = [texts[k] for k in rows]
+                targets = {
+                    "target_box": self._target_boxes[index].clone(),
+                    "answer": [records[k].answer for k in rows],
+                }
+                scores = fn(row_texts, **targets).to(torch.float32)  # [K]
+                component[index] = scores
+                hit = self._success(name, scores, row_texts, targets)  # [K] bool or None
+                if hit is not None:
+                    success[index] = hit
+                for row, k in enumerate(rows):
+                    reasons[k] = _reason(name, texts[k], float(scores[row]), None if hit is None else bool(hit[row]))
+            components[name] = component
+            reward += component
+        self._ended[:] = True
+        info: dict[str, Any] = {
+            "reward_components": components,
+            "reasons": reasons,
+            "target_box": self._target_boxes.clone(),
+            "record": torch.tensor(self._record_ids, dtype=torch.long),
+        }
+        if self._has_success:
+            info["success"] = success
+        return StepResult(
+            obs=self._observation(),
+            reward=reward.to(self.device),
+            terminated=torch.ones(n, dtype=torch.bool, device=self.device),
+            truncated=torch.zeros(n, dtype=torch.bool, device=self.device),
+            info={key: _to(value, self.device) for key, value in info.items()},
+        )
+
+    def close(self) -> None:
+        """Drop the cached images."""
+        self._prepared.cache_clear()
+
+    # ------------------------------------------------------------------------------------------------ expert
+    def expert_action(self, noise: float = 0.0, generator: torch.Generator | None = None) -> list[str]:
+        """Each world's target written the way its reward parses it, for an SFT cold start.
+
+        Boxes as `<answer>[x1, y1, x2, y2]</answer>`, points as `<answer>(x, y)</answer>` (a box record under
+        `point_in_box` answers with the box centre), both rounded to whole pixels of the shown image; text as
+        `<answer>text</answer>` (the first of several accepted texts).
+
+        Args:
+            noise: The probability that a world answers with the target of another record of its part instead
+                (a plausible wrong answer).
+            generator: Source of that randomness; required when `noise > 0`.
+
+        Returns:
+            N answer strings.
+        """
+        if noise > 0 and generator is None:
+            raise ValueError("noise > 0 needs a torch.Generator (no hidden global randomness)")
+        answers = []
+        for k, index in enumerate(self._record_ids):
+            if index < 0:
+                raise RuntimeError(f"world {k} was never reset; reset it first")
+            box = self._target_boxes[k]
+            if noise > 0 and float(torch.rand((), generator=generator)) < noise:
+                part = self.eval_ids if index >= len(self.train_ids) else self.train_ids
+                index = part[int(torch.randint(len(part), (), generator=generator))]
+                box = self._prepared(index)[1]
+            answers.append(_format_answer(self.records[index], box))
+        return answers
+
+    # ------------------------------------------------------------------------------------------------ helpers
+    def _order(self, held_out: bool, epoch: int, size: int) -> np.ndarray:
+        """The visiting order of a part in one epoch: a permutation of `range(size)`."""
+        if not self.shuffle:
+            return np.arange(size)
+        return _permutation(self.shuffle_seed % 2**63, int(held_out), epoch % 2**63, size)
+
+    def _prepare(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Record `index`'s letterboxed image `[S, S, 3]` uint8 and target box `[4]` (NaN for text targets)."""
+        record = self.records[index]
+        try:
+            image = _open_image(record.image, self._rows)
+        except Exception as error:  # decoding happens here, not at construction: name the record
+            raise ValueError(f"{record.where}: field 'image': cannot read the image: {error}") from error
+        width, height = image.size
+        size = self.image_size
+        scale = size / max(width, height)
+        new_w, new_h = max(1, round(width * scale)), max(1, round(height * scale))
+        left, top = (size - new_w) // 2, (size - new_h) // 2
+        canvas = Image.new("RGB", (size, size), (0, 0, 0))
+        canvas.paste(image.resize((new_w, new_h), Image.BILINEAR), (left, top))
+        sx, sy = new_w / width, new_h / height
+        if record.box is not None:
+            x1, y1, x2, y2 = record.box
+            box = [x1 * sx + left, y1 * sy + top, x2 * sx + left, y2 * sy + top]
+        elif record.point is not None:
+            x, y = record.point[0] * sx + left, record.point[1] * sy + top
+            r = self.point_tolerance * size
+            box = [x - r, y - r, x + r, y + r]
+        else:
+            box = [math.nan] * 4
+        return torch.from_numpy(np.asarray(canvas).copy()), torch.tensor(box, dtype=torch.float32)
+
+    def _instruction(self, record: Record) -> str:
+        if not self.answer_hint:
+            return record.question
+        size = f"{self.image_size}x{self.image_size}"
+        name = record.reward
+        if name in _BOX_ANSWER_REWARDS:
+            hint = f"Answer with <answer>[x1, y1, x2, y2]</answer> in pixels of the {size} image."
+        elif name == "point_in_box":
+            hint = f"Answer with <answer>(x, y)</answer> in pixels of the {size} image."
+        elif name == "numeric_match":
+            hint = "Answer with a number in <answer></answer>."
+        elif name == "multiple_choice":
+            hint = "Answer with the letter of your choice in <answer></answer>."
+        else:
+            hint = "Answer in a few words in <answer></answer>."
+        return f"{record.question} {hint}"
+
+    def _success(
+        self, name: str, scores: torch.Tensor, texts: list[str], targets: dict[str, Any]
+    ) -> torch.Tensor | None:
+        if name in _SUCCESS_AT:
+            return scores >= _SUCCESS_AT[name]
+        if name == "point_in_box":
+            return scores > 0
+        if name == "box_giou":
+            kwargs = {k: v for k, v in self._fns[name].kwargs.items() if k != "iou_threshold"}
+            return REWARDS.get("box_iou")(texts, targets["target_box"], **kwargs) >= 0.5
+        return None
+
+    def _observation(self) -> Observation:
+        return Observation(image=self._images.clone().to(self.device), instruction=list(self._instructions))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Reading and validating records
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _read_records(path: Path, reward: str | None, hf_split: str) -> tuple[list[Record], Any]:
+    """Validated records, and the `datasets.Dataset` they came from (None for JSON lines).
+
+    Raises:
+        ValueError: The path does not exist, holds no records, or a record is bad (the message names it).
+    """
+    if path.is_dir() and (path / "data.jsonl").is_file():
+        path = path / "data.jsonl"
+    if not path.exists():
+        raise ValueError(f"dataset path {path} does not exist")
+    if path.is_dir():
+        records, rows = _read_hf(path, reward, hf_split)
+    else:
+        records, rows = _read_jsonl(path, reward), None
+    if not records:
+        raise ValueError(f"dataset {path} holds no records")
+    return records, rows
+
+
+def _read_jsonl(path: Path, reward: str | None) -> list[Record]:
+    records = []
+    base = path.parent
+    with open(path, encoding="utf-8") as file:
+        for number, line in enumerate(file, start=1):
+            if not line.strip():
+                continue
+            where = f"{path.name} line {number}"
+            try:
+                raw = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
+            if not isinstance(raw, dict):
+                raise ValueError(f"{where}: expected a JSON object, got {type(raw).__name__}")
+            image = raw.get("image")
+            if not isinstance(image, str) or not image:
+                raise ValueError(f"{where}: field 'image' must be a path (a non-empty string), got {image!r}")
+            file_path = Path(image) if os.path.isabs(image) else base / image
+            if not file_path.is_file():
+                raise ValueError(f"{where}: field 'image': file {file_path} not found")
+            records.append(_record(where, raw, str(file_path), reward))
+    return records
+
+
+def _read_hf(path: Path, reward: str | None, hf_split: str) -> tuple[list[Record], Any]:
+    try:
+        import datasets
+    except ImportError as error:
+        raise ImportError(
+            f"reading a saved Hugging Face dataset needs `datasets` (pip install 'mmrl[data]'): {error}"
+        ) from error
+    try:
+        loaded = datasets.load_from_disk(str(path))
+    except FileNotFoundError as error:
+        raise ValueError(f"{path} is neither a JSON-lines file nor a folder saved by datasets: {error}") from None
+    if isinstance(loaded, datasets.DatasetDict):
+        if hf_split not in loaded:
+            raise ValueError(f"{path} has splits {', '.join(loaded)}; choose one with hf_split (got {hf_split!r})")
+        loaded = loaded[hf_split]
+    if "image" not in loaded.column_names:
+        raise ValueError(f"{path}: no 'image' column (columns: {', '.join(loaded.column_names)})")
+    # Validate from the other columns only: decoding (or even loading) every image here would cost a full pass.
+    metadata = loaded.remove_columns(["image"]).to_list()
+    embedded = isinstance(loaded.features["image"], datasets.Image)
+    if embedded:
+        import pyarrow.compute as pc
+
+        missing = pc.is_null(loaded.data.column("image"))
+        if pc.any(missing).as_py():
+            row = pc.index(missing, True).as_py()
+            raise ValueError(f"{path.name} row {row}: field 'image' is empty")
+        images: list[Any] = list(range(len(metadata)))  # rows of `loaded`, decoded when first shown
+    else:
+        images = loaded["image"]
+    records = []
+    for index, (raw, image) in enumerate(zip(metadata, images)):
+        where = f"{path.name} row {index}"
+        if not embedded:
+            if not isinstance(image, str) or not image:
+                raise ValueError(f"{where}: field 'image' must be an Image feature or a path, got {image!r}")
+            file_path = Path(image) if os.path.isabs(image) else path / image
+            if not file_path.is_file():
+                raise ValueError(f"{where}: field 'image': file {file_path} not found")
+            image = str(file_path)
+        records.append(_record(where, raw, image, reward))
+    return records, loaded if embedded else None
+
+
+def _record(where: str, raw: Mapping[str, Any], image: Any, reward: str | None) -> Record:
+    """One validated `Record` from a raw mapping (a JSON object or a dataset row)."""
+    question = raw.get("question", raw.get("instruction"))
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError(f"{where}: field 'question' (or 'instruction') must be a non-empty string, got {question!r}")
+    box = _numbers(where, "box", raw.get("box"), 4)
+    if box is not None and not (box[0] < box[2] and box[1] < box[3]):
+        raise ValueError(f"{where}: field 'box' must be [x1, y1, x2, y2] with x1 < x2 and y1 < y2, got {list(box)}")
+    point = _numbers(where, "point", raw.get("point"), 2)
+    answer = _answer(where, raw.get("answer"))
+    if box is None and point is None and answer is None:
+        raise ValueError(f"{where}: needs a target: one of the fields 'answer', 'box' or 'point'")
+    if reward is None:
+        if box is not None:
+            name = "box_iou"
+        elif point is not None:
+            name = "point_in_box"
+        else:
+            name = "numeric_match" if isinstance(answer, str) and _NUMBER.fullmatch(answer.strip()) else "exact_match"
+    else:
+        name = reward
+        params = inspect.signature(REWARDS.get(name)).parameters
+        if "target_box" in params and box is None and point is None:
+            raise ValueError(f"{where}: reward {name!r} needs a field 'box' or 'point'")
+        if "answer" in params and "target_box" not in params and answer is None:
+            raise ValueError(f"{where}: reward {name!r} needs a field 'answer'")
+        if "answer" not in params and "target_box" not in params:
+            raise ValueError(
+                f"reward {name!r} reads neither 'target_box' nor 'answer'; the dataset env cannot feed it"
+            )
+        if name == "numeric_match" and not isinstance(answer, str):
+            raise ValueError(f"{where}: reward 'numeric_match' needs one answer, got a list")
+        if name == "numeric_match" and parse_number(answer).value is None:
+            raise ValueError(f"{where}: field 'answer' = {answer!r} holds no number for reward 'numeric_match'")
+        if name == "multiple_choice" and (not isinstance(answer, str) or parse_choice(answer).letter is None):
+            raise ValueError(f"{where}: field 'answer' = {answer!r} is no choice letter for reward 'multiple_choice'")
+    return Record(where, image, question.strip(), box, point, answer, name)
+
+
+def _numbers(where: str, field: str, value: Any, count: int) -> tuple[float, ...] | None:
+    if value is None:
+        return None
+    ok = isinstance(value, list | tuple) and len(value) == count
+    ok = ok and all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in value)
+    if not ok:
+        raise ValueError(f"{where}: field {field!r} must be a list of {count} finite numbers, got {value!r}")
+    return tuple(float(v) for v in value)
+
+
+def _answer(where: str, value: Any) -> str | tuple[str, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ValueError(f"{where}: field 'answer' must be text, a number or a list of texts, got {value!r}")
+    if isinstance(value, int | float):
+        return str(value)
+    if isinstance(value, str) and value.strip():
+        return value.strip()
+    if isinstance(value, list) and value and all(isinstance(v, str) and v.strip() for v in value):
+        return tuple(v.strip() for v in value)
+    raise ValueError(f"{where}: field 'answer' must be text, a number or a list of texts, got {value!r}")
+
+
+def _open_image(value: Any, rows: Any) -> Image.Image:
+    """A record's image as RGB: from a path, a `datasets` row index (its Image column), bytes or a PIL image."""
+    if isinstance(value, int) and rows is not None:
+        value = rows[value]["image"]
+    if isinstance(value, dict):
+        value = io.BytesIO(value["bytes"]) if value.get("bytes") is not None else value.get("path")
+    if isinstance(value, Image.Image):
+        return value.convert("RGB")
+    with Image.open(value) as image:
+        return image.convert("RGB")
+
+
+@functools.lru_cache(maxsize=16)
+def _permutation(seed: int, part: int, epoch: int, size: int) -> np.ndarray:
+    return np.random.default_rng([seed, part, epoch]).permutation(size)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Answers: the expert's, and why one scored low
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _format_answer(record: Record, box: torch.Tensor) -> str:
+    """The record's target written as its reward parses it; `box` is the target in pixels of the shown image."""
+    name = record.reward
+    if name == "point_in_box":  # the centre: the point itself for point targets, the box's centre for boxes
+        x, y = ((box[0] + box[2]) / 2).item(), ((box[1] + box[3]) / 2).item()
+        return f"<answer>({round(x)}, {round(y)})</answer>"
+    if "target_box" in inspect.signature(REWARDS.get(name)).parameters:
+        return f"<answer>[{', '.join(str(round(v)) for v in box.tolist())}]</answer>"
+    answer = record.answer if isinstance(record.answer, str) else record.answer[0]  # type: ignore[index]
+    return f"<answer>{answer}</answer>"
+
+
+def _reason(name: str, text: str, score: float, hit: bool | None) -> str:
+    """Why an answer scored low: the parser's reason when nothing was read, else that it was wrong; "" if right."""
+    if name in _BOX_ANSWER_REWARDS:
+        parsed = parse_box(text)
+        unread = parsed.reason if parsed.box is None else ""
+    elif name == "point_in_box":
+        point = parse_point(text)
+        unread = point.reason if point.point is None and parse_box(text).box is None else ""
+    elif name == "numeric_match":
+        number = parse_number(text)
+        unread = number.reason if number.value is None else ""
+    elif name == "multiple_choice":
+        choice = parse_choice(text)
+        unread = choice.reason if choice.letter is None else ""
+    else:
+        unread = "empty answer" if not answer_region(text).strip() else ""
+    if unread:
+        return unread
+    if hit is True or (hit is None and score > 0):
+        return ""
+    return f"wrong answer ({name} = {score:.2f})"
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {k: _to(v, device) for k, v in value.items()}
+    return value
