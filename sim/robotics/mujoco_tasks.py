@@ -153,6 +153,9 @@ class PlanarMujocoEnv:
         frame_skip: Physics sub-steps (of 10 ms) per env step. The servo is tuned for the default 10.
         reward: `"dense"` (shaped) or `"sparse"` (1 on success only).
         shadows: Render shadows of the scene's sun light. Off by default: shadow maps dominate CPU render time.
+        camera: `"top"`, the fixed view of the whole workspace, or `"ego"`, an egocentric view that rides with the
+            gripper (0.64 m across, the gripper at the centre): the action then depends only on where the target
+            appears in the image, which a small policy learns much faster.
         device: Where the returned tensors live; the simulation is on the CPU.
     """
 
@@ -170,6 +173,7 @@ class PlanarMujocoEnv:
         reward: Literal["dense", "sparse"],
         shadows: bool,
         device: str,
+        camera: Literal["top", "ego"] = "top",
     ):
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
@@ -181,6 +185,8 @@ class PlanarMujocoEnv:
             raise ValueError(f"need action_scale > 0 and frame_skip >= 1, got {action_scale}, {frame_skip}")
         if reward not in ("dense", "sparse"):
             raise ValueError(f"reward must be 'dense' or 'sparse', got {reward!r}")
+        if camera not in ("top", "ego"):
+            raise ValueError(f"camera must be 'top' or 'ego', got {camera!r}")
         mujoco = import_mujoco()
         self._mujoco = mujoco
         self.num_envs = num_envs
@@ -203,7 +209,8 @@ class PlanarMujocoEnv:
         self._renderer = offscreen_renderer(self.model, image_size, image_size)
         self._camera = mujoco.MjvCamera()
         self._camera.type = mujoco.mjtCamera.mjCAMERA_FIXED
-        self._camera.fixedcamid = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_CAMERA, "top")
+        self.camera = camera
+        self._camera.fixedcamid = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_CAMERA, camera)
 
         joint_x = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_JOINT, "gripper_x")
         self._gripper_qpos = int(self.model.jnt_qposadr[joint_x])  # gripper_y follows gripper_x in qpos
@@ -320,17 +327,23 @@ class PlanarMujocoEnv:
         g = self._gripper_qpos
         return np.stack([data.qpos[g : g + 2] for data in self.datas])
 
-    def world_to_pixel(self, xy: np.ndarray) -> np.ndarray:
-        """Pixel coordinates (column, row) of floor points seen by the top camera.
+    def world_to_pixel(self, xy: np.ndarray, world: int | None = None) -> np.ndarray:
+        """Pixel coordinates (column, row) of floor points as the env's camera sees them.
 
         Args:
             xy: Points on the floor in metres, `[..., 2]`.
+            world: The world whose image is meant; needed with `camera="ego"` (the view follows that world's
+                gripper), ignored with the fixed top camera.
 
         Returns:
             `[..., 2]` float (column, row), with (0, 0) the top-left corner of the image.
         """
         extent = float(self.model.cam_fovy[self._camera.fixedcamid])  # orthographic: the view's height in metres
         scale = self.image_size / extent  # pixels per metre
+        if self.camera == "ego":
+            if world is None:
+                raise ValueError("world_to_pixel with camera='ego' needs the world whose gripper the view follows")
+            xy = xy - self.gripper_xy[world]
         column = (xy[..., 0] + extent / 2) * scale
         row = (extent / 2 - xy[..., 1]) * scale  # +y is up in the image
         return np.stack([column, row], axis=-1)
@@ -429,6 +442,7 @@ class ReachEnv(PlanarMujocoEnv):
         frame_skip: Physics sub-steps (of 10 ms) per env step.
         reward: `"dense"` (progress + success) or `"sparse"` (success).
         shadows: Render shadows (slow on CPU).
+        camera: `"top"` (the whole workspace) or `"ego"` (a view that rides with the gripper).
         device: Where the returned tensors live.
     """
 
@@ -448,11 +462,14 @@ class ReachEnv(PlanarMujocoEnv):
         frame_skip: int = 10,
         reward: Literal["dense", "sparse"] = "dense",
         shadows: bool = False,
+        camera: Literal["top", "ego"] = "top",
         device: str = "cpu",
     ):
         if not 1 <= num_targets <= len(COLOURS):
             raise ValueError(f"num_targets must be in [1, {len(COLOURS)}], got {num_targets}")
-        super().__init__(num_envs, image_size, max_episode_steps, action_scale, frame_skip, reward, shadows, device)
+        super().__init__(
+            num_envs, image_size, max_episode_steps, action_scale, frame_skip, reward, shadows, device, camera
+        )
         self.num_targets = num_targets
         self.success_radius = float(success_radius)
         self.target_radius = float(self.model.geom_size[self._geom("target_red"), 0])
@@ -539,6 +556,7 @@ class PushEnv(PlanarMujocoEnv):
         frame_skip: Physics sub-steps (of 10 ms) per env step.
         reward: `"dense"` (progress + 0.5 approach + success) or `"sparse"` (success).
         shadows: Render shadows (slow on CPU).
+        camera: `"top"` (the whole workspace) or `"ego"` (a view that rides with the gripper).
         device: Where the returned tensors live.
     """
 
@@ -560,11 +578,14 @@ class PushEnv(PlanarMujocoEnv):
         frame_skip: int = 10,
         reward: Literal["dense", "sparse"] = "dense",
         shadows: bool = False,
+        camera: Literal["top", "ego"] = "top",
         device: str = "cpu",
     ):
         if not 1 <= num_squares <= len(COLOURS):
             raise ValueError(f"num_squares must be in [1, {len(COLOURS)}], got {num_squares}")
-        super().__init__(num_envs, image_size, max_episode_steps, action_scale, frame_skip, reward, shadows, device)
+        super().__init__(
+            num_envs, image_size, max_episode_steps, action_scale, frame_skip, reward, shadows, device, camera
+        )
         self.num_squares = num_squares
         mujoco = self._mujoco
         block_x = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_JOINT, "block_x")
