@@ -11,6 +11,7 @@ EPILOG = """examples:
   mmrl train configs/grounding_tiny.yaml
   mmrl train configs/grounding_tiny.yaml trainer.total_steps=50 output_dir=runs/short
   mmrl train configs/grounding_tiny.yaml output_dir=runs/short resume=true
+  torchrun --nproc_per_node=2 -m mmrl train configs/grounding_tiny.yaml model.device=cuda
   mmrl eval configs/grounding_tiny.yaml checkpoint=runs/short/checkpoints/step_00000050
   mmrl envs
   mmrl score pairs.jsonl --metrics ssim,pixel,edge --render svg --size 256 --out scores.csv
@@ -78,9 +79,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         if args.command == "train":
+            from .distributed import close_world
             from .trainer import train
 
-            train(cfg)
+            try:
+                train(cfg)  # under torchrun, one of K processes (see mmrl.distributed)
+            finally:
+                close_world()
         else:
             if cfg.checkpoint is None:
                 print("mmrl eval: give the checkpoint to evaluate as checkpoint=PATH", file=sys.stderr)

@@ -31,6 +31,17 @@ class ModelConfig:
     # acts in continuous-action envs; 0 keeps a text policy. A checkpoint that already has a codec keeps its own.
     action_bins: int = 0
     action_chunk: int = 1  # actions per generation (C*D tokens at once)
+    # Real-size training on one GPU.
+    gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, ~30% slower)
+    freeze_vision: bool = False  # keep the vision tower (and its merger) fixed; only the language model trains
+    lora_r: int = 0  # > 0 trains LoRA adapters of this rank (PEFT) instead of every weight
+    lora_alpha: int = 32
+    lora_dropout: float = 0.0
+    lora_target_modules: str = "all-linear"  # PEFT's target_modules: "all-linear" or comma-separated names
+    # Generation backend behind the policy's one `generate`: "hf" (transformers' generate, dynamic cache),
+    # "static" (static KV cache + compiled decoding; GPU), "vllm" (a colocated vLLM engine; needs vllm installed).
+    generation_backend: Literal["hf", "static", "vllm"] = "hf"
+    vllm_gpu_memory_utilization: float = 0.3  # share of GPU memory the colocated vLLM engine may take
 
 
 @dataclass(frozen=True)
@@ -38,6 +49,9 @@ class EnvConfig:
     name: str = "grounding"
     options: dict[str, Any] = field(default_factory=dict)  # constructor options, checked by sim.make
     eval_metric: str = "iou"  # the reward component (or "reward", "success") printed as held-out score
+    # > 0 runs the worlds in this many Ray actors (sim.workers.RayVecEnv); 0 keeps them in this process.
+    workers: int = 0
+    worker_timeout_s: float = 120.0  # a worker that does not answer a call in this time is named, restarted, retried
 
 
 # How completions are drawn: the policy's own dataclass, so config and policy cannot drift apart.
@@ -100,17 +114,25 @@ class TrainerConfig:
     save_every: int = 25
     keep_checkpoints: int = 2
     threads: int = 0  # torch CPU threads; 0 leaves torch's default
+    # > 0 packs micro-batches by tokens (prompt + completion) instead of rows: long rollouts get smaller slices.
+    token_budget: int = 0
+    # S > 0: the step's prompts are generated in S separately seeded shards, so the samples depend on S and never on
+    # the number of processes K (any K dividing S); 0: one shard per process.
+    generation_shards: int = 0
 
 
 @dataclass(frozen=True)
 class SFTConfig:
-    """A supervised cold start on scripted demonstrations before RL (envs with an `expert_action`)."""
+    """A supervised cold start on scripted demonstrations before RL (envs with an `expert_action`: continuous envs,
+    whose labels become action tokens, and text envs, whose labels are the expert's answers)."""
 
     episodes: int = 0  # demonstration episodes; 0 skips the phase
     steps: int = 200  # optimiser steps
     batch_size: int = 64  # (observation, action) pairs per step
     lr: float = 1e-3
     noise: float = 0.3  # executed actions get this much Gaussian noise (labels stay the clean expert's): DART
+    # > 0 labels with the expert's noisy answers instead: a sloppy demonstrator whose errors RL then corrects.
+    label_noise: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -68,28 +68,38 @@ def action_batch(policy: VLMPolicy, obs: Observation, token_ids: torch.Tensor) -
 
 
 @torch.no_grad()
-def collect_demonstrations(env, codec, episodes: int, noise: float = 0.0, seed: int = 0):
-    """(observation, expert action tokens) pairs from the env's scripted expert.
+def collect_demonstrations(env, codec, episodes: int, noise: float = 0.0, seed: int = 0, label_noise: float = 0.0):
+    """(observation, expert answer) pairs from the env's scripted expert, for continuous and text envs alike.
 
-    The executed actions carry Gaussian noise of std `noise` (in action units) while the labels are the clean expert
-    actions at the states actually reached (DART, https://arxiv.org/abs/1703.09327): the demonstrations then cover
-    the states a slightly wrong policy visits, and show how to recover from them.
+    The executed actions carry noise of scale `noise` while the labels are the expert's actions at the states
+    actually reached (DART, https://arxiv.org/abs/1703.09327): the demonstrations then cover the states a slightly
+    wrong policy visits, and show how to recover from them. With `label_noise > 0` the labels themselves are the
+    expert's noisy actions: a sloppy demonstrator, whose systematic error is what RL then learns to correct (the
+    grounding demo's recipe).
 
     Args:
-        env: a continuous-action env with `expert_action()`; its N worlds run `episodes` episodes in batches of N.
-        codec: the policy's `ActionCodec`; with chunks of C actions, a label is the expert's next C actions.
+        env: an env with `expert_action(noise=0.0, generator=None)` (`[N, D]` for continuous envs, N strings for
+            text ones); its N worlds run `episodes` episodes in batches of N.
+        codec: the policy's `ActionCodec` for a continuous env (with chunks of C actions, a label is the expert's
+            next C actions), None for a text env.
         episodes: how many demonstration episodes.
-        noise: std of the execution noise.
+        noise: scale of the execution noise (action units for continuous envs; the env's own notion for text envs).
         seed: seeds the noise; worlds use seeds from `DEMO_SEED_BASE + seed * episodes`.
+        label_noise: scale of the noise of the labels (0: clean labels).
 
     Returns:
-        `(images [M, H, W, 3] uint8, instructions [M], token_ids [M, C*D], success_rate)`.
+        `(images [M, H, W, 3] uint8, instructions [M], labels, success_rate)` where labels are token ids
+        `[M, C*D]` for a continuous env and M strings for a text env.
     """
     if not hasattr(env, "expert_action"):
         raise ValueError(f"{type(env).__name__} has no scripted expert (expert_action) to demonstrate with")
+    text = env.action_kind == "text"
+    if not text and codec is None:
+        raise ValueError("a continuous-action env needs the policy's action codec to label demonstrations")
     generator = torch.Generator().manual_seed(seed)
-    images, instructions, tokens, successes = [], [], [], []
-    num, chunk = env.num_envs, codec.chunk
+    images, instructions, labels, successes = [], [], [], []
+    num = env.num_envs
+    chunk = 1 if text else codec.chunk
     for start in range(0, episodes, num):
         obs = env.reset(seed=DEMO_SEED_BASE + seed * episodes + start)
         running = torch.ones(num, dtype=torch.bool)
@@ -98,33 +108,43 @@ def collect_demonstrations(env, codec, episodes: int, noise: float = 0.0, seed: 
             ids = running.nonzero().squeeze(-1)
             images.append(obs.image[ids])
             instructions += [obs.instruction[i] for i in ids.tolist()]
-            labels = []
+            step_labels = []
             for _ in range(chunk):
-                action = env.expert_action()  # [N, D]
-                labels.append(action)
-                noisy = action + noise * torch.randn(action.shape, generator=generator)
-                result = env.step(torch.maximum(torch.minimum(noisy, codec.high), codec.low))
+                label = (
+                    env.expert_action(noise=label_noise, generator=generator) if label_noise else env.expert_action()
+                )
+                step_labels.append(label)
+                if text:
+                    executed = env.expert_action(noise=noise, generator=generator) if noise else label
+                else:
+                    noisy = label + noise * torch.randn(label.shape, generator=generator)
+                    executed = torch.maximum(torch.minimum(noisy, codec.high), codec.low)
+                result = env.step(executed)
                 success |= result.info.get("success", torch.zeros(num, dtype=torch.bool)).bool() & running
                 running &= ~(result.terminated | result.truncated)
                 obs = result.obs
-            tokens.append(codec.encode(torch.stack(labels, dim=1)[ids]))  # [n, C*D]
+            if text:
+                labels += [step_labels[0][i] for i in ids.tolist()]
+            else:
+                labels.append(codec.encode(torch.stack(step_labels, dim=1)[ids]))  # [n, C*D]
         successes.append(success[: min(num, episodes - start)])
     rate = float(torch.cat(successes).float().mean())
-    return torch.cat(images), instructions, torch.cat(tokens), rate
+    return torch.cat(images), instructions, (labels if text else torch.cat(labels)), rate
 
 
 def train_on_demonstrations(
     policy: VLMPolicy,
     images: torch.Tensor,
     instructions: list[str],
-    token_ids: torch.Tensor,
+    labels: torch.Tensor | list[str],
     *,
     steps: int,
     batch_size: int,
     lr: float,
     seed: int = 0,
 ) -> list[float]:
-    """Behaviour cloning: minimise the NLL of the expert's action tokens. Returns the loss of every step."""
+    """Behaviour cloning: minimise the NLL of the expert's answers (action tokens `[M, C*D]` for a VLA, M strings
+    for a text policy). Returns the loss of every step."""
     from tqdm.auto import tqdm
 
     generator = torch.Generator().manual_seed(seed)
@@ -136,7 +156,10 @@ def train_on_demonstrations(
     for _ in bar:
         idx = torch.randint(len(instructions), (min(batch_size, len(instructions)),), generator=generator)
         obs = Observation(image=images[idx], instruction=[instructions[i] for i in idx.tolist()])
-        batch = action_batch(policy, obs, token_ids[idx])
+        if isinstance(labels, torch.Tensor):
+            batch = action_batch(policy, obs, labels[idx])
+        else:
+            batch = supervised_batch(policy, obs, [labels[i] for i in idx.tolist()])
         loss = sft_loss(policy.logprobs(batch), batch.completion_mask)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -2,12 +2,15 @@
 
 build (config -> env, policy, reference, optimiser) -> collect a rollout -> score -> advantages -> update
 (micro-batches, gradient accumulation) -> log -> evaluate -> checkpoint.
+Under torchrun the loop runs in K processes, the model sharded by FSDP2, each collecting its share of the prompts
+(`mmrl.distributed`); rank 0 alone prints and writes. A single process never touches `torch.distributed`.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import os
 import sys
 import time
 from dataclasses import replace
@@ -16,9 +19,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-import sim
-
-from . import algos
+from . import algos, distributed
 from .algos import aggregate, entropy_bonus_loss, kl_estimate
 from .algos.data import (
     difficulty_filter_keep,
@@ -29,12 +30,13 @@ from .algos.data import (
     step_group_advantages,
 )
 from .algos.papo import papo_loss_terms
+from .batching import token_budget_slices, trim_padding
 from .checkpoint import latest_checkpoint, load_training_state, save_checkpoint, set_rng_state
 from .config import AlgoConfig, ModelConfig, TrainConfig, to_dict
 from .curriculum import Curriculum
 from .evaluate import EvalResult, evaluate, train_seeds
 from .logging import MetricsLogger, read_metrics
-from .policy import VLMPolicy, add_action_tokens, build_tiny, masked_images
+from .policy import VLMPolicy, add_action_tokens, apply_model_options, build_tiny, masked_images
 from .rollout import Episodes, cat_episodes, collect_episodes
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -59,50 +61,64 @@ def load_policy(cfg: ModelConfig, checkpoint: str | Path | None = None) -> VLMPo
 
 
 def held_out(policy: VLMPolicy, cfg: TrainConfig) -> EvalResult:
-    return evaluate(
-        policy,
-        cfg.env.name,
-        cfg.env.options,
-        episodes=cfg.trainer.eval_episodes,
-        batch_size=cfg.trainer.eval_batch_size,
-        max_new_tokens=cfg.sampling.max_new_tokens,
-    )
+    with distributed.full_weights(policy.model):  # under FSDP: whole weights, every process all held-out seeds
+        return evaluate(
+            policy,
+            cfg.env.name,
+            cfg.env.options,
+            episodes=cfg.trainer.eval_episodes,
+            batch_size=cfg.trainer.eval_batch_size,
+            max_new_tokens=cfg.sampling.max_new_tokens,
+        )
 
 
-def starting_policy(cfg: TrainConfig, policy: VLMPolicy | None, env, out: Path) -> VLMPolicy:
+def starting_policy(cfg: TrainConfig, policy: VLMPolicy | None, env, out: Path, main: bool = True) -> VLMPolicy:
     """The policy RL starts from: the configured model, given action tokens for a continuous env, and cold-started
     on the env's scripted demonstrations when `sft.episodes > 0` (kept in `<output_dir>/cold_start`, so a resumed
-    run finds it instead of repeating it)."""
+    run finds it instead of repeating it). Only the `main` process prints and writes `cold_start`."""
     from .sft import collect_demonstrations, train_on_demonstrations
 
     cold_start = out / "cold_start"
     if cfg.sft.episodes > 0 and (cold_start / "config.json").exists():
-        return load_policy(cfg.model, checkpoint=cold_start)
+        return apply_model_options(load_policy(cfg.model, checkpoint=cold_start), cfg.model)
     policy = policy if policy is not None else load_policy(cfg.model, checkpoint=cfg.checkpoint)
     if env.action_kind == "continuous" and policy.action_codec is None:
         if cfg.model.action_bins < 2:
             raise ValueError(f"env {cfg.env.name!r} takes continuous actions: set model.action_bins (e.g. 256)")
         add_action_tokens(policy, env.action_low, env.action_high, cfg.model.action_bins, cfg.model.action_chunk)
+    # After the action tokens exist (LoRA keeps their rows trainable), before anything trains.
+    policy = apply_model_options(policy, cfg.model)
     if cfg.sft.episodes > 0:
-        if policy.action_codec is None:
-            raise ValueError("sft.episodes > 0 needs a continuous-action env with a scripted expert")
+        if not hasattr(env, "expert_action"):
+            raise ValueError(f"sft.episodes > 0 needs an env with a scripted expert; {cfg.env.name!r} has none")
         initial = held_out(policy, cfg)
-        print(f"held-out {cfg.env.eval_metric} of the initial model: {initial.metrics[cfg.env.eval_metric]:.3f}",
-              file=sys.stderr)  # fmt: skip
-        images, instructions, tokens, rate = collect_demonstrations(
-            env, policy.action_codec, cfg.sft.episodes, noise=cfg.sft.noise, seed=cfg.trainer.seed
-        )
-        print(f"{len(instructions)} demonstration steps from {cfg.sft.episodes} episodes "
-              f"(expert success {rate:.2f} under noise {cfg.sft.noise})", file=sys.stderr)  # fmt: skip
+        images, instructions, labels, rate = collect_demonstrations(
+            env, policy.action_codec, cfg.sft.episodes, noise=cfg.sft.noise, seed=cfg.trainer.seed,
+            label_noise=cfg.sft.label_noise,
+        )  # fmt: skip
+        if main:
+            print(f"held-out {cfg.env.eval_metric} of the initial model: {initial.metrics[cfg.env.eval_metric]:.3f}\n"
+                  f"{len(instructions)} demonstration steps from {cfg.sft.episodes} episodes "
+                  f"(expert success {rate:.2f} under noise {cfg.sft.noise})", file=sys.stderr)  # fmt: skip
+        # Every process runs the seeded cold start (no long wait at a barrier); shard_model gives all rank 0's.
         train_on_demonstrations(
-            policy, images, instructions, tokens, steps=cfg.sft.steps, batch_size=cfg.sft.batch_size, lr=cfg.sft.lr,
+            policy, images, instructions, labels, steps=cfg.sft.steps, batch_size=cfg.sft.batch_size, lr=cfg.sft.lr,
             seed=cfg.trainer.seed,
         )  # fmt: skip
-        tmp = out / "cold_start.tmp"
-        policy.save_pretrained(tmp)
-        (tmp / "initial_eval.json").write_text(json.dumps(initial.metrics, indent=2))
-        tmp.rename(cold_start)  # atomic: a folder named cold_start is always complete
+        if main:
+            tmp = out / "cold_start.tmp"
+            policy.save_pretrained(tmp)
+            (tmp / "initial_eval.json").write_text(json.dumps(initial.metrics, indent=2))
+            tmp.rename(cold_start)  # atomic: a folder named cold_start is always complete
     return policy
+
+
+def make_env(cfg: TrainConfig, num_envs: int, curriculum: Curriculum):
+    """The training env: in this process, or its worlds spread over `env.workers` Ray actors."""
+    from sim.workers import make_vec_env
+
+    options = curriculum.options(cfg.env.options)
+    return make_vec_env(cfg.env.name, num_envs, cfg.env.workers, cfg.env.worker_timeout_s, **options)
 
 
 def keep_groups(episodes: Episodes, ac: AlgoConfig) -> torch.Tensor:
@@ -143,41 +159,57 @@ def write_episode_media(result: EvalResult, stem: Path) -> None:
         print(f"skipped episode pictures: {e}", file=sys.stderr)
 
 
-def train(cfg: TrainConfig, policy: VLMPolicy | None = None, stop_after: int | None = None) -> list[dict]:
+def train(
+    cfg: TrainConfig,
+    policy: VLMPolicy | None = None,
+    stop_after: int | None = None,
+    generation_shards: int | None = None,
+) -> list[dict]:
     """Train with GRPO and return the logged metrics (one dict per step).
 
     Args:
         cfg: the run's configuration.
         policy: a policy to train instead of the one `cfg.model` names (tests pass tiny ones).
         stop_after: end right after the checkpoint of this step, as if killed there (used by resume tests).
+        generation_shards: S, the number of separately seeded generations the step's B prompts are split into
+            (default: one per process, K). Samples then depend on S, never on K: one process with S = K draws
+            exactly what a K-process torchrun run draws.
     """
     tc, ac = cfg.trainer, cfg.algo
+    world = distributed.init_world(cfg.model.device)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if world.is_main:
+        (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
+    if world.device.startswith("cuda"):  # "cuda" or "cuda:0" in the config: under torchrun, this process's GPU
+        cfg = replace(cfg, model=replace(cfg.model, device=world.device))
     if tc.threads > 0:
         torch.set_num_threads(tc.threads)
 
     # ------------------------------------------------------------------ BUILD
     group_size, batch = ac.group_size, tc.prompts_per_step
-    rows = batch * group_size
+    num_shards = generation_shards or tc.generation_shards or world.size
+    my_shards = distributed.prompt_shards(batch, num_shards, world)
+    shard_rows = batch // num_shards * group_size  # worlds of one shard; the env holds one shard at a time
+    rows = len(my_shards) * shard_rows  # this process's R
     curriculum = Curriculum(cfg.curriculum)
     resume_from = latest_checkpoint(out) if cfg.resume else None
     state = load_training_state(resume_from)[0] if resume_from is not None else {}
     if "curriculum" in state:
         curriculum.load_state_dict(state["curriculum"])
-    env = sim.make(cfg.env.name, num_envs=rows, **curriculum.options(cfg.env.options))
+    env = make_env(cfg, shard_rows, curriculum)
     # The starting policy is needed to train from, or as the KL anchor (also after a resume); load it only then.
     if resume_from is None or ac.kl_coef > 0:
-        policy = starting_policy(cfg, policy, env, out)
+        policy = starting_policy(cfg, policy, env, out, main=world.is_main)
     reference = None
     if ac.kl_coef > 0:
-        reference = copy.deepcopy(policy)
+        reference = copy.deepcopy(policy)  # before sharding: an FSDP module cannot be copied
         reference.model.requires_grad_(False).eval()
+        distributed.shard_model(reference.model, world, frozen=True)
     if resume_from is not None:
-        policy = load_policy(cfg.model, checkpoint=resume_from)
-    model = policy.model
+        policy = apply_model_options(load_policy(cfg.model, checkpoint=resume_from), cfg.model)
+    model = distributed.shard_model(policy.model, world)  # before the optimiser: it holds the sharded parameters
     model.train()
-    (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
 
     advantage_fn = algos.ADVANTAGES.get(ac.advantage)
     loss_fn = algos.POLICY_LOSSES.get(ac.loss)
@@ -185,51 +217,62 @@ def train(cfg: TrainConfig, policy: VLMPolicy | None = None, stop_after: int | N
     if policy.action_codec is not None:  # a VLA emits exactly C*D action tokens per generation
         sampling = replace(sampling, max_new_tokens=policy.action_codec.tokens_per_generation)
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
+    trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA adapters, or all but a frozen vision tower
+    optimizer = torch.optim.AdamW(trainable, lr=tc.lr, weight_decay=tc.weight_decay)
     warmup = max(tc.warmup_steps, 0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
 
     start_step = 0
     if resume_from is not None:
         _, states = load_training_state(resume_from)
-        optimizer.load_state_dict(states["optimizer"])
+        distributed.load_optimizer_state(model, optimizer, states["optimizer"], world)
         scheduler.load_state_dict(states["scheduler"])
         set_rng_state(states["rng"])
         start_step = state["step"]
-        print(f"resumed from {resume_from} (step {start_step})", file=sys.stderr)
-    logger = MetricsLogger(out / "metrics.jsonl", resume_step=start_step if resume_from is not None else None)
+        if world.is_main:
+            print(f"resumed from {resume_from} (step {start_step})", file=sys.stderr)
+    # Rank 0 writes the metrics; the others log into the void (they still use the logged values).
+    metrics_path = out / "metrics.jsonl" if world.is_main else os.devnull
+    logger = MetricsLogger(metrics_path, resume_step=start_step if resume_from is not None else None)
 
     label = METRIC_LABELS.get(cfg.env.eval_metric, cfg.env.eval_metric)
     if "eval_before" not in state:
         before = held_out(policy, cfg)
         state["eval_before"] = before.metrics
         logger.log(0, {f"eval/{k}": v for k, v in before.metrics.items()})
-        print(f"held-out {label} before training: {before.metrics[cfg.env.eval_metric]:.3f}", file=sys.stderr)
-        write_episode_media(before, out / "episodes_before")
+        if world.is_main:
+            print(f"held-out {label} before training: {before.metrics[cfg.env.eval_metric]:.3f}", file=sys.stderr)
+            write_episode_media(before, out / "episodes_before")
 
     # ------------------------------------------------------------------ LOOP
     bar = tqdm(
-        range(start_step, tc.total_steps), initial=start_step, total=tc.total_steps, desc="grpo", dynamic_ncols=True
-    )
+        range(start_step, tc.total_steps), initial=start_step, total=tc.total_steps, desc="grpo", dynamic_ncols=True,
+        disable=not world.is_main,
+    )  # fmt: skip
     for step in bar:
         t0 = time.perf_counter()
-        # Sampling randomness is a function of (seed, step) alone, so a resumed run samples what an
-        # uninterrupted one would have.
-        torch.manual_seed(tc.seed * 1_000_003 + step)
 
         # ---- collect: G worlds per prompt reset with the same seed, episodes run to their end. Filters (dynamic
         # sampling, difficulty) drop groups; more batches are sampled until B groups pass or the budget is spent.
+        # Each process collects whole groups of its B/K prompts, one seeded shard at a time (sampling_seed), with
+        # whole weights: generation runs no collective, so processes may make different numbers of forward passes.
         sampled, kept_parts, kept_groups = [], [], 0
-        for attempt in range(max(ac.max_sample_batches, 1)):
-            seeds = train_seeds(step + attempt * tc.total_steps, batch, group_size, base=tc.seed * 100_000_000)
-            episodes = collect_episodes(policy, env, seeds, group_size, sampling)
-            sampled.append(episodes)
-            keep = keep_groups(episodes, ac)  # [B]
-            if keep.any():
-                kept_parts.append(episodes.select_worlds(keep.repeat_interleave(group_size).nonzero().squeeze(-1)))
-                kept_groups += int(keep.sum())
-            if kept_groups >= batch:
-                break
+        with distributed.full_weights(model):
+            for attempt in range(max(ac.max_sample_batches, 1)):
+                seeds = train_seeds(step + attempt * tc.total_steps, batch, group_size, base=tc.seed * 100_000_000)
+                parts = []
+                for shard in my_shards:
+                    torch.manual_seed(distributed.sampling_seed(tc.seed, step, shard, attempt))
+                    shard_seeds = seeds[shard * shard_rows : (shard + 1) * shard_rows]
+                    parts.append(collect_episodes(policy, env, shard_seeds, group_size, sampling))
+                episodes = cat_episodes(parts, policy.pad_token_id or 0)
+                sampled.append(episodes)
+                keep = keep_groups(episodes, ac)  # [B/K]
+                if keep.any():
+                    kept_parts.append(episodes.select_worlds(keep.repeat_interleave(group_size).nonzero().squeeze(-1)))
+                    kept_groups += int(keep.sum())
+                if kept_groups >= batch // world.size:
+                    break
         t_gen = time.perf_counter() - t0
         stats = cat_episodes(sampled, policy.pad_token_id or 0)  # everything sampled, for logging
         # Nothing passed the filters: train on the first batch (zero advantages; only KL/entropy terms act).
@@ -251,26 +294,40 @@ def train(cfg: TrainConfig, policy: VLMPolicy | None = None, stop_after: int | N
         else:
             discount = ac.gamma ** torch.arange(step_rewards.shape[1], dtype=torch.float32)
             returns = (step_rewards * discount).sum(-1)  # [R']
-            advantages = advantage_fn(returns, group_size=group_size, scale_by_std=ac.scale_by_std)[episodes.world]
+            # Over every process's returns: an estimator may normalise over the whole batch (REINFORCE++).
+            all_returns, first = world.gather_rows(returns)
+            advantages = advantage_fn(all_returns, group_size=group_size, scale_by_std=ac.scale_by_std)
+            advantages = advantages[first : first + len(returns)][episodes.world]
         masked = None
         if ac.papo_gamma > 0:
-            mask_rng = torch.Generator().manual_seed(tc.seed * 1_000_003 + step)
+            mask_rng = torch.Generator().manual_seed(tc.seed * 1_000_003 + step + (world.rank << 32))
             masked = masked_images(policy, rollout, ac.papo_mask, ac.papo_mask_ratio, mask_rng)
 
         # ---- update: one pass over micro-batches. Each slice's loss is weighted by its share of the batch
-        # (tokens for token_mean, rows for the per-sequence means) so the sum equals the full-batch loss.
+        # (tokens for token_mean, rows for the per-sequence means; of every process) so the sum over slices and
+        # processes equals the full-batch loss.
         optimizer.zero_grad(set_to_none=True)
-        total_tokens = rollout.completion_mask.sum().clamp(min=1)
+        total_tokens = world.sum(rollout.completion_mask.sum()).clamp(min=1)
         sums: dict[str, torch.Tensor | float] = {"loss/policy": 0.0, "loss/kl": 0.0}
         n_rows = len(rollout)
+        total_rows = world.sum(n_rows)
         with_entropy = ac.entropy_coef > 0 or ac.papo_eta > 0
-        for start in range(0, n_rows, tc.micro_batch_size):
-            stop = min(start + tc.micro_batch_size, n_rows)
+        # FSDP's forward and backward are collectives: every process runs as many slices as the one with the most
+        # rows, and a process out of rows repeats its first slice with weight 0.
+        if tc.token_budget > 0:  # slices of at most token_budget padded tokens, each trimmed of its padding
+            slices = token_budget_slices(rollout.prompt_mask, rollout.completion_mask, tc.token_budget)
+        else:
+            slices = [(a, min(a + tc.micro_batch_size, n_rows)) for a in range(0, n_rows, tc.micro_batch_size)]
+        for index in range(world.max(len(slices))):
+            idle = index >= len(slices)
+            start, stop = slices[0] if idle else slices[index]
             mb = rollout.rows(start, stop)
+            mb = trim_padding(mb) if tc.token_budget > 0 else mb
             if ac.aggregation == "token_mean":
                 weight = mb.completion_mask.sum() / total_tokens
             else:
-                weight = torch.tensor((stop - start) / n_rows)
+                weight = torch.tensor((stop - start) / total_rows)
+            weight = torch.zeros_like(weight) if idle else weight
             out_lp = policy.logprobs(mb, temperature=sampling.temperature, with_entropy=with_entropy)
             logprobs, entropy = out_lp if with_entropy else (out_lp, None)  # [r, L] each
             # One update per rollout: the sampling-time log-probs are the "old" ones (ratio 1 at the start).
@@ -303,7 +360,9 @@ def train(cfg: TrainConfig, policy: VLMPolicy | None = None, stop_after: int | N
             if masked is not None:
                 # PAPO: the same tokens scored with part of the image hidden; their KL to the real pass is pushed up.
                 with torch.set_grad_enabled(ac.papo_grad_through_masked):
-                    out_m = policy.logprobs(masked.rows(start, stop), sampling.temperature, with_entropy=with_entropy)
+                    mb_masked = masked.rows(start, stop)
+                    mb_masked = trim_padding(mb_masked) if tc.token_budget > 0 else mb_masked
+                    out_m = policy.logprobs(mb_masked, sampling.temperature, with_entropy=with_entropy)
                 masked_logprobs, masked_entropy = out_m if with_entropy else (out_m, None)
                 extras.append(
                     papo_loss_terms(
@@ -314,11 +373,12 @@ def train(cfg: TrainConfig, policy: VLMPolicy | None = None, stop_after: int | N
                 )  # fmt: skip
             for extra in extras:
                 loss = loss + extra.loss
-            (loss * weight).backward()
+            # FSDP averages gradients over the K processes; the weights already divide by the whole batch.
+            (loss * weight * world.size).backward()
             sums["loss/policy"] += lo.loss.detach() * weight
             for k, v in [m for o in (lo, *extras) for m in o.metrics.items()]:
                 sums[k] = sums.get(k, 0.0) + v * weight
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tc.max_grad_norm)
+        grad_norm = distributed.clip_grad_norm(model, tc.max_grad_norm)  # of the whole gradient, over every process
         optimizer.step()
         scheduler.step()
 
@@ -347,13 +407,20 @@ def train(cfg: TrainConfig, policy: VLMPolicy | None = None, stop_after: int | N
             metrics["env/success_rate"] = stats.success.float().mean()
         if curriculum.enabled:
             metrics["curriculum/level"] = curriculum.level
+        metrics = world.reduce_metrics(  # the whole batch's, alike in every process (the curriculum reads them)
+            metrics, weight=stats.num_worlds, weights={"completion_len": len(stats.rollout)},
+            summed=(*sums, "data/kept_groups", "perf/tokens_per_s"),
+            maxed=("grad_norm", "lr", "perf/step_s", "perf/generate_s", "data/sampled_batches", "curriculum/level"),
+        )  # fmt: skip
         logged = logger.log(step + 1, metrics)
         bar.set_postfix(reward=f"{logged['reward/total']:.3f}", loss=f"{logged['loss/policy']:+.3f}")
         score = logged.get("env/success_rate", logged["reward/total"])
         if curriculum.update(score):
             env.close()
-            env = sim.make(cfg.env.name, num_envs=rows, **curriculum.options(cfg.env.options))
-            print(f"curriculum: {cfg.curriculum.option} = {cfg.curriculum.levels[curriculum.level]}", file=sys.stderr)
+            env = make_env(cfg, shard_rows, curriculum)
+            if world.is_main:
+                print(f"curriculum: {cfg.curriculum.option} = {cfg.curriculum.levels[curriculum.level]}",
+                      file=sys.stderr)  # fmt: skip
         state["curriculum"] = curriculum.state_dict()
 
         # ---- evaluate
@@ -362,17 +429,23 @@ def train(cfg: TrainConfig, policy: VLMPolicy | None = None, stop_after: int | N
 
         # ---- checkpoint
         if (tc.save_every and (step + 1) % tc.save_every == 0) or step + 1 == tc.total_steps or step + 1 == stop_after:
-            save_checkpoint(out, step + 1, policy, optimizer, scheduler, state, keep=tc.keep_checkpoints)
+            # Full weights and optimiser state, gathered by every process, written by rank 0.
+            saved_policy, saved_optimizer = distributed.checkpoint_views(policy, optimizer, world)
+            if world.is_main:
+                save_checkpoint(out, step + 1, saved_policy, saved_optimizer, scheduler, state, tc.keep_checkpoints)
         if stop_after is not None and step + 1 >= stop_after:
             bar.close()
+            world.barrier()  # rank 0 has written what the others read back
             return read_metrics(out / "metrics.jsonl")
     bar.close()
 
     # ------------------------------------------------------------------ REPORT
     after = held_out(policy, cfg)
     logger.log(tc.total_steps, {f"eval/{k}": v for k, v in after.metrics.items()})
-    write_episode_media(after, out / "episodes_after")
-    report(cfg, policy, state["eval_before"], after, out)
+    if world.is_main:
+        write_episode_media(after, out / "episodes_after")
+        report(cfg, policy, state["eval_before"], after, out)
+    world.barrier()
     return read_metrics(out / "metrics.jsonl")
 
 
@@ -396,5 +469,12 @@ def report(cfg: TrainConfig, policy: VLMPolicy, before: dict, after: EvalResult,
             )
     except ImportError as e:  # matplotlib is an extra; the run's numbers matter more than its pictures
         print(f"skipped plots: {e}", file=sys.stderr)
-    (out / "eval.json").write_text(json.dumps({"before": before, "after": after.metrics}, indent=2))
+    scores = {"before": before, "after": after.metrics}
+    initial_file = out / "cold_start" / "initial_eval.json"
+    if initial_file.exists():  # a cold start ran: the run's "before" is the model before the demonstrations
+        scores["initial"] = json.loads(initial_file.read_text())
+        print(f"held-out {label} (initial model -> after demonstrations -> after RL): {scores['initial'][metric]:.3f}"
+              f" -> {before[metric]:.3f} -> {after.metrics[metric]:.3f}")  # fmt: skip
+        before = scores["initial"]
+    (out / "eval.json").write_text(json.dumps(scores, indent=2))
     print(f"held-out {label}: {before[metric]:.3f} -> {after.metrics[metric]:.3f}")

@@ -1,21 +1,41 @@
 """Policies: a Hugging Face VLM behind generate / logprobs verbs."""
 
 from .action_codec import ActionCodec, add_action_tokens
+from .backends import BACKENDS, Completions, GenerationBackend
+from .options import (
+    apply_lora,
+    apply_model_options,
+    enable_gradient_checkpointing,
+    find_vision_modules,
+    freeze_vision,
+    is_lora,
+    merge_lora,
+)
 from .processing import VisionTextProcessor
 from .tiny import TINY_ARCHS, build_tiny
 from .vlm import Rollout, Sampling, VLMPolicy, cat_rollouts, completion_mask_from_ids, masked_images, token_logprobs
 
 __all__ = [
+    "BACKENDS",
     "ActionCodec",
+    "Completions",
+    "GenerationBackend",
     "TINY_ARCHS",
     "Rollout",
     "Sampling",
     "VLMPolicy",
     "VisionTextProcessor",
     "add_action_tokens",
+    "apply_lora",
+    "apply_model_options",
     "build_tiny",
     "cat_rollouts",
     "completion_mask_from_ids",
+    "enable_gradient_checkpointing",
+    "find_vision_modules",
+    "freeze_vision",
+    "is_lora",
     "masked_images",
+    "merge_lora",
     "token_logprobs",
 ]

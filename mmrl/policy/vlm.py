@@ -11,12 +11,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForImageTextToText, LogitsProcessor, LogitsProcessorList
+from transformers import AutoModelForImageTextToText, LogitsProcessor
 
 from sim.base import Observation
 
 from .processing import VisionTextProcessor
 from .vision import to_pil
+
+LORA_DIR = "lora"  # a LoRA checkpoint's adapters live in this subfolder (see VLMPolicy.save_pretrained)
 
 
 @dataclass(frozen=True)
@@ -181,9 +183,19 @@ class VLMPolicy:
         processor: its `VisionTextProcessor`.
         prompt_template: how an env instruction becomes the user turn: `{instruction}` is replaced by it, and
             `{image}`, if present, marks where the image goes (otherwise the image comes first).
+        generation_backend: what runs `generate`'s decoding loop: "hf" (transformers' `generate`), "static"
+            (static KV cache, decoding compiled on CUDA) or "vllm" (a colocated vLLM engine); see
+            `mmrl.policy.backends`. Also settable later: `policy.generation_backend = "static"`, or
+            `policy.set_generation_backend("vllm", gpu_memory_utilization=0.3)` for a backend with options.
     """
 
-    def __init__(self, model, processor: VisionTextProcessor, prompt_template: str = "{instruction}"):
+    def __init__(
+        self,
+        model,
+        processor: VisionTextProcessor,
+        prompt_template: str = "{instruction}",
+        generation_backend: str = "hf",
+    ):
         self.model = model
         self.processor = processor
         self.prompt_template = prompt_template
@@ -194,13 +206,17 @@ class VLMPolicy:
         self.pad_token_id = tok.pad_token_id
         # transformers >= 5.2x computes multimodal RoPE positions only when told which tokens are image tokens;
         # without `mm_token_type_ids` it silently falls back to 1-D positions. Older versions take no such input.
-        self._wants_mm_token_types = "mm_token_type_ids" in inspect.signature(model.forward).parameters
+        # A PEFT wrapper's forward takes **kwargs, so the signature is read from the model it wraps.
+        plain = model.get_base_model() if hasattr(model, "get_base_model") else model
+        self._wants_mm_token_types = "mm_token_type_ids" in inspect.signature(plain.forward).parameters
         # A sampled vision placeholder would make the next forward pass expect image features that do not exist.
         names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
         self.suppress_token_ids = sorted({i for n in names if (i := getattr(model.config, n, None)) is not None})
         # Set by `add_action_tokens` for a VLA: generation then emits exactly C*D action tokens, and both sampling
         # and scoring see the distribution restricted to them (so the PPO ratio compares like with like).
         self.action_codec = None
+        self._backend = None
+        self.set_generation_backend(generation_backend)
 
     @classmethod
     def from_pretrained(
@@ -212,13 +228,55 @@ class VLMPolicy:
         model = AutoModelForImageTextToText.from_pretrained(str(path), dtype=dtype).to(device)
         policy = cls(model, VisionTextProcessor.from_pretrained(path), **kwargs)
         load_action_codec(policy, path)  # a VLA carries its codec next to its weights
+        if (Path(path) / LORA_DIR).is_dir():  # a LoRA checkpoint: base weights here, trainable adapters beside
+            from .options import load_lora
+
+            load_lora(policy, Path(path) / LORA_DIR)
         return policy
 
     def save_pretrained(self, path: str | Path) -> None:
-        self.model.save_pretrained(path)
+        """Write the model, processor and action codec to `path`, loadable by `VLMPolicy.from_pretrained`.
+
+        A LoRA policy (see `mmrl.policy.options.apply_lora`) is written as its *unmerged* base weights, a plain
+        Hugging Face checkpoint, plus its adapters (and trained action-token rows) in `path/lora/`; `from_pretrained`
+        re-attaches them, trainable, so a resumed run continues from exactly the weights and optimiser state it
+        left. Loading the folder with plain `transformers` gives the base model WITHOUT the adapters: for a
+        standalone model call `mmrl.policy.options.merge_lora(policy)` first (export).
+        """
+        from .options import is_lora, save_lora
+
+        if is_lora(self):
+            save_lora(self, path)
+        else:
+            self.model.save_pretrained(path)
         self.processor.save_pretrained(path)
         if self.action_codec is not None:
             self.action_codec.save(path)
+
+    # ------------------------------------------------------------------ backend
+    @property
+    def generation_backend(self) -> str:
+        """The name of the backend `generate` uses ("hf", "static" or "vllm"); assign a name to switch."""
+        return self._backend.name
+
+    @generation_backend.setter
+    def generation_backend(self, name: str) -> None:
+        self.set_generation_backend(name)
+
+    def set_generation_backend(self, name: str, **options) -> None:
+        """Use backend `name` for `generate`; `options` go to its constructor (vllm: `gpu_memory_utilization`...).
+
+        Raises a ValueError naming the choices for an unknown name, and an ImportError naming the `vllm` extra
+        when "vllm" is asked for without vLLM installed.
+        """
+        from .backends import make_backend
+
+        self._backend = make_backend(name, **options)
+
+    @property
+    def backend(self):
+        """The `GenerationBackend` object behind `generate`."""
+        return self._backend
 
     def _restrict(self, logits: torch.Tensor) -> torch.Tensor:
         """Logits over the tokens a completion may hold: the action tokens of a VLA, else the whole vocabulary."""
@@ -255,7 +313,9 @@ class VLMPolicy:
         """Sample `group_size` completions for each distinct prompt of `obs`.
 
         `obs` holds R = B*G worlds where each run of G consecutive worlds was reset with the same seed (the GRPO
-        group contract), so only every G-th world is encoded and the model samples G completions for it.
+        group contract), so only every G-th world is encoded and the model samples G completions for it. The
+        decoding itself runs in the policy's generation backend (`generation_backend`); every backend gives the
+        same `Rollout` (prompts encoded here, sampling-time log-probs under `logprobs`' convention).
 
         Returns:
             A `Rollout` with R rows.
@@ -264,46 +324,17 @@ class VLMPolicy:
             raise ValueError(f"{len(obs)} worlds do not split into groups of {group_size}")
         prompts = obs.select(range(0, len(obs), group_size)) if group_size > 1 else obs
         inputs = self.encode(prompts)
-        greedy = sampling.temperature <= 0
-        max_new_tokens, processors = sampling.max_new_tokens, None
-        if self.action_codec is not None:
-            max_new_tokens = self.action_codec.tokens_per_generation
-            processors = LogitsProcessorList([_AllowOnly(self.action_codec.token_ids)])
-        was_training = self.model.training
-        self.model.eval()
-        out = self.model.generate(
-            **inputs,
-            do_sample=not greedy,
-            temperature=None if greedy else sampling.temperature,
-            top_p=None if greedy else sampling.top_p,
-            top_k=None if greedy else sampling.top_k,
-            max_new_tokens=max_new_tokens,
-            min_new_tokens=max_new_tokens if processors is not None else None,
-            logits_processor=processors,
-            num_return_sequences=group_size,
-            eos_token_id=self.eos_token_ids,
-            pad_token_id=self.pad_token_id,
-            suppress_tokens=self.suppress_token_ids or None,
-            return_dict_in_generate=True,
-            output_logits=True,
-        )
-        self.model.train(was_training)
-        prompt_len = inputs["input_ids"].shape[1]
-        completion_ids = out.sequences[:, prompt_len:]  # [R, L]
-        mask = completion_mask_from_ids(completion_ids, self.eos_token_ids)
-        logits = self._restrict(torch.stack(out.logits, dim=1).float())  # [R, L, V] raw logits (V: allowed tokens)
-        logprobs = token_logprobs(logits, self._token_index(completion_ids), 1.0 if greedy else sampling.temperature)
-        completion_ids = completion_ids.masked_fill(~mask, self.pad_token_id)
-        texts = self.processor.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+        out = self._backend.sample(self, prompts, inputs, group_size, sampling)
+        texts = self.processor.tokenizer.batch_decode(out.completion_ids, skip_special_tokens=True)
         repeat = lambda x: x.repeat_interleave(group_size, dim=0)  # noqa: E731
         return Rollout(
             prompt_ids=repeat(inputs["input_ids"]),
             prompt_mask=repeat(inputs["attention_mask"]).bool(),
             pixel_values=_repeat_images(inputs["pixel_values"], inputs["image_grid_thw"], group_size),
             image_grid_thw=repeat(inputs["image_grid_thw"]),
-            completion_ids=completion_ids,
-            completion_mask=mask,
-            logprobs=logprobs.masked_fill(~mask, 0.0),
+            completion_ids=out.completion_ids,
+            completion_mask=out.completion_mask,
+            logprobs=out.logprobs,
             texts=texts,
             group_size=group_size,
         )

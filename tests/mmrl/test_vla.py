@@ -276,7 +276,9 @@ def test_vla_reach_preset_runs_on_mujoco(tmp_path):
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         metrics = train(cfg)
-    assert out.getvalue().startswith("held-out success: ")
+    lines = out.getvalue().splitlines()
+    assert lines[-2].startswith("held-out success (initial model -> after demonstrations -> after RL): ")
+    assert lines[-1].startswith("held-out success: ")
     row = next(m for m in metrics if "loss/policy" in m)
     assert 0 <= row["env/success_rate"] <= 1 and row["env/episode_steps"] >= 1
     assert (tmp_path / "reach" / "episodes_after.gif").exists()

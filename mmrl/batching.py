@@ -1,0 +1,106 @@
+"""Micro-batches packed by tokens instead of rows, and padding trimmed per micro-batch.
+
+A row-count micro-batch (`trainer.micro_batch_size`) sized for short completions runs out of memory when a rollout
+holds long ones (an SVG policy writing 500 tokens), and one sized for long completions wastes the GPU on short
+ones. `token_budget_slices` cuts the R rows of a rollout into contiguous slices whose *padded* token count stays
+within a budget, so the activation memory of one forward/backward is bounded whatever the lengths.
+
+The cost of a slice is what its forward pass computes once its padding is trimmed (`trim_padding`): every row is
+padded to the longest prompt and the longest completion *of the slice*, so
+
+    cost(a, b) = (b - a) * (max prompt length in rows [a, b) + max completion length in rows [a, b)).
+
+Slices stay contiguous (no sorting by length): rows are grouped contiguously (`x.view(-1, G)`) and the trainer
+weights each slice by its share of the batch, which needs no reordering. Image patches are not counted: the vision
+tower sees `4x` as many patches as the prompt holds image tokens, the same for every row of a task.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from .policy.vlm import Rollout
+
+
+def token_budget_slices(
+    prompt_mask: torch.Tensor, completion_mask: torch.Tensor, budget: int
+) -> list[tuple[int, int]]:
+    """Contiguous row slices `[(start, stop), ...]` covering all rows, each within `budget` padded tokens.
+
+    Slices are grown greedily from the first row: a slice takes the next row as long as
+    `rows * (max prompt length + max completion length)` over its rows stays within `budget`. The cost of a slice
+    never drops when it takes a row, so greedy growth gives the fewest contiguous slices. A single row longer than
+    the budget still gets a slice of its own (it cannot be split; it may not fit in memory either, which the
+    caller will then see as an out-of-memory error rather than a silently dropped row).
+
+    Args:
+        prompt_mask: `[R, P]` bool, True on real prompt tokens (left padding False).
+        completion_mask: `[R, L]` bool, True on completion tokens that count (right padding False).
+        budget: the most padded tokens (prompt + completion) one slice may hold; > 0.
+
+    Returns:
+        `[(start, stop)]` with `start < stop`, consecutive, from 0 to R.
+
+    >>> p = torch.tensor([[1, 1], [0, 1], [1, 1]], dtype=torch.bool)  # prompt lengths 2, 1, 2
+    >>> c = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0]], dtype=torch.bool)  # completion lengths 3, 1, 2
+    >>> token_budget_slices(p, c, budget=10)  # rows 0-1 cost 2 * (2 + 3) = 10; adding row 2 costs 15
+    [(0, 2), (2, 3)]
+    """
+    if budget <= 0:
+        raise ValueError(f"token budget must be > 0, got {budget}")
+    if prompt_mask.shape[0] != completion_mask.shape[0]:
+        raise ValueError(f"prompt_mask has {prompt_mask.shape[0]} rows, completion_mask {completion_mask.shape[0]}")
+    # One host transfer, then a scan over R integers: the scan is sequential by nature (each slice starts where
+    # the previous one stopped), and R is the number of rows of one step (hundreds), not tokens.
+    prompt_lens = _left_extent(prompt_mask).tolist()  # [R]
+    completion_lens = _right_extent(completion_mask).tolist()  # [R]
+    slices, start, longest_prompt, longest_completion = [], 0, 0, 0
+    for row, (p, c) in enumerate(zip(prompt_lens, completion_lens)):
+        grown_prompt, grown_completion = max(longest_prompt, p), max(longest_completion, c)
+        if row > start and (row - start + 1) * (grown_prompt + grown_completion) > budget:
+            slices.append((start, row))
+            start, grown_prompt, grown_completion = row, p, c
+        longest_prompt, longest_completion = grown_prompt, grown_completion
+    if len(prompt_lens) > start:
+        slices.append((start, len(prompt_lens)))
+    return slices
+
+
+def trim_padding(batch: Rollout) -> Rollout:
+    """`batch` without the prompt columns that are padding in every row and the completion columns masked in all.
+
+    `Rollout.rows` keeps the width of the whole rollout; a slice of short rows trimmed this way costs what
+    `token_budget_slices` counted. Left padding (its amount and content) does not change a row's log-probs, and
+    dropping completion columns past every row's end cannot change the earlier ones (causal attention), so
+    `policy.logprobs(trim_padding(b))` equals `policy.logprobs(b)[:, :L']` on the kept columns.
+
+    Returns:
+        A rollout with prompts `[r, P']` and completions `[r, L']`, `P' <= P`, `L' <= L` (at least one column each).
+    """
+    prompt_width = max(int(_left_extent(batch.prompt_mask).max()), 1) if len(batch) else 1
+    completion_width = max(int(_right_extent(batch.completion_mask).max()), 1) if len(batch) else 1
+    return replace(
+        batch,
+        prompt_ids=batch.prompt_ids[:, -prompt_width:],
+        prompt_mask=batch.prompt_mask[:, -prompt_width:],
+        completion_ids=batch.completion_ids[:, :completion_width],
+        completion_mask=batch.completion_mask[:, :completion_width],
+        logprobs=batch.logprobs[:, :completion_width],
+    )
+
+
+def _right_extent(mask: torch.Tensor) -> torch.Tensor:
+    """`[R]` columns up to and including each row's last True (0 for an all-False row) of a `[R, L]` mask."""
+    if mask.shape[-1] == 0:
+        return torch.zeros(mask.shape[0], dtype=torch.long, device=mask.device)
+    columns = torch.arange(1, mask.shape[-1] + 1, device=mask.device)  # [L]
+    return (mask.bool().long() * columns).amax(-1)
+
+
+def _left_extent(mask: torch.Tensor) -> torch.Tensor:
+    """`[R]` columns from each row's first True to the end (0 for an all-False row) of a left-padded `[R, P]` mask."""
+    return _right_extent(mask.flip(-1))

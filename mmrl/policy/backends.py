@@ -1,0 +1,240 @@
+"""Generation backends behind `VLMPolicy.generate`: who runs the decoding loop, the same `Rollout` out of each.
+
+`VLMPolicy.generate` encodes the prompts itself (so `Rollout.prompt_ids` and `pixel_values` are always the ones
+`VLMPolicy.logprobs` re-scores) and asks its backend for the completions of every prompt:
+
+* `"hf"` (`HFBackend`): transformers' `generate` with its default dynamic KV cache. The reference.
+* `"static"` (`StaticCacheBackend`): the same `generate` with a pre-allocated static KV cache, whose fixed shapes
+  let transformers compile the one-token decoding forward (`torch.compile`, CUDA graphs via its default
+  `CompileConfig(mode="reduce-overhead")`). On CUDA this removes most of the per-token launch overhead that
+  dominates decoding at RL batch sizes. **Compilation is skipped on CPU**, deliberately: transformers' own
+  auto-compile criteria leave the CPU out, and compiling even the tiny test models on CPU takes minutes. On CPU
+  the backend is therefore the static cache without compilation, which the tests check gives the `hf` tokens and
+  log-probs; the compiled path is UNTESTED ON GPU in this repository (no GPU was available), and its speed-up is
+  an expectation, not a measurement (`bench/generation.py` measures it where a GPU is).
+* `"vllm"` (`mmrl.policy.vllm_backend.VLLMBackend`): a colocated vLLM engine; see that module.
+
+Not used: transformers' continuous batching (`generate_batch`, paged attention). In transformers 5.x it takes
+token-id prompts only (`inputs: list[list[int]]`), with no way to pass `pixel_values`, so it cannot serve a VLM
+whose prompts hold images; and RL batches are uniform (B prompts x G samples, same max length), where continuous
+batching gains little over a static batch anyway.
+
+Sampling-time log-probs are recorded without keeping every step's logits: `output_logits=True` would hold
+`[R, L, V]` until the end (64 rows x 512 tokens x 152k vocabulary = 20 GB in float32 for an SVG policy on
+Qwen2.5-VL). `_SamplingLogprobs`, the first logits processor, instead keeps one step's `[R, V]` log-softmax and
+reads off the sampled token's entry one step later, when the token appears in `input_ids`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+from transformers import LogitsProcessor, LogitsProcessorList
+
+from sim.base import Observation
+
+if TYPE_CHECKING:
+    from .vlm import Sampling, VLMPolicy
+
+BACKENDS = ("hf", "static", "vllm")
+STATIC_CACHE_BUCKET = 256  # static KV caches are sized in multiples of this many tokens (one compiled shape each)
+
+
+@dataclass(frozen=True)
+class Completions:
+    """What a backend returns: R = B*G completions, rows grouped contiguously by prompt."""
+
+    completion_ids: torch.Tensor  # [R, L] right padded with the pad token after each row's end
+    completion_mask: torch.Tensor  # [R, L] bool, True up to and including EOS (or to the row's last token)
+    logprobs: torch.Tensor  # [R, L] per token, at sampling time (temperature-scaled), 0 where masked
+
+
+class GenerationBackend(Protocol):
+    """Samples the completions of `VLMPolicy.generate`.
+
+    `prompts` are the B distinct prompts and `inputs` their encoding by `policy.encode` (`input_ids` `[B, P]` left
+    padded, `attention_mask`, `pixel_values`, `image_grid_thw`, and `mm_token_type_ids` where the model takes it).
+    A backend returns `group_size` completions per prompt, restricted to the action tokens for a VLA
+    (`policy.action_codec`), never containing `policy.suppress_token_ids` otherwise, with log-probs under the
+    same convention as `VLMPolicy.logprobs`: `softmax(logits / temperature)` (temperature 1 when greedy), over the
+    action tokens for a VLA and over the whole vocabulary otherwise.
+    """
+
+    name: str
+
+    def sample(
+        self,
+        policy: VLMPolicy,
+        prompts: Observation,
+        inputs: dict[str, torch.Tensor],
+        group_size: int,
+        sampling: Sampling,
+    ) -> Completions: ...
+
+
+def make_backend(name: str, **options) -> GenerationBackend:
+    """The backend called `name` ("hf", "static" or "vllm"); `options` go to its constructor (vllm only)."""
+    if name == "hf":
+        backend: GenerationBackend = HFBackend()
+    elif name == "static":
+        backend = StaticCacheBackend()
+    elif name == "vllm":
+        from .vllm_backend import VLLMBackend
+
+        return VLLMBackend(**options)
+    else:
+        raise ValueError(f"unknown generation backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    if options:
+        raise ValueError(f"generation backend {name!r} takes no options, got {sorted(options)}")
+    return backend
+
+
+class _SamplingLogprobs(LogitsProcessor):
+    """The first logits processor of a `generate` call: records the sampled tokens' log-probs, then applies bans.
+
+    Called once per generated token with the raw logits of the next position (no processor runs before it: the
+    backend passes no option that makes transformers add one). At step t it stores
+    `log_softmax(raw_logits_t[..., allowed] / temperature)`; at step t+1 the token sampled at step t is the last
+    column of `input_ids`, and its entry is read off. `finish` reads the last token. Only one `[R, V]` tensor is
+    alive at a time.
+
+    After recording, the returned scores ban what may not be sampled: everything but the action tokens of a VLA
+    (`_AllowOnly`), else the vision placeholders (`suppress`, which transformers' `suppress_tokens` would have done
+    before this processor saw the logits, i.e. before recording).
+
+    Args:
+        temperature: the sampling temperature (1 for greedy), applied to the recorded log-probs only; the
+            temperature warper that follows in transformers' list does the sampling side.
+        allowed: `[K]` action token ids of a VLA, or None.
+        suppress: token ids never to sample (ignored when `allowed` is given).
+        token_index: maps completion ids to columns of the restricted logits (`VLMPolicy._token_index`).
+    """
+
+    def __init__(self, temperature: float, allowed: torch.Tensor | None, suppress: list[int], token_index):
+        from .vlm import _AllowOnly
+
+        self.temperature = temperature
+        self.allowed = allowed
+        self.allow_only = _AllowOnly(allowed) if allowed is not None else None
+        self.suppress = list(suppress)
+        self.token_index = token_index
+        self._previous: torch.Tensor | None = None  # [R, V'] log-probs of the last step
+        self._steps: list[torch.Tensor] = []  # per step [R]
+
+    def _read(self, tokens: torch.Tensor) -> torch.Tensor:
+        assert self._previous is not None
+        index = self.token_index(tokens).to(self._previous.device)  # [R]
+        return self._previous.gather(-1, index.unsqueeze(-1)).squeeze(-1)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self._previous is not None:
+            self._steps.append(self._read(input_ids[:, -1]))
+        logits = scores if self.allowed is None else scores[:, self.allowed.to(scores.device)]
+        # log_softmax makes a new tensor, so later processors that modify `scores` in place cannot reach it.
+        self._previous = torch.log_softmax(logits.float() / self.temperature, dim=-1)  # [R, V']
+        if self.allow_only is not None:
+            return self.allow_only(input_ids, scores)
+        if self.suppress:
+            banned = torch.zeros(scores.shape[-1], dtype=torch.bool, device=scores.device)
+            banned[self.suppress] = True
+            return scores.masked_fill(banned, float("-inf"))
+        return scores
+
+    def finish(self, completion_ids: torch.Tensor) -> torch.Tensor:
+        """`[R, L]` log-probs of `completion_ids`, the tokens generated while this processor ran."""
+        if self._previous is None:
+            raise RuntimeError("the logits processor never ran: nothing was generated")
+        steps = [*self._steps, self._read(completion_ids[:, -1])]
+        if len(steps) != completion_ids.shape[1]:
+            raise RuntimeError(f"recorded {len(steps)} steps for {completion_ids.shape[1]} generated tokens")
+        return torch.stack(steps, dim=1)
+
+
+class HFBackend:
+    """transformers' `generate` (dynamic KV cache): the reference backend."""
+
+    name = "hf"
+
+    def generate_kwargs(self, policy: VLMPolicy, prompt_len: int, max_new_tokens: int) -> dict:
+        """Extra `generate` arguments of this backend (none: transformers' defaults)."""
+        return {}
+
+    @torch.no_grad()
+    def sample(
+        self,
+        policy: VLMPolicy,
+        prompts: Observation,
+        inputs: dict[str, torch.Tensor],
+        group_size: int,
+        sampling: Sampling,
+    ) -> Completions:
+        from .vlm import completion_mask_from_ids
+
+        greedy = sampling.temperature <= 0
+        # Greedy samples of one prompt are all the same: decode each prompt once and repeat its row G times
+        # (transformers also refuses num_return_sequences > 1 without sampling).
+        copies = 1 if greedy else group_size
+        codec = policy.action_codec
+        max_new_tokens = codec.tokens_per_generation if codec is not None else sampling.max_new_tokens
+        recorder = _SamplingLogprobs(
+            temperature=1.0 if greedy else sampling.temperature,
+            allowed=codec.token_ids if codec is not None else None,
+            suppress=policy.suppress_token_ids,
+            token_index=policy._token_index,
+        )
+        prompt_len = inputs["input_ids"].shape[1]
+        model = policy.model
+        was_training = model.training
+        model.eval()
+        try:
+            sequences = model.generate(
+                **inputs,
+                do_sample=not greedy,
+                temperature=None if greedy else sampling.temperature,
+                top_p=None if greedy else sampling.top_p,
+                top_k=None if greedy else sampling.top_k,
+                # Real checkpoints ship sampling defaults (Qwen2.5-VL: repetition_penalty=1.05) that transformers
+                # fills into every unset option; a penalty would make the samples' distribution differ from the
+                # recorded one, so it is pinned off.
+                repetition_penalty=1.0,
+                max_new_tokens=max_new_tokens,
+                logits_processor=LogitsProcessorList([recorder]),
+                num_return_sequences=copies,
+                eos_token_id=policy.eos_token_ids,
+                pad_token_id=policy.pad_token_id,
+                **self.generate_kwargs(policy, prompt_len, max_new_tokens),
+            )
+        finally:
+            model.train(was_training)
+        completion_ids = sequences[:, prompt_len:]  # [R, L]
+        mask = completion_mask_from_ids(completion_ids, policy.eos_token_ids)
+        logprobs = recorder.finish(completion_ids).masked_fill(~mask, 0.0)
+        completion_ids = completion_ids.masked_fill(~mask, policy.pad_token_id)
+        if copies != group_size:
+            completion_ids, mask, logprobs = (
+                x.repeat_interleave(group_size, dim=0) for x in (completion_ids, mask, logprobs)
+            )
+        return Completions(completion_ids=completion_ids, completion_mask=mask, logprobs=logprobs)
+
+
+class StaticCacheBackend(HFBackend):
+    """`generate` with a static KV cache, the decoding step compiled by transformers on CUDA (not on CPU).
+
+    The cache length is rounded up to a multiple of `STATIC_CACHE_BUCKET` tokens so that prompts of slightly
+    different lengths share one compiled graph; transformers keeps the largest cache length seen so far, so the
+    number of recompilations is bounded by the number of buckets (and batch sizes: training and evaluation).
+    """
+
+    name = "static"
+
+    def generate_kwargs(self, policy: VLMPolicy, prompt_len: int, max_new_tokens: int) -> dict:
+        length = math.ceil((prompt_len + max_new_tokens) / STATIC_CACHE_BUCKET) * STATIC_CACHE_BUCKET
+        return {
+            "cache_implementation": "static",
+            "max_cache_len": length,
+            # Explicit, though transformers' auto-compile criteria already exclude the CPU: see the module docstring.
+            "disable_compile": policy.device.type == "cpu",
+        }

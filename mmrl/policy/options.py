@@ -1,0 +1,254 @@
+"""Real-size training on one GPU: gradient checkpointing, a frozen vision tower, LoRA adapters, the backend.
+
+`apply_model_options(policy, cfg.model)` applies what a `ModelConfig` asks for to a loaded policy, in this order:
+
+1. the generation backend (`generation_backend`, `vllm_gpu_memory_utilization`);
+2. gradient checkpointing: every decoder and vision block recomputes its activations in the backward pass
+   (non-reentrant `torch.utils.checkpoint`), so a micro-batch keeps one activation per block boundary instead
+   of every intermediate;
+3. `freeze_vision`: the vision tower and its merger/projector get `requires_grad=False`; autograd then records
+   nothing for them, so they cost no activation memory, no gradients and no optimiser state;
+4. `lora_r > 0`: PEFT LoRA adapters on the language model's linear layers (never the vision tower, never
+   `lm_head`); everything else is frozen. A VLA's added action-token rows stay trainable (PEFT's
+   `trainable_token_indices`: only those rows of the embedding, and of `lm_head` when it is not tied, train).
+
+Call it after the action codec is attached (`add_action_tokens`), since LoRA needs to know the action tokens, and
+before the optimiser is built. It is idempotent: a policy loaded from a LoRA checkpoint already carries its
+adapters and gets no second set.
+
+Checkpoints of a LoRA policy hold the unmerged base weights plus `lora/` (see `VLMPolicy.save_pretrained`), so a
+resumed run continues exactly; `merge_lora` folds the adapters in for export. `peft` is imported only here and only
+when LoRA is used: `pip install 'mmrl[lora]'`.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from ..config import ModelConfig
+    from .vlm import VLMPolicy
+
+# Attribute names under which transformers' VLMs keep their vision encoder, and their vision-to-text projector
+# when it is not inside the encoder (Qwen2-VL / 2.5-VL / 3-VL: `model.visual`, which holds `merger` and, for
+# Qwen3-VL, `deepstack_merger_list`; LLaVA-style models: `vision_tower` + `multi_modal_projector`).
+VISION_TOWER_NAMES = ("visual", "vision_tower", "vision_model", "vision_encoder", "image_encoder")
+VISION_PROJECTOR_NAMES = ("multi_modal_projector", "mm_projector", "visual_projection", "merger", "connector")
+
+
+def require_peft():
+    """The `peft` module, or an ImportError that names the extra to install."""
+    try:
+        import peft
+    except ImportError as e:
+        raise ImportError(
+            "LoRA (model.lora_r > 0) needs PEFT, which is not installed: pip install 'mmrl[lora]' (or pip install peft)"
+        ) from e
+    return peft
+
+
+def _plain_model(model):
+    """The transformers model under a PEFT wrapper (or the model itself)."""
+    return model.get_base_model() if is_lora_model(model) else model
+
+
+def is_lora_model(model) -> bool:
+    return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
+
+
+def is_lora(policy: VLMPolicy) -> bool:
+    """Whether the policy's model carries PEFT adapters."""
+    return is_lora_model(policy.model)
+
+
+# ---------------------------------------------------------------------------------------------- vision tower
+def find_vision_modules(model) -> dict[str, torch.nn.Module]:
+    """The vision tower and, where separate, its projector: `{qualified name: module}`.
+
+    Found by attribute name (`VISION_TOWER_NAMES`, `VISION_PROJECTOR_NAMES`) anywhere in the module tree, outermost
+    first; a projector nested inside a found tower is part of it. Works on a PEFT-wrapped model too (names are then
+    those of the wrapped model).
+
+    Raises:
+        ValueError: naming the model class when no vision module is found.
+    """
+    plain = _plain_model(model)
+    found: dict[str, torch.nn.Module] = {}
+    for name, module in plain.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf not in VISION_TOWER_NAMES + VISION_PROJECTOR_NAMES:
+            continue
+        if any(name.startswith(outer + ".") for outer in found):
+            continue  # inside a tower already found (Qwen's merger lives in `visual`)
+        found[name] = module
+    if not any(name.rsplit(".", 1)[-1] in VISION_TOWER_NAMES for name in found):
+        raise ValueError(
+            f"no vision tower found in {type(plain).__name__}: looked for submodules named "
+            f"{', '.join(VISION_TOWER_NAMES)}; freeze_vision and LoRA's vision exclusion need one"
+        )
+    return found
+
+
+def freeze_vision(policy: VLMPolicy) -> list[str]:
+    """Freeze the vision tower and its projector (`requires_grad=False`); returns their qualified names."""
+    modules = find_vision_modules(policy.model)
+    for module in modules.values():
+        module.requires_grad_(False)
+    return list(modules)
+
+
+# ---------------------------------------------------------------------------------------------- checkpointing
+def enable_gradient_checkpointing(policy: VLMPolicy) -> None:
+    """Recompute each block's activations in the backward pass (non-reentrant checkpoints).
+
+    Non-reentrant checkpointing needs no input that requires grad, so frozen embeddings (LoRA) need no
+    `enable_input_require_grads` for gradients to flow; transformers registers that hook itself anyway. It is
+    active only in training mode; `generate` switches the model to eval, where it is off.
+    """
+    model = _plain_model(policy.model)
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x; the old name is deprecated
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+# ---------------------------------------------------------------------------------------------- LoRA
+def _module_name(model, module: torch.nn.Module) -> str | None:
+    return next((name for name, m in model.named_modules() if m is module), None)
+
+
+def apply_lora(
+    policy: VLMPolicy,
+    r: int,
+    alpha: int = 32,
+    dropout: float = 0.0,
+    target_modules: str | list[str] = "all-linear",
+    vision: bool = False,
+) -> VLMPolicy:
+    """Wrap `policy.model` in PEFT LoRA adapters; only they (and a VLA's action-token rows) stay trainable.
+
+    Args:
+        r: adapter rank (> 0).
+        alpha: LoRA scaling numerator (the update is `alpha / r * B @ A`).
+        dropout: dropout on the adapter input.
+        target_modules: "all-linear" (PEFT: every linear layer but the output head) or module names, as a list or
+            a comma-separated string ("q_proj,v_proj").
+        vision: also put adapters in the vision tower. Off by default: the vision tower's module names overlap the
+            language model's (Qwen2.5-VL's vision MLP has `gate_proj`/`up_proj`/`down_proj` too), so it is
+            excluded explicitly.
+
+    Returns:
+        The policy, its `model` now a `peft.PeftModel` (adapters in float32 whatever the base dtype).
+    """
+    peft = require_peft()
+    if r <= 0:
+        raise ValueError(f"LoRA rank must be > 0, got {r}")
+    if is_lora(policy):
+        raise ValueError("the policy already has LoRA adapters")
+    model = policy.model
+    if isinstance(target_modules, str) and target_modules != "all-linear":
+        target_modules = [t.strip() for t in target_modules.split(",") if t.strip()]
+    exclude = None
+    if not vision:
+        exclude = "|".join(rf"{re.escape(name)}(\..*)?" for name in find_vision_modules(model))
+    kwargs = {}
+    if policy.action_codec is not None:
+        # The K new action tokens must learn their embedding (and output) rows; PEFT trains just those rows.
+        ids = policy.action_codec.token_ids.tolist()
+        inputs, outputs = model.get_input_embeddings(), model.get_output_embeddings()
+        layers = {_module_name(model, inputs).rsplit(".", 1)[-1]: ids}
+        if outputs is not None and outputs.weight is not inputs.weight:  # untied head: its rows too
+            layers[_module_name(model, outputs).rsplit(".", 1)[-1]] = ids
+        kwargs["trainable_token_indices"] = layers
+    config = peft.LoraConfig(
+        r=r,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        target_modules=target_modules,
+        exclude_modules=exclude,
+        **kwargs,
+    )
+    policy.model = peft.get_peft_model(model, config)
+    return policy
+
+
+def merge_lora(policy: VLMPolicy) -> VLMPolicy:
+    """Fold the adapters into the base weights (for export): `policy.model` becomes a plain transformers model.
+
+    After this `save_pretrained` writes a standalone checkpoint that `from_pretrained` (ours or transformers')
+    loads without PEFT. Training state tied to the adapters (an optimiser over them) is meaningless afterwards.
+    """
+    if not is_lora(policy):
+        raise ValueError("the policy has no LoRA adapters to merge")
+    policy.model = policy.model.merge_and_unload()
+    return policy
+
+
+_ADAPTER_KEYS = ("lora_", "trainable_tokens_", ".modules_to_save.")
+_WRAPPER_PARTS = ((".token_adapter.base_layer.", "."), (".base_layer.", "."), (".original_module.", "."))
+
+
+def base_state_dict(model) -> dict[str, torch.Tensor]:
+    """The weights of the model under the adapters, keyed as the plain transformers model keys them.
+
+    PEFT renames wrapped weights (`q_proj.base_layer.weight`, `embed_tokens.token_adapter.base_layer.weight`)
+    and adds its own (`lora_A`, `trainable_tokens_delta`); this undoes the first and drops the second, without
+    touching the model (no merge/unmerge round trip, which is lossy in bfloat16).
+    """
+    plain = {}
+    for key, value in _plain_model(model).state_dict().items():
+        if any(part in key for part in _ADAPTER_KEYS):
+            continue
+        for wrapped, bare in _WRAPPER_PARTS:
+            key = key.replace(wrapped, bare)
+        plain[key] = value
+    return plain
+
+
+def save_lora(policy: VLMPolicy, path: str | Path) -> None:
+    """Base weights as a plain checkpoint in `path`, adapters (and action-token rows) in `path/lora/`."""
+    from .vlm import LORA_DIR
+
+    plain = _plain_model(policy.model)
+    plain.save_pretrained(path, state_dict=base_state_dict(policy.model))
+    # The base weights (with any resized embedding) are saved above; PEFT need not copy whole embedding layers.
+    policy.model.save_pretrained(Path(path) / LORA_DIR, save_embedding_layers=False)
+
+
+def load_lora(policy: VLMPolicy, folder: str | Path) -> VLMPolicy:
+    """Attach the adapters saved in `folder` (by `save_lora`) to the policy's model, trainable."""
+    peft = require_peft()
+    policy.model = peft.PeftModel.from_pretrained(policy.model, str(folder), is_trainable=True)
+    return policy
+
+
+# ---------------------------------------------------------------------------------------------- all at once
+def apply_model_options(policy: VLMPolicy, cfg: ModelConfig) -> VLMPolicy:
+    """Apply a `ModelConfig`'s real-size options to a loaded policy (see the module docstring for the order)."""
+    options = {"gpu_memory_utilization": cfg.vllm_gpu_memory_utilization} if cfg.generation_backend == "vllm" else {}
+    if cfg.generation_backend != policy.generation_backend or options:
+        policy.set_generation_backend(cfg.generation_backend, **options)
+    if cfg.gradient_checkpointing:
+        enable_gradient_checkpointing(policy)
+    if cfg.freeze_vision:
+        freeze_vision(policy)
+    if cfg.lora_r > 0 and not is_lora(policy):
+        apply_lora(
+            policy,
+            r=cfg.lora_r,
+            alpha=cfg.lora_alpha,
+            dropout=cfg.lora_dropout,
+            target_modules=cfg.lora_target_modules,
+        )
+    return policy
+
+
+def trainable_parameters(policy: VLMPolicy) -> dict[str, int]:
+    """`{"trainable": n, "total": n}` parameter counts, for a log line."""
+    params = list(policy.model.parameters())
+    return {"trainable": sum(p.numel() for p in params if p.requires_grad), "total": sum(p.numel() for p in params)}

@@ -1,0 +1,313 @@
+"""A colocated vLLM engine behind `VLMPolicy.generate` (`generation_backend="vllm"`).
+
+UNTESTED ON GPU: this machine has no GPU and no vLLM. The module is written against vLLM's documented offline API
+(`vllm.LLM`, `SamplingParams`, multimodal prompts, sleep mode) and follows how TRL's `vllm_mode="colocate"`
+drives it (`trl/generation/vllm_generation.py`); only its pure parts (`vllm_requests`, `sampling_params_kwargs`,
+`completions_from_vllm`) are tested here. Install it with `pip install 'mmrl[vllm]'` (or `pip install vllm`) on
+a CUDA machine.
+
+How it works:
+
+* **One engine in the trainer's process.** `vllm.LLM(..., distributed_executor_backend="external_launcher")` runs
+  the worker in this process (TRL's colocate mode), so the trained weights can be copied into vLLM's model
+  directly: `llm.llm_engine.model_executor.driver_worker.model_runner.model.load_weights(named_tensors)`. The
+  engine takes `gpu_memory_utilization` of the GPU (weights + KV cache); the rest stays with training.
+  (vLLM >= 0.22 also has an NCCL weight-transfer API, but it serves a separate server process, not this.)
+* **Built from the policy, not from a download.** The engine starts from a folder holding only the policy's config,
+  tokenizer and image processor, with `load_format="dummy"` (random weights, nothing read from disk), and the
+  policy's own weights are pushed before the first generation. A VLA's resized vocabulary and any in-memory change
+  thus reach vLLM.
+* **Weights re-synced when they changed.** Each `sample` compares the version counters of the trainable parameters
+  (bumped by every in-place update, i.e. by `optimizer.step()`) with those of the last sync, so the T turns of a
+  multi-turn step or an evaluation sync once. A LoRA policy is synced as merged weights, computed per layer
+  (`W + scale * B @ A`) without modifying the training model.
+* **Prompts** are the chat-formatted text with one `<|image_pad|>` per image plus the PIL image
+  (`{"prompt": ..., "multi_modal_data": {"image": ...}}`); vLLM runs the same Hugging Face processor (saved into the
+  engine folder), so it sees the token ids `VLMPolicy.encode` puts in `Rollout.prompt_ids`.
+* **Log-probs.** `SamplingParams(logprobs=0)` returns the sampled token's log-prob; the engine is built with
+  `logprobs_mode="processed_logprobs"`, i.e. after vLLM's logits processing (the allowed action tokens of a VLA,
+  the banned vision placeholders) and temperature: the `hf` backend's convention of `softmax(logits / T)` over
+  the action tokens (VLA) or the vocabulary. Differences: with `top_p < 1` or `top_k > 0` vLLM's values are those
+  of the truncated distribution (the `hf` backend records the untruncated one); and vLLM's kernels differ from the
+  training forward pass, so `Rollout.logprobs` (the PPO "old" log-probs) differ slightly from a recomputation
+  (the known train/inference mismatch; the ratio is not exactly 1 at the first update).
+* **Sampling seed.** Each call draws a seed from torch's global generator and gives request i the seed `seed + i`,
+  so a run (and a resumed run) samples the same completions for the same torch seed.
+* **Sleep mode.** Built with `enable_sleep_mode=True`; `sleep()` frees the engine's weights and KV cache (level 2)
+  for the update phase, and the next `sample` wakes it and re-syncs. The trainer decides when (e.g. once per step,
+  before the backward passes); sleeping after every `sample` would slow multi-turn episodes.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import socket
+import tempfile
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from sim.base import Observation
+
+from .backends import Completions
+from .vision import to_pil
+
+if TYPE_CHECKING:
+    from .vlm import Sampling, VLMPolicy
+
+BANNED_LOGIT_BIAS = -100.0  # vLLM's logit_bias for tokens never to sample (the OpenAI API's floor)
+
+
+def require_vllm():
+    """The `vllm` module, or an ImportError that names the extra to install."""
+    try:
+        import vllm
+    except ImportError as e:
+        raise ImportError(
+            "generation_backend='vllm' needs vLLM, which is not installed: pip install 'mmrl[vllm]' "
+            "(or pip install vllm) on a CUDA machine; or use generation_backend='hf' or 'static'"
+        ) from e
+    return vllm
+
+
+# ---------------------------------------------------------------------------------------------- pure parts
+def vllm_requests(policy: VLMPolicy, prompts: Observation) -> list[dict[str, Any]]:
+    """vLLM multimodal prompts for each world of `prompts`: chat text with an image placeholder, plus the image."""
+    texts = [policy.processor.prompt_text(s, template=policy.prompt_template) for s in prompts.instruction]
+    return [{"prompt": t, "multi_modal_data": {"image": to_pil(img)}} for t, img in zip(texts, prompts.image)]
+
+
+def sampling_params_kwargs(policy: VLMPolicy, group_size: int, sampling: Sampling, seed: int | None = None) -> dict:
+    """Keyword arguments of `vllm.SamplingParams` equivalent to the `hf` backend's `generate` call.
+
+    Greedy asks for one completion per prompt (the caller repeats it G times); `top_k <= 0` is -1 (off) in vLLM.
+    A VLA emits exactly C*D tokens restricted to its action tokens; a text policy stops at its EOS ids and never
+    samples a vision placeholder.
+    """
+    greedy = sampling.temperature <= 0
+    kwargs: dict[str, Any] = {
+        "n": 1 if greedy else group_size,
+        "temperature": 0.0 if greedy else sampling.temperature,
+        "top_p": 1.0 if greedy else sampling.top_p,
+        "top_k": -1 if greedy or sampling.top_k <= 0 else sampling.top_k,
+        "repetition_penalty": 1.0,
+        "logprobs": 0,  # the sampled token's log-prob only
+        "detokenize": False,  # VLMPolicy decodes the ids itself
+        "seed": seed,
+    }
+    codec = policy.action_codec
+    if codec is not None:
+        tokens = codec.tokens_per_generation
+        kwargs.update(
+            max_tokens=tokens, min_tokens=tokens, allowed_token_ids=codec.token_ids.tolist(), ignore_eos=True
+        )
+    else:
+        kwargs.update(max_tokens=sampling.max_new_tokens, stop_token_ids=list(policy.eos_token_ids))
+        if policy.suppress_token_ids:
+            kwargs["logit_bias"] = {int(t): BANNED_LOGIT_BIAS for t in policy.suppress_token_ids}
+    return kwargs
+
+
+def completions_from_vllm(outputs: Sequence[Any], pad_token_id: int, repeat: int = 1) -> Completions:
+    """`Completions` from vLLM's `RequestOutput`s (one per prompt, in prompt order).
+
+    Reads `output.outputs` (the `CompletionOutput`s of a prompt, ordered by `.index`), each with `.token_ids`
+    (the sampled ids; a final EOS included) and `.logprobs` (one `{token_id: Logprob(logprob=...)}` dict per
+    sampled token, as `SamplingParams(logprobs=0)` returns them).
+
+    Args:
+        outputs: B request outputs.
+        pad_token_id: fills each row after its last token.
+        repeat: each completion is repeated this many times (greedy decoding sampled one per prompt).
+
+    Returns:
+        R = B * (completions per prompt) * repeat rows; the mask is True on each row's own tokens.
+    """
+    rows = [c for request in outputs for c in sorted(request.outputs, key=lambda c: c.index) for _ in range(repeat)]
+    if not rows:
+        raise ValueError("vLLM returned no completions")
+    length = max(max(len(c.token_ids) for c in rows), 1)
+    completion_ids = torch.full((len(rows), length), pad_token_id, dtype=torch.long)  # [R, L]
+    logprobs = torch.zeros(len(rows), length)  # [R, L]
+    for r, c in enumerate(rows):
+        ids = list(c.token_ids)
+        if c.logprobs is None or len(c.logprobs) != len(ids):
+            raise ValueError("vLLM returned no per-token log-probs: SamplingParams(logprobs=0) is required")
+        completion_ids[r, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        logprobs[r, : len(ids)] = torch.tensor([step[t].logprob for step, t in zip(c.logprobs, ids)])
+    lengths = torch.tensor([len(c.token_ids) for c in rows])  # [R]
+    mask = torch.arange(length).unsqueeze(0) < lengths.unsqueeze(1)  # [R, L]
+    return Completions(completion_ids=completion_ids, completion_mask=mask, logprobs=logprobs.masked_fill(~mask, 0.0))
+
+
+def merged_named_weights(model) -> Iterator[tuple[str, torch.Tensor]]:
+    """`(name, tensor)` of every parameter as the plain transformers model names it, LoRA adapters merged in.
+
+    For a plain model these are its `named_parameters`; for a PEFT model each LoRA layer's base weight gets its
+    `get_delta_weight` added (a new tensor, the model untouched), trainable-token layers give their merged rows,
+    and PEFT's own tensors are skipped. These are the names vLLM's `load_weights` maps to its own modules.
+    """
+    from .options import _ADAPTER_KEYS, _WRAPPER_PARTS, is_lora_model
+
+    if not is_lora_model(model):
+        yield from model.named_parameters()
+        return
+    plain = model.get_base_model()
+    deltas: dict[str, torch.Tensor] = {}
+    for name, module in plain.named_modules():
+        if hasattr(module, "get_delta_weight") and hasattr(module, "base_layer"):  # a LoRA layer
+            for adapter in getattr(module, "active_adapters", ["default"]):
+                if adapter in getattr(module, "lora_A", {}):
+                    delta = module.get_delta_weight(adapter)
+                    deltas[f"{name}.base_layer.weight"] = deltas.get(f"{name}.base_layer.weight", 0) + delta
+        if hasattr(module, "get_merged_weights") and hasattr(module, "trainable_tokens_delta"):  # action rows
+            deltas[f"{name}.base_layer.weight"] = module.get_merged_weights(module.active_adapters)
+    # Parameters, not the state dict: a tied head is listed once (as `named_parameters` of the plain model does)
+    # and no buffer reaches vLLM's `load_weights`, which refuses names it does not know.
+    for key, value in plain.named_parameters():
+        if any(part in key for part in _ADAPTER_KEYS):
+            continue
+        value = value.detach()
+        if key in deltas:
+            delta = deltas[key]
+            value = delta.to(value.dtype) if "token_adapter" in key else (value + delta.to(value.dtype))
+        for wrapped, bare in _WRAPPER_PARTS:
+            key = key.replace(wrapped, bare)
+        yield key, value
+
+
+def weights_version(model) -> tuple[int, ...]:
+    """Version counters of the trainable parameters: they change whenever an optimiser updates them in place."""
+    return tuple(p._version for p in model.parameters() if p.requires_grad)
+
+
+# ---------------------------------------------------------------------------------------------- the engine
+class VLLMBackend:
+    """Samples with a colocated `vllm.LLM` (see the module docstring). UNTESTED ON GPU in this repository.
+
+    Args:
+        gpu_memory_utilization: share of the GPU's memory vLLM may take (weights + KV cache + activations).
+        max_model_len: longest prompt + completion vLLM plans for; None lets vLLM take the model's (large: a
+            smaller value frees KV-cache memory, e.g. 4096 for 256 px images and a few hundred new tokens).
+        enable_sleep_mode: allow `sleep()` (costs nothing while awake).
+        engine_kwargs: more `vllm.LLM` arguments (e.g. `enforce_eager=True`, `max_num_seqs=...`).
+    """
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        gpu_memory_utilization: float = 0.3,
+        max_model_len: int | None = None,
+        enable_sleep_mode: bool = True,
+        **engine_kwargs,
+    ):
+        require_vllm()  # fail when the backend is chosen, not at the first generation
+        if not 0 < gpu_memory_utilization < 1:
+            raise ValueError(f"vllm_gpu_memory_utilization must be in (0, 1), got {gpu_memory_utilization}")
+        self.gpu_memory_utilization = gpu_memory_utilization
+        self.max_model_len = max_model_len
+        self.enable_sleep_mode = enable_sleep_mode
+        self.engine_kwargs = engine_kwargs
+        self.llm = None
+        self._folder: tempfile.TemporaryDirectory | None = None
+        self._synced: tuple[int, ...] | None = None
+        self._asleep = False
+
+    def __deepcopy__(self, memo) -> VLLMBackend:
+        # `copy.deepcopy(policy)` (the trainer's KL reference) must not duplicate a GPU engine; the copy gets an
+        # engine of its own only if it ever generates.
+        clone = copy.copy(self)
+        clone.llm, clone._folder, clone._synced, clone._asleep = None, None, None, False
+        return clone
+
+    # ------------------------------------------------------------------ lifecycle
+    def _start(self, policy: VLMPolicy):
+        vllm = require_vllm()
+        from .options import _plain_model
+
+        plain = _plain_model(policy.model)
+        self._folder = tempfile.TemporaryDirectory(prefix="mmrl-vllm-")
+        config = copy.deepcopy(plain.config)
+        config.architectures = [type(plain).__name__]  # what vLLM picks its implementation by
+        config.save_pretrained(self._folder.name)
+        if plain.generation_config is not None:
+            plain.generation_config.save_pretrained(self._folder.name)
+        policy.processor.save_pretrained(self._folder.name)
+        # The in-process executor reads torch.distributed's rendezvous variables (one process, rank 0).
+        for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
+            os.environ.setdefault(key, value)
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        dtype = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}[plain.dtype]
+        self.llm = vllm.LLM(
+            model=self._folder.name,
+            dtype=dtype,
+            load_format="dummy",  # weights come from the policy (`sync_weights`), not from disk
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            max_model_len=self.max_model_len,
+            enable_sleep_mode=self.enable_sleep_mode,
+            distributed_executor_backend="external_launcher",
+            logprobs_mode="processed_logprobs",
+            limit_mm_per_prompt={"image": 1},
+            **self.engine_kwargs,
+        )
+        self._synced = None
+
+    def sync_weights(self, policy: VLMPolicy) -> None:
+        """Copy the policy's current weights (LoRA merged) into the engine and drop its prefix cache."""
+        model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
+        model.load_weights(weights=((name, tensor.detach()) for name, tensor in merged_named_weights(policy.model)))
+        self.llm.reset_prefix_cache()  # cached prompt KV was computed with the old weights
+        self._synced = weights_version(policy.model)
+
+    def sleep(self) -> None:
+        """Free the engine's weights and KV cache (sleep level 2) until the next `sample`."""
+        if self.llm is not None and self.enable_sleep_mode and not self._asleep:
+            self.llm.sleep(level=2)
+            self._asleep, self._synced = True, None  # level 2 discards the weights: re-sync on waking
+
+    def _wake_up(self, policy: VLMPolicy) -> None:
+        if not self._asleep:
+            return
+        torch.cuda.empty_cache()
+        self.llm.wake_up(tags=["weights"])
+        try:  # vllm-project/vllm#29341: level-2 wake-ups need a reload before new weights are written
+            self.llm.collective_rpc("reload_weights")
+        except NotImplementedError:
+            pass
+        self.sync_weights(policy)
+        self.llm.wake_up(tags=["kv_cache"])
+        self._asleep = False
+
+    # ------------------------------------------------------------------ sampling
+    @torch.no_grad()
+    def sample(
+        self,
+        policy: VLMPolicy,
+        prompts: Observation,
+        inputs: dict[str, torch.Tensor],
+        group_size: int,
+        sampling: Sampling,
+    ) -> Completions:
+        vllm = require_vllm()
+        if self.llm is None:
+            self._start(policy)
+        self._wake_up(policy)
+        if self._synced != weights_version(policy.model):
+            self.sync_weights(policy)
+        seed = int(torch.randint(0, 2**31 - len(prompts), ()).item())  # from torch's global generator
+        kwargs = sampling_params_kwargs(policy, group_size, sampling)
+        params = [vllm.SamplingParams(**{**kwargs, "seed": seed + i}) for i in range(len(prompts))]
+        outputs = self.llm.generate(vllm_requests(policy, prompts), sampling_params=params, use_tqdm=False)
+        repeat = group_size if sampling.temperature <= 0 else 1
+        out = completions_from_vllm(outputs, policy.pad_token_id, repeat=repeat)
+        device = policy.device
+        return Completions(*(x.to(device) for x in (out.completion_ids, out.completion_mask, out.logprobs)))
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

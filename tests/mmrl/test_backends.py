@@ -1,0 +1,181 @@
+"""Generation backends: the static-cache backend against the `hf` reference, and the pure parts of the vLLM one.
+
+On CPU the static backend runs without compilation (transformers compiles the decoding step on CUDA only; see
+`mmrl.policy.backends`), so these tests pin what must not change when it is compiled: the same tokens and the
+same sampling-time log-probs as `hf`. vLLM is not installed here and cannot run on CPU: its engine tests skip
+unless vLLM and a GPU are present (`-m gpu`), and only its pure functions run here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from mmrl.policy import TINY_ARCHS, Sampling, VLMPolicy, add_action_tokens
+from mmrl.policy.vllm_backend import completions_from_vllm, sampling_params_kwargs, vllm_requests
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+SAMPLING = Sampling(max_new_tokens=8, temperature=0.7)
+
+
+def generate(policy: VLMPolicy, backend: str, obs, group_size: int, sampling: Sampling, seed: int = 0):
+    policy.generation_backend = backend
+    torch.manual_seed(seed)
+    return policy.generate(obs, group_size=group_size, sampling=sampling)
+
+
+def cache_types(policy: VLMPolicy) -> set[str]:
+    """Records the KV-cache class every forward pass of the policy's model receives, from now on."""
+    seen: set[str] = set()
+    policy.model.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.add(type(kwargs.get("past_key_values")).__name__), with_kwargs=True
+    )
+    return seen
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_static_cache_gives_the_hf_tokens_and_logprobs(arch, tiny_policy, grounding_obs):
+    policy = tiny_policy(arch, seed=0)
+    caches = cache_types(policy)
+    obs = grounding_obs(arch, [0, 1], ["Find it.", "Find the yellow triangle left of the blue square."])  # padded
+    for sampling, group_size in ((Sampling(max_new_tokens=8, temperature=0.0), 1), (SAMPLING, 2)):
+        obs_g = obs.select([i for i in range(len(obs)) for _ in range(group_size)])
+        caches.clear()
+        want = generate(policy, "hf", obs_g, group_size, sampling)
+        assert caches == {"DynamicCache"}
+        caches.clear()
+        got = generate(policy, "static", obs_g, group_size, sampling)
+        assert policy.generation_backend == "static" and caches == {"StaticCache"}  # the backend is really in use
+        torch.testing.assert_close(got.completion_ids, want.completion_ids, rtol=0, atol=0)
+        torch.testing.assert_close(got.completion_mask, want.completion_mask, rtol=0, atol=0)
+        torch.testing.assert_close(got.logprobs, want.logprobs, rtol=0, atol=1e-5)
+        assert got.texts == want.texts
+        # Both agree with a recomputation by the training forward pass (the PPO ratio starts at 1).
+        recomputed = policy.logprobs(got, temperature=sampling.temperature)  # <= 0 (greedy) scores at 1
+        mask = got.completion_mask
+        torch.testing.assert_close(got.logprobs[mask], recomputed.detach()[mask], rtol=0, atol=1e-4)
+
+
+def test_greedy_groups_decode_each_prompt_once(tiny_policy, grounding_obs):
+    policy = tiny_policy("qwen2_vl", seed=0)
+    greedy = Sampling(max_new_tokens=6, temperature=0.0)
+    grouped = generate(policy, "hf", grounding_obs("qwen2_vl", [3, 3, 4, 4]), 2, greedy)
+    single = generate(policy, "hf", grounding_obs("qwen2_vl", [3, 4]), 1, greedy)
+    torch.testing.assert_close(grouped.completion_ids, single.completion_ids.repeat_interleave(2, 0), rtol=0, atol=0)
+    torch.testing.assert_close(grouped.logprobs, single.logprobs.repeat_interleave(2, 0), rtol=0, atol=0)
+
+
+def test_vla_stays_restricted_to_action_tokens_under_the_static_backend(tiny_policy, grounding_obs):
+    policy = tiny_policy("qwen3_vl", seed=0, prompt_template="{image} {instruction}")
+    codec = add_action_tokens(policy, torch.full((3,), -1.0), torch.ones(3), bins=16, chunk=2)
+    obs = grounding_obs("qwen3_vl", [0, 0, 1, 1])
+    want = generate(policy, "hf", obs, 2, Sampling(temperature=1.0))
+    got = generate(policy, "static", obs, 2, Sampling(temperature=1.0))
+    assert got.completion_ids.shape == (4, 6) and got.completion_mask.all()  # C*D = 2*3 tokens, no EOS
+    assert torch.isin(got.completion_ids, codec.token_ids).all()
+    torch.testing.assert_close(got.completion_ids, want.completion_ids, rtol=0, atol=0)
+    torch.testing.assert_close(got.logprobs, want.logprobs, rtol=0, atol=1e-5)
+    # Log-probs of the distribution restricted to the 16 action tokens, as the training pass computes them.
+    torch.testing.assert_close(got.logprobs, policy.logprobs(got).detach(), rtol=0, atol=1e-4)
+    assert (got.logprobs > torch.log(torch.tensor(1e-3))).all()  # over the full vocabulary some would be tiny
+
+
+def test_backend_choice_errors_name_the_choices(tiny_policy):
+    policy = tiny_policy("qwen2_vl", seed=0)
+    with pytest.raises(ValueError, match="hf, static, vllm"):
+        policy.generation_backend = "sglang"
+    with pytest.raises(ValueError, match="takes no options"):
+        policy.set_generation_backend("static", gpu_memory_utilization=0.5)
+    assert policy.generation_backend == "hf"  # a refused choice leaves the backend as it was
+
+
+@pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed: the missing-vLLM error cannot be shown")
+def test_vllm_backend_without_vllm_names_the_extra(tiny_policy):
+    with pytest.raises(ImportError, match=r"mmrl\[vllm\]"):
+        tiny_policy("qwen2_vl", seed=0).generation_backend = "vllm"
+
+
+# ---------------------------------------------------------------------------------------------- vLLM, pure parts
+def test_vllm_requests_hold_the_chat_prompt_and_the_image(tiny_policy, grounding_obs):
+    policy = tiny_policy("qwen2_5_vl", seed=0)
+    obs = grounding_obs("qwen2_5_vl", [0, 1])
+    requests = vllm_requests(policy, obs)
+    assert len(requests) == 2
+    for request, instruction, image in zip(requests, obs.instruction, obs.image):
+        assert request["prompt"] == policy.processor.prompt_text(instruction, template=policy.prompt_template)
+        assert request["prompt"].count(policy.processor.image_token) == 1  # vLLM expands it to the image's tokens
+        pil = request["multi_modal_data"]["image"]
+        assert isinstance(pil, Image.Image) and pil.size == (image.shape[1], image.shape[0])
+        assert torch.equal(torch.from_numpy(np.asarray(pil).copy()), image)
+    # Expanding the placeholder as vLLM's processor does gives exactly the ids the Rollout carries.
+    inputs = policy.encode(obs)
+    ids = policy.processor([r["prompt"] for r in requests], [r["multi_modal_data"]["image"] for r in requests])
+    torch.testing.assert_close(ids["input_ids"], inputs["input_ids"].cpu(), rtol=0, atol=0)
+
+
+def test_vllm_sampling_params_match_the_hf_call(tiny_policy):
+    policy = tiny_policy("qwen2_vl", seed=0)
+    text = sampling_params_kwargs(policy, 4, Sampling(max_new_tokens=12, temperature=0.7, top_p=0.9), seed=5)
+    assert text["n"] == 4 and text["temperature"] == 0.7 and text["top_p"] == 0.9 and text["top_k"] == -1
+    assert text["max_tokens"] == 12 and text["logprobs"] == 0 and text["seed"] == 5
+    assert text["stop_token_ids"] == policy.eos_token_ids and text["repetition_penalty"] == 1.0
+    assert set(text["logit_bias"]) == set(policy.suppress_token_ids) and max(text["logit_bias"].values()) <= -100
+    greedy = sampling_params_kwargs(policy, 4, Sampling(temperature=0.0))
+    assert greedy["n"] == 1 and greedy["temperature"] == 0.0  # one decoding per prompt, repeated G times
+    codec = add_action_tokens(policy, torch.full((2,), -1.0), torch.ones(2), bins=8, chunk=3)
+    action = sampling_params_kwargs(policy, 2, Sampling(max_new_tokens=50))
+    assert action["max_tokens"] == action["min_tokens"] == 6 and action["ignore_eos"]
+    assert action["allowed_token_ids"] == codec.token_ids.tolist() and "logit_bias" not in action
+
+
+def fake_request(completions: list[tuple[list[int], list[float]]], shuffled: bool = False):
+    """A stand-in for vLLM's `RequestOutput`, with its documented fields only (see `completions_from_vllm`)."""
+    outputs = [
+        SimpleNamespace(
+            index=i,
+            token_ids=ids,
+            logprobs=[{t: SimpleNamespace(logprob=lp, rank=1)} for t, lp in zip(ids, lps)],
+            finish_reason="stop",
+        )
+        for i, (ids, lps) in enumerate(completions)
+    ]
+    return SimpleNamespace(outputs=outputs[::-1] if shuffled else outputs)
+
+
+def test_vllm_outputs_become_padded_completions():
+    """Pure conversion only: the fake outputs mimic vLLM's `RequestOutput` / `CompletionOutput` structure."""
+    outputs = [
+        fake_request([([5, 6, 2], [-0.1, -0.2, -0.3]), ([7], [-1.0])], shuffled=True),  # read back by `.index`
+        fake_request([([8, 9], [-0.5, -0.6]), ([4, 4, 4], [-0.7, -0.8, -0.9])]),
+    ]
+    out = completions_from_vllm(outputs, pad_token_id=0)
+    assert out.completion_ids.tolist() == [[5, 6, 2], [7, 0, 0], [8, 9, 0], [4, 4, 4]]
+    assert out.completion_mask.tolist() == [[True] * 3, [True, False, False], [True, True, False], [True] * 3]
+    torch.testing.assert_close(
+        out.logprobs, torch.tensor([[-0.1, -0.2, -0.3], [-1.0, 0, 0], [-0.5, -0.6, 0], [-0.7, -0.8, -0.9]])
+    )
+    repeated = completions_from_vllm([fake_request([([3, 2], [-0.4, -0.5])])], pad_token_id=0, repeat=2)
+    assert repeated.completion_ids.tolist() == [[3, 2], [3, 2]]
+    with pytest.raises(ValueError, match="logprobs=0"):
+        completions_from_vllm([SimpleNamespace(outputs=[SimpleNamespace(index=0, token_ids=[1], logprobs=None)])], 0)
+
+
+# ---------------------------------------------------------------------------------------------- vLLM, GPU only
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_VLLM or not torch.cuda.is_available(), reason="needs vLLM and a CUDA device")
+def test_vllm_backend_samples_what_the_policy_scores(tiny_policy, grounding_obs):  # pragma: no cover - GPU only
+    policy = tiny_policy("qwen2_5_vl", seed=0)
+    policy.model.to("cuda")
+    policy.set_generation_backend("vllm", gpu_memory_utilization=0.2, max_model_len=1024, enforce_eager=True)
+    torch.manual_seed(0)
+    rollout = policy.generate(grounding_obs("qwen2_5_vl", [0, 0, 1, 1]), group_size=2, sampling=SAMPLING)
+    assert rollout.completion_ids.shape[0] == 4
+    assert not torch.isin(rollout.completion_ids, torch.tensor(policy.suppress_token_ids, device="cuda")).any()
+    recomputed = policy.logprobs(rollout, temperature=SAMPLING.temperature).detach()
+    mask = rollout.completion_mask
+    torch.testing.assert_close(rollout.logprobs[mask], recomputed[mask], rtol=0, atol=1e-2)

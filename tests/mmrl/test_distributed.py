@@ -1,0 +1,225 @@
+"""FSDP2 under torchrun: two CPU processes (gloo) train exactly what one process generating the same shards trains.
+
+The runs are real `torchrun --nproc_per_node=2 -m mmrl train` subprocesses on the cold-started tiny Qwen3-VL of the
+demo, whose boxes miss at 64 px but by varying amounts: with the dense GIoU term, rewards and advantages differ
+within groups and the loss has a real gradient; a KL term puts the sharded frozen reference to work as well. The
+one-process reference run passes `generation_shards=2`, so it samples each half of the prompts with the seed the
+corresponding process uses. Every launch has a timeout and its whole process group is killed on expiry, so a
+deadlock fails a test instead of hanging the suite.
+
+Run as a script under torchrun, this file is the worker of the uneven-generation test (see `_worker`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+REPO = Path(__file__).resolve().parents[2]
+ASSET = "assets/tiny_models/qwen3_vl_grounding"
+RUN = {
+    "model": {"path": ASSET, "prompt_template": "{instruction} {image} Answer as <answer>[x1,y1,x2,y2]</answer>."},
+    "env": {"name": "grounding", "options": {"image_size": 64, "giou_weight": 1.0}},
+    "sampling": {"max_new_tokens": 20, "temperature": 1.0},
+    "algo": {"group_size": 2, "kl_coef": 0.05},
+    # 4 prompts x 2 samples: 4 rows per process in slices of 3 + 1, 8 rows in one process in 3 + 3 + 2.
+    "trainer": {
+        "total_steps": 2,
+        "prompts_per_step": 4,
+        "micro_batch_size": 3,
+        "lr": 1e-3,
+        "eval_episodes": 2,
+        "eval_batch_size": 2,
+        "save_every": 1,
+        "threads": 1,
+    },
+}
+COMPARED = ("loss/policy", "loss/kl", "grad_norm", "reward/total", "reward/giou", "completion_len")
+
+
+def torchrun(log: Path, *args: str, timeout: float = 300) -> str:
+    """`torchrun --standalone --nproc_per_node=2 ARGS` (a free rendezvous port), its output, or a failed test."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *args]
+    with open(log, "w") as out:
+        # A session of its own: on a timeout the workers die with the launcher instead of hanging on.
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            pytest.fail(f"torchrun still running after {timeout} s (a deadlock?):\n{log.read_text()[-4000:]}")
+    text = log.read_text()
+    assert code == 0, text[-6000:]
+    return text
+
+
+def training_rows(output_dir: Path) -> list[dict]:
+    from mmrl.logging import read_metrics
+
+    return [m for m in read_metrics(output_dir / "metrics.jsonl") if "reward/total" in m]
+
+
+def final_weights(output_dir: Path) -> dict[str, torch.Tensor]:
+    from mmrl.checkpoint import latest_checkpoint
+
+    return load_file(latest_checkpoint(output_dir) / "model.safetensors")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The same two steps in two processes and in one: (config file, two-process dir, one-process dir)."""
+    from mmrl.config import load_config
+    from mmrl.trainer import train
+
+    root = tmp_path_factory.mktemp("fsdp")
+    config = root / "run.yaml"
+    config.write_text(yaml.safe_dump(RUN))
+    two, one = root / "two", root / "one"
+    torchrun(root / "two.log", "-m", "mmrl", "train", str(config), f"output_dir={two}")
+    train(load_config(config, [f"output_dir={one}"]), generation_shards=2)
+    return config, two, one
+
+
+def test_two_processes_log_what_one_process_logs(runs):
+    _, two, one = runs
+    got, want = training_rows(two), training_rows(one)
+    assert [m["step"] for m in got] == [m["step"] for m in want] == [1, 2]
+    for g, w in zip(got, want):
+        for key in COMPARED:
+            assert g[key] == pytest.approx(w[key], rel=1e-4, abs=1e-6), f"step {w['step']}: {key}"
+        assert g["grad_norm"] > 0.1  # a real gradient, not the zero of equal rewards
+    assert got[1]["loss/kl"] > 0  # step 2 is measured against the (sharded) reference
+    assert got[0]["reward/total"] != got[1]["reward/total"]
+    # Rank 0 alone wrote the file: held-out rows before and after, one row per step, none twice.
+    from mmrl.logging import read_metrics
+
+    assert [m["step"] for m in read_metrics(two / "metrics.jsonl")] == [0, 1, 2, 2]
+
+
+def test_checkpoint_holds_full_weights_that_load_in_one_process(runs):
+    from mmrl.checkpoint import latest_checkpoint, load_training_state
+    from mmrl.policy import VLMPolicy
+
+    _, two, one = runs
+    got, want = final_weights(two), final_weights(one)
+    assert got.keys() == want.keys()  # the tied LM head written once, as one process writes it
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+    start = load_file(REPO / ASSET / "model.safetensors")
+    assert any(not torch.equal(got[k], start[k]) for k in got)  # training moved them
+    policy = VLMPolicy.from_pretrained(latest_checkpoint(two))
+    loaded = dict(policy.model.named_parameters())
+    for name, value in got.items():
+        torch.testing.assert_close(loaded[name].detach(), value, rtol=0, atol=0)
+    # The optimiser state is whole as well (each process held a slice), keyed by parameter name.
+    _, states = load_training_state(latest_checkpoint(two))
+    name = "model.language_model.embed_tokens.weight"
+    assert states["optimizer"]["state"][name]["exp_avg"].shape == loaded[name].shape
+
+
+def test_resumed_two_process_run_matches_the_uninterrupted_one(runs, tmp_path):
+    config, two, _ = runs
+    resumed = tmp_path / "resumed"
+    shutil.copytree(two, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "step_00000002")  # as if killed after the checkpoint of step 1
+    log = torchrun(
+        tmp_path / "resumed.log", "-m", "mmrl", "train", str(config), f"output_dir={resumed}", "resume=true"
+    )
+    assert "resumed from" in log
+    got, want = final_weights(resumed), final_weights(two)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=0, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+    for g, w in zip(training_rows(resumed), training_rows(two), strict=True):
+        for key in COMPARED:
+            assert g[key] == pytest.approx(w[key], rel=1e-5, abs=1e-7), f"step {w['step']}: {key}"
+
+
+def test_processes_generate_unevenly_without_deadlock(tmp_path):
+    log = torchrun(tmp_path / "worker.log", str(Path(__file__)))
+    assert "worker 0 ok" in log and "worker 1 ok" in log
+
+
+def test_prompts_split_into_whole_shards_per_process():
+    from mmrl.distributed import World, prompt_shards, sampling_seed
+
+    assert prompt_shards(8, 1, World()) == range(0, 1)
+    assert prompt_shards(8, 4, World(rank=1, size=2)) == range(2, 4)
+    with pytest.raises(ValueError, match=r"prompts_per_step=3 is not valid with 2 processes"):
+        prompt_shards(3, 2, World(rank=0, size=2))
+    with pytest.raises(ValueError, match=r"generation_shards=3"):
+        prompt_shards(6, 3, World(rank=0, size=2))  # 3 shards do not split over 2 processes
+    # One process generating everything at once keeps the seed it always had; other shards and refills differ.
+    assert sampling_seed(7, 5) == 7 * 1_000_003 + 5
+    assert len({sampling_seed(7, 5, shard, attempt) for shard in range(3) for attempt in range(3)}) == 9
+
+
+def test_without_torchrun_nothing_is_distributed(monkeypatch):
+    import torch.distributed as dist
+
+    from mmrl.distributed import World, init_world
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    world = init_world("cpu")
+    assert world == World() and world.sum(3) == 3 and world.max(2.5) == 2.5
+    x = torch.ones(2)
+    assert world.gather_rows(x)[0] is x and world.reduce_metrics({"a": x[0]}, weight=2) == {"a": x[0]}
+    assert not dist.is_initialized()
+
+
+def _worker() -> None:
+    """Each of two processes: uneven generation inside `full_weights`, then training collectives in step."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+
+    import sim
+    from mmrl.distributed import clip_grad_norm, close_world, full_weights, init_world, shard_model
+    from mmrl.policy import Sampling, build_tiny
+
+    world = init_world("cpu")
+    rank = world.rank
+    # The World helpers on inputs that differ between processes.
+    rows, first = world.gather_rows(torch.arange(rank + 1.0))  # rank 0 holds [0], rank 1 [0, 1]
+    assert rows.tolist() == [0.0, 0.0, 1.0] and first == rank
+    assert world.sum(rank + 1) == 3 and world.max(torch.tensor(rank)).item() == 1
+    metrics = world.reduce_metrics(
+        {"mean": float(rank), "loss": 0.25, "time": rank + 1.0}, weight=rank + 1, summed=("loss",), maxed=("time",)
+    )
+    assert metrics == pytest.approx({"mean": 2 / 3, "loss": 0.5, "time": 2.0})  # (0*1 + 1*2) / 3
+
+    policy = build_tiny("qwen2_vl", seed=rank)  # different weights in each process: shard_model takes rank 0's
+    shard_model(policy.model, world)
+    obs = sim.make("grounding", num_envs=2, image_size=56).reset(seed=[0, 0])
+    with full_weights(policy.model):
+        torch.manual_seed(rank)
+        # Different numbers of forward passes and of generate calls: any collective in there would hang.
+        rollout = policy.generate(obs, group_size=2, sampling=Sampling(max_new_tokens=2 + 4 * rank))
+        for _ in range(2 * rank):
+            policy.generate(obs, sampling=Sampling(max_new_tokens=2))
+        greedy = policy.generate(obs, sampling=Sampling(max_new_tokens=4, temperature=0.0))
+    answers = [None, None]
+    dist.all_gather_object(answers, greedy.completion_ids.tolist())
+    assert answers[0] == answers[1]  # the same (rank 0's) weights everywhere
+    optimizer = torch.optim.AdamW(policy.model.parameters(), lr=1e-3)
+    loss = -(policy.logprobs(rollout) * rollout.completion_mask).sum() / rollout.completion_mask.sum()
+    loss.backward()
+    norm = clip_grad_norm(policy.model, 1.0)
+    optimizer.step()
+    assert torch.isfinite(norm) and norm > 0 and world.max(norm) == world.sum(norm) / 2  # one global norm
+    print(f"worker {rank} ok", flush=True)
+    close_world()
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO))
+    _worker()

@@ -1,0 +1,70 @@
+"""The trainer applies the real-size options of `model.*` and `trainer.*`: LoRA, a frozen vision tower, micro-batches
+packed by a token budget, and env workers (Ray actors when `env.workers > 0`)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+import pytest
+import torch
+
+from mmrl.trainer import train
+
+
+def _run(cfg):
+    with contextlib.redirect_stdout(io.StringIO()):
+        return train(cfg)
+
+
+def _step_rows(history):
+    return [m for m in history if "loss/policy" in m]
+
+
+def test_token_budget_gives_the_loss_of_row_micro_batches(tmp_path, tiny_run_config, letters_env):
+    """Packing by tokens (and trimming each slice's padding) changes how the batch is cut, never the loss."""
+    common = (f"env.name={letters_env}", "trainer.total_steps=2", "algo.group_size=4", "trainer.micro_batch_size=8")
+    rows = _step_rows(_run(tiny_run_config(tmp_path / "rows", *common)))
+    budget = _step_rows(_run(tiny_run_config(tmp_path / "budget", *common, "trainer.token_budget=60")))
+    for a, b in zip(rows, budget):
+        assert a["loss/policy"] == pytest.approx(b["loss/policy"], rel=1e-4, abs=1e-6)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-3)
+
+
+def test_lora_and_frozen_vision_train_only_what_they_should(tmp_path, tiny_run_config, letters_env):
+    pytest.importorskip("peft")
+    from mmrl.policy.options import is_lora
+    from mmrl.trainer import load_policy
+
+    cfg = tiny_run_config(
+        tmp_path, f"env.name={letters_env}", "trainer.total_steps=1", "model.lora_r=4", "model.freeze_vision=true",
+        "trainer.lr=1e-2",
+    )  # fmt: skip
+    start = load_policy(cfg.model)
+    history = _run(cfg)
+    assert _step_rows(history)[0]["grad_norm"] > 0
+    trained = load_policy(cfg.model, checkpoint=tmp_path / "checkpoints" / "step_00000001")
+    assert is_lora(trained)
+    from mmrl.policy.options import merge_lora
+
+    merged = merge_lora(trained).model.state_dict()
+    base = start.model.state_dict()
+    vision = [k for k in base if ".visual." in k or k.startswith("visual.") or "model.visual" in k]
+    assert vision, "found no vision weights to compare"
+    assert all(torch.equal(base[k], merged[k]) for k in vision), "the frozen vision tower moved"
+    moved = [k for k in base if k in merged and not torch.equal(base[k], merged[k])]
+    assert moved, "LoRA training changed nothing"
+
+
+def test_env_workers_run_the_env_in_ray_actors(tmp_path, tiny_run_config):
+    pytest.importorskip("ray")
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    try:
+        local = _step_rows(_run(tiny_run_config(tmp_path / "local", "trainer.total_steps=1")))
+        remote = _step_rows(_run(tiny_run_config(tmp_path / "ray", "trainer.total_steps=1", "env.workers=2")))
+    finally:
+        ray.shutdown()
+    assert local[0]["reward/total"] == pytest.approx(remote[0]["reward/total"])
+    assert local[0]["loss/policy"] == pytest.approx(remote[0]["loss/policy"], rel=1e-5, abs=1e-7)
