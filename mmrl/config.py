@@ -130,7 +130,9 @@ class SFTConfig:
     steps: int = 200  # optimiser steps
     batch_size: int = 64  # (observation, action) pairs per step
     lr: float = 1e-3
-    noise: float = 0.3  # executed actions get this much Gaussian noise (labels stay the clean expert's): DART
+    # Executed actions get this much noise while the labels stay the expert's (DART): Gaussian in action units for
+    # continuous envs; for text envs the env's own notion (jittered clicks, random meta-actions, perturbed numbers).
+    noise: float = 0.3
     # > 0 labels with the expert's noisy answers instead: a sloppy demonstrator whose errors RL then corrects.
     label_noise: float = 0.0
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
 import sys
 import time
 from dataclasses import replace
@@ -107,6 +108,7 @@ def starting_policy(cfg: TrainConfig, policy: VLMPolicy | None, env, out: Path, 
         )  # fmt: skip
         if main:
             tmp = out / "cold_start.tmp"
+            shutil.rmtree(tmp, ignore_errors=True)  # a half-written one from a killed run
             policy.save_pretrained(tmp)
             (tmp / "initial_eval.json").write_text(json.dumps(initial.metrics, indent=2))
             tmp.rename(cold_start)  # atomic: a folder named cold_start is always complete
@@ -177,6 +179,9 @@ def train(
     """
     tc, ac = cfg.trainer, cfg.algo
     world = distributed.init_world(cfg.model.device)
+    if world.size > 1 and cfg.model.lora_r > 0:
+        # The checkpoint of a sharded PEFT model is not gathered yet (its base weights would be written as shards).
+        raise ValueError("model.lora_r > 0 under torchrun is not supported yet: train LoRA in one process")
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     if world.is_main:
@@ -435,11 +440,13 @@ def train(
                 save_checkpoint(out, step + 1, saved_policy, saved_optimizer, scheduler, state, tc.keep_checkpoints)
         if stop_after is not None and step + 1 >= stop_after:
             bar.close()
+            env.close()
             world.barrier()  # rank 0 has written what the others read back
             return read_metrics(out / "metrics.jsonl")
     bar.close()
 
     # ------------------------------------------------------------------ REPORT
+    env.close()
     after = held_out(policy, cfg)
     logger.log(tc.total_steps, {f"eval/{k}": v for k, v in after.metrics.items()})
     if world.is_main:
@@ -471,7 +478,9 @@ def report(cfg: TrainConfig, policy: VLMPolicy, before: dict, after: EvalResult,
         print(f"skipped plots: {e}", file=sys.stderr)
     scores = {"before": before, "after": after.metrics}
     initial_file = out / "cold_start" / "initial_eval.json"
-    if initial_file.exists():  # a cold start ran: the run's "before" is the model before the demonstrations
+    if (
+        cfg.sft.episodes > 0 and initial_file.exists()
+    ):  # a cold start ran: the run's "before" is the model before the demonstrations
         scores["initial"] = json.loads(initial_file.read_text())
         print(f"held-out {label} (initial model -> after demonstrations -> after RL): {scores['initial'][metric]:.3f}"
               f" -> {before[metric]:.3f} -> {after.metrics[metric]:.3f}")  # fmt: skip

@@ -676,6 +676,9 @@ def _init_ray(address: str | None, num_cpus: int) -> Any:
     except ImportError as error:
         raise ImportError("RayVecEnv needs Ray: pip install 'mmrl[ray]' (or run the worlds in-process)") from error
     if not ray.is_initialized():
+        # RAY_ADDRESS (Ray's own convention) joins an existing cluster, as `address=` does: e.g. the head node of a
+        # multi-machine cluster started with `ray start`.
+        address = address or os.environ.get("RAY_ADDRESS") or None
         if address is None:
             ray.init(ignore_reinit_error=True, include_dashboard=False, num_cpus=num_cpus, log_to_driver=False)
         else:

@@ -191,6 +191,7 @@ class HFBackend:
         model.eval()
         try:
             sequences = model.generate(
+                synced_gpus=False,  # under FSDP whole weights are gathered first: no per-token collective
                 **inputs,
                 do_sample=not greedy,
                 temperature=None if greedy else sampling.temperature,

@@ -131,6 +131,26 @@ def test_camera_sees_targets_and_gripper_where_they_are():
     env.close()
 
 
+def test_egocentric_camera_keeps_the_gripper_centred_and_shows_the_targets_where_they_are():
+    env = ReachEnv(num_envs=4, num_targets=4, image_size=64, camera="ego")
+    obs = env.reset(seed=11)
+    for _ in range(2):  # the view follows the gripper as it moves
+        images = obs.image.numpy()  # [N, H, W, 3]
+        for k in range(env.num_envs):
+            assert images[k, 32, 32].max() < 80  # the dark gripper, always at the centre
+            column, row = env.world_to_pixel(env.gripper_xy[k], world=k)
+            assert abs(column - 32) < 1e-6 and abs(row - 32) < 1e-6
+            for (column, row), colour in zip(env.world_to_pixel(env._disc_xy[k], world=k), env._disc_colour[k]):
+                if 0 <= column < 64 and 0 <= row < 64:
+                    assert _looks(COLOURS[colour], images[k, int(row), int(column)])
+        obs = env.step(env.expert_action()).obs
+    with pytest.raises(ValueError, match="world"):
+        env.world_to_pixel(env.target_xy)
+    with pytest.raises(ValueError, match="camera"):
+        ReachEnv(num_envs=1, camera="side")
+    env.close()
+
+
 def test_push_shows_the_goal_square_in_its_colour():
     env = PushEnv(num_envs=4)
     obs = env.reset(seed=5)
