@@ -29,6 +29,7 @@ PRESETS = {
     "svg_tiny.yaml": ["sampling.max_new_tokens=24"],
     "highway_tiny.yaml": ["env.options={image_size: 64, max_episode_steps: 2}"],
     "dataset_tiny.yaml": [],
+    "cad_tiny.yaml": ["sampling.max_new_tokens=16"],
 }
 
 
@@ -36,6 +37,8 @@ PRESETS = {
 def test_family_preset_runs_end_to_end(preset, tmp_path):
     if preset == "highway_tiny.yaml":
         pytest.importorskip("highway_env")
+    if preset == "cad_tiny.yaml":
+        pytest.importorskip("build123d")
     cfg = load_config(REPO / "configs" / preset, [*SHRINK, *PRESETS[preset], f"output_dir={tmp_path}"])
     out = io.StringIO()
     with contextlib.redirect_stdout(out):

@@ -17,7 +17,9 @@ import torch
 # Not importorskip: `import mani_skill` imports mujoco, which would then pick GLFW for the whole test session and break
 # the MuJoCo envs' offscreen rendering. The adapter imports mani_skill in its worker processes only.
 if importlib.util.find_spec("mani_skill") is None:
-    pytest.skip("mani-skill is not installed (the [maniskill] extra)", allow_module_level=True)
+    pytest.skip(
+        "mani-skill is not installed (`make test` installs it where apt and pip can get it)", allow_module_level=True
+    )
 
 from sim import check_vec_env  # noqa: E402
 from sim.robotics.maniskill import SETUP_HINT, TASKS, ManiSkillEnv  # noqa: E402
