@@ -100,7 +100,8 @@ def starting_policy(cfg: TrainConfig, policy: VLMPolicy | None, env, out: Path, 
         if main:
             print(f"held-out {cfg.env.eval_metric} of the initial model: {initial.metrics[cfg.env.eval_metric]:.3f}\n"
                   f"{len(instructions)} demonstration steps from {cfg.sft.episodes} episodes "
-                  f"(expert success {rate:.2f} under noise {cfg.sft.noise})", file=sys.stderr)  # fmt: skip
+                  f"(demonstrator success {rate:.2f}; noise {cfg.sft.noise}, label noise {cfg.sft.label_noise})",
+                  file=sys.stderr)  # fmt: skip
         # Every process runs the seeded cold start (no long wait at a barrier); shard_model gives all rank 0's.
         train_on_demonstrations(
             policy, images, instructions, labels, steps=cfg.sft.steps, batch_size=cfg.sft.batch_size, lr=cfg.sft.lr,
