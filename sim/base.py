@@ -99,3 +99,14 @@ def resolve_env_ids(env_ids: Sequence[int] | None, num_envs: int) -> list[int]:
     if len(set(ids)) != len(ids):
         raise ValueError(f"env_ids has duplicates: {ids}")
     return ids
+
+
+def check_text_actions(actions: Sequence[str], num_envs: int, name: str) -> list[str]:
+    """The N answers of a text env's `step` as a list; anything but N strings raises, naming the env `name`."""
+    if isinstance(actions, str) or not isinstance(actions, Sequence):
+        raise ValueError(f"{name} takes a list of {num_envs} strings, got {type(actions).__name__}")
+    if len(actions) != num_envs:
+        raise ValueError(f"got {len(actions)} actions for {num_envs} worlds")
+    if not all(isinstance(a, str) for a in actions):
+        raise ValueError(f"every action of {name} must be a string")
+    return list(actions)

@@ -91,7 +91,7 @@ from PIL import Image
 
 from rewards.clip import clip_contrast_reward, load_clip
 from rewards.parse import answer_region
-from sim.base import Observation, StepResult, resolve_env_ids, resolve_seeds
+from sim.base import Observation, StepResult, check_text_actions, resolve_env_ids, resolve_seeds
 from sim.registry import ENVS
 
 META_ACTIONS = ("LANE_LEFT", "IDLE", "LANE_RIGHT", "FASTER", "SLOWER")
@@ -393,10 +393,7 @@ class HighwayEnv:
         invalid = np.zeros(n)
         executed = [""] * n
         if self.action_mode == "text":
-            if isinstance(actions, str) or not isinstance(actions, Sequence) or len(actions) != n:
-                raise ValueError(f"HighwayEnv (text) takes a list of {n} strings, got {type(actions).__name__}")
-            if not all(isinstance(a, str) for a in actions):
-                raise ValueError("every action of HighwayEnv (text) must be a string")
+            actions = check_text_actions(actions, n, "HighwayEnv (text)")
             commands: list[Any] = []
             for k, text in enumerate(actions):
                 name, reason = parse_meta_action(text, self.actions)

@@ -98,7 +98,7 @@ from rewards import (
     parse_point,
     point_in_box,
 )
-from sim.base import Observation, StepResult, resolve_env_ids, resolve_seeds
+from sim.base import Observation, StepResult, check_text_actions, resolve_env_ids, resolve_seeds
 from sim.gui.screens import (
     KINDS,
     LAYOUTS,
@@ -165,16 +165,6 @@ def _check_num_envs(num_envs: int) -> int:
     if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
         raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
     return num_envs
-
-
-def _check_actions(actions: Sequence[str], num_envs: int, name: str) -> list[str]:
-    if isinstance(actions, str) or not isinstance(actions, Sequence):
-        raise ValueError(f"{name} takes a list of {num_envs} strings, got {type(actions).__name__}")
-    if len(actions) != num_envs:
-        raise ValueError(f"got {len(actions)} actions for {num_envs} worlds")
-    if not all(isinstance(a, str) for a in actions):
-        raise ValueError(f"every action of {name} must be a string")
-    return list(actions)
 
 
 def _noise(num: int, dims: int, noise: float, generator: torch.Generator | None) -> np.ndarray:
@@ -324,7 +314,7 @@ class GUIClickEnv:
             ValueError: `actions` is not a list of N strings.
             RuntimeError: Some worlds already ended their episode and were not reset since.
         """
-        texts = _check_actions(actions, self.num_envs, type(self).__name__)
+        texts = check_text_actions(actions, self.num_envs, type(self).__name__)
         ended = self._ended.nonzero().flatten().tolist()
         if ended:
             raise RuntimeError(f"worlds {ended} have ended their episode (or were never reset); reset them first")
@@ -840,7 +830,7 @@ class GUITaskEnv:
             ValueError: `actions` is not a list of N strings.
             RuntimeError: Some worlds were never reset.
         """
-        texts = _check_actions(actions, self.num_envs, type(self).__name__)
+        texts = check_text_actions(actions, self.num_envs, type(self).__name__)
         never = [i for i, app in enumerate(self.apps) if app is None]
         if never:
             raise RuntimeError(f"worlds {never} were never reset; reset them first")

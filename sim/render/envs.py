@@ -74,7 +74,7 @@ import torch
 import torch.nn.functional as F
 
 from rewards.parse import answer_region, extract_code
-from sim.base import Observation, StepResult, resolve_env_ids, resolve_seeds
+from sim.base import Observation, StepResult, check_text_actions, resolve_env_ids, resolve_seeds
 from sim.registry import ENVS
 from sim.render.targets import (
     CAD_MAX_COMPLEXITY,
@@ -247,13 +247,7 @@ class _RenderEnv:
             ValueError: `actions` is not a list of N strings.
             RuntimeError: Some worlds were never reset.
         """
-        name = type(self).__name__
-        if isinstance(actions, str) or not isinstance(actions, Sequence):
-            raise ValueError(f"{name} takes a list of {self.num_envs} strings, got {type(actions).__name__}")
-        if len(actions) != self.num_envs:
-            raise ValueError(f"got {len(actions)} actions for {self.num_envs} worlds")
-        if not all(isinstance(a, str) for a in actions):
-            raise ValueError(f"every action of {name} must be a string")
+        actions = check_text_actions(actions, self.num_envs, type(self).__name__)
         never = (~self._was_reset).nonzero().flatten().tolist()
         if never:
             raise RuntimeError(f"worlds {never} were never reset; reset them first")

@@ -65,7 +65,7 @@ from PIL import Image
 
 from rewards import REWARDS, answer_region, parse_box, parse_choice, parse_number, parse_point
 from rewards.combine import BoundReward
-from sim.base import Observation, StepResult, resolve_env_ids, resolve_seeds
+from sim.base import Observation, StepResult, check_text_actions, resolve_env_ids, resolve_seeds
 from sim.registry import ENVS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -244,10 +244,7 @@ class DatasetEnv:
             RuntimeError: Some worlds already ended their episode and were not reset since.
         """
         n = self.num_envs
-        if isinstance(actions, str) or not isinstance(actions, Sequence) or len(actions) != n:
-            raise ValueError(f"DatasetEnv takes a list of {n} strings, got {type(actions).__name__}")
-        if not all(isinstance(a, str) for a in actions):
-            raise ValueError("every action of DatasetEnv must be a string")
+        actions = check_text_actions(actions, n, "DatasetEnv")
         ended = self._ended.nonzero().flatten().tolist()
         if ended:
             raise RuntimeError(f"worlds {ended} have ended their episode (or were never reset); reset them first")

@@ -29,7 +29,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from rewards import box_giou, box_iou, format_reward, parse_boxes
-from sim.base import Observation, StepResult, resolve_env_ids, resolve_seeds
+from sim.base import Observation, StepResult, check_text_actions, resolve_env_ids, resolve_seeds
 from sim.registry import ENVS
 
 KINDS = ("circle", "square", "triangle", "diamond")
@@ -181,17 +181,11 @@ class GroundingEnv:
             ValueError: `actions` is not a list of N strings.
             RuntimeError: Some worlds already ended their episode and were not reset since.
         """
-        if isinstance(actions, str) or not isinstance(actions, Sequence):
-            raise ValueError(f"GroundingEnv takes a list of {self.num_envs} strings, got {type(actions).__name__}")
-        if len(actions) != self.num_envs:
-            raise ValueError(f"got {len(actions)} actions for {self.num_envs} worlds")
-        if not all(isinstance(a, str) for a in actions):
-            raise ValueError("every action of GroundingEnv must be a string")
+        texts = check_text_actions(actions, self.num_envs, "GroundingEnv")
         ended = self._ended.nonzero().flatten().tolist()
         if ended:
             raise RuntimeError(f"worlds {ended} have ended their episode (or were never reset); reset them first")
 
-        texts = list(actions)
         pred, reasons = parse_boxes(texts)
         pred = pred.to(device=self.device, dtype=torch.float32)  # [N, 4], NaN rows where unparsed
         target = self._target_boxes.clone()  # [N, 4]
