@@ -16,6 +16,11 @@ workspace (0.2 m) in 4 steps.
 **Observation.** `image` uint8 `[N, H, W, 3]` from the top camera (H = W = `image_size`, a multiple of 32);
 `instruction`, N strings; `state` float32 `[N, S]` privileged state, in metres (layouts below).
 
+**Backends.** `backend="mujoco"` (default) steps each world with `mj_step` and renders it with OpenGL on the CPU.
+`backend="warp"` steps all N worlds as one MuJoCo Warp batch and ray-traces their N images at once, on the env's
+`device` (a GPU; the CPU works, slowly); the task logic is the same host code. The two agree to about 1e-5 m and a
+few grey levels (sim/robotics/warp_backend.py).
+
 **Finished worlds.** There is no autoreset. A world whose episode ended (terminated or truncated) is frozen until
 it is reset: `step` ignores its action, does not advance its physics, returns its last image and state, reward 0
 and every reward component 0, and repeats its final `terminated`, `truncated` and `success`.
@@ -86,6 +91,7 @@ import torch
 
 from sim.base import Observation, StepResult, resolve_env_ids, resolve_seeds
 from sim.registry import ENVS
+from sim.robotics.warp_backend import WarpWorlds
 
 MJCF_DIR = Path(__file__).resolve().parents[2] / "assets" / "mjcf"
 # Names only: the RGBA values live in the MJCF files (one mocap body per colour, named "<prefix>_<colour>").
@@ -156,7 +162,10 @@ class PlanarMujocoEnv:
         camera: `"top"`, the fixed view of the whole workspace, or `"ego"`, an egocentric view that rides with the
             gripper (0.64 m across, the gripper at the centre): the action then depends only on where the target
             appears in the image, which a small policy learns much faster.
-        device: Where the returned tensors live; the simulation is on the CPU.
+        device: Where the returned tensors live, and where the `warp` backend runs.
+        backend: `"mujoco"` (default): plain MuJoCo on the CPU, one `mj_step` and one OpenGL render per world.
+            `"warp"`: all N worlds stepped and ray-traced as one batch by MuJoCo Warp on `device` (a GPU; the CPU
+            works but is slow), see sim/robotics/warp_backend.py. Needs the `warp` extra.
     """
 
     action_kind = "continuous"
@@ -174,6 +183,7 @@ class PlanarMujocoEnv:
         shadows: bool,
         device: str,
         camera: Literal["top", "ego"] = "top",
+        backend: Literal["mujoco", "warp"] = "mujoco",
     ):
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
@@ -187,6 +197,8 @@ class PlanarMujocoEnv:
             raise ValueError(f"reward must be 'dense' or 'sparse', got {reward!r}")
         if camera not in ("top", "ego"):
             raise ValueError(f"camera must be 'top' or 'ego', got {camera!r}")
+        if backend not in ("mujoco", "warp"):
+            raise ValueError(f"backend must be 'mujoco' or 'warp', got {backend!r}")
         mujoco = import_mujoco()
         self._mujoco = mujoco
         self.num_envs = num_envs
@@ -205,12 +217,19 @@ class PlanarMujocoEnv:
         if shadows:
             # The shadow map is allocated with the render context, so it must be sized before the renderer exists.
             self.model.vis.quality.shadowsize = _SHADOW_MAP
+        # One MjData per world. With backend="warp" they are the host mirror where seeding and task logic run.
         self.datas = [mujoco.MjData(self.model) for _ in range(num_envs)]
-        self._renderer = offscreen_renderer(self.model, image_size, image_size)
         self._camera = mujoco.MjvCamera()
         self._camera.type = mujoco.mjtCamera.mjCAMERA_FIXED
         self.camera = camera
         self._camera.fixedcamid = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_CAMERA, camera)
+        self.backend = backend
+        self._renderer = None
+        self._warp: WarpWorlds | None = None
+        if backend == "warp":
+            self._warp = WarpWorlds(self.model, num_envs, image_size, self._camera.fixedcamid, shadows, self.device)
+        else:
+            self._renderer = offscreen_renderer(self.model, image_size, image_size)
 
         joint_x = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_JOINT, "gripper_x")
         self._gripper_qpos = int(self.model.jnt_qposadr[joint_x])  # gripper_y follows gripper_x in qpos
@@ -248,7 +267,11 @@ class PlanarMujocoEnv:
             self._init_world(k, np.random.default_rng(world_seed))
             data.ctrl[:2] = data.qpos[self._gripper_qpos : self._gripper_qpos + 2]  # hold still until told to move
             mujoco.mj_forward(self.model, data)
-            self._render(k)
+            if self._warp is None:
+                self._render(k)
+        if self._warp is not None:
+            self._warp.upload(ids, self.datas)
+            self._images[ids] = self._warp.render().numpy()[ids]
         self._elapsed[ids] = 0
         self._terminated[ids] = False
         self._truncated[ids] = False
@@ -289,8 +312,11 @@ class PlanarMujocoEnv:
             # not wind up; ctrlrange (the workspace) clamps it.
             setpoint = data.qpos[g : g + 2] + action[k] * self.action_scale
             data.ctrl[:2] = np.clip(setpoint, -self.half_width, self.half_width)
-            mujoco.mj_step(model, data, nstep=self.frame_skip)
-            self._render(k)
+            if self._warp is None:
+                mujoco.mj_step(model, data, nstep=self.frame_skip)
+                self._render(k)
+        if self._warp is not None:
+            self._step_warp(live)
         self._elapsed[live] += 1
         after = self._measured = self._measure()
         success, components = self._score(before, after)  # [N] bool, name -> [N] float64
@@ -313,6 +339,16 @@ class PlanarMujocoEnv:
             truncated=self._tensor(self._truncated.copy()),
             info=info,
         )
+
+    def _step_warp(self, live: np.ndarray) -> None:
+        """Advance the live worlds on the device in one batch, mirror their state to the host and draw them."""
+        assert self._warp is not None
+        ctrl = np.stack([data.ctrl for data in self.datas])  # [N, nu]
+        qpos, qvel = self._warp.step(ctrl, live, self.frame_skip)  # [N, nq], [N, nv]
+        for k in np.flatnonzero(live):
+            self.datas[k].qpos[:] = qpos[k]
+            self.datas[k].qvel[:] = qvel[k]
+        self._images[live] = self._warp.render().numpy()[live]
 
     def close(self) -> None:
         """Free the render context (the GL context and its buffers)."""
@@ -443,7 +479,8 @@ class ReachEnv(PlanarMujocoEnv):
         reward: `"dense"` (progress + success) or `"sparse"` (success).
         shadows: Render shadows (slow on CPU).
         camera: `"top"` (the whole workspace) or `"ego"` (a view that rides with the gripper).
-        device: Where the returned tensors live.
+        device: Where the returned tensors live (and where the `warp` backend runs).
+        backend: `"mujoco"` (CPU, per world) or `"warp"` (all worlds in one MuJoCo Warp batch; the `warp` extra).
     """
 
     _xml = "reach.xml"
@@ -464,11 +501,12 @@ class ReachEnv(PlanarMujocoEnv):
         shadows: bool = False,
         camera: Literal["top", "ego"] = "top",
         device: str = "cpu",
+        backend: Literal["mujoco", "warp"] = "mujoco",
     ):
         if not 1 <= num_targets <= len(COLOURS):
             raise ValueError(f"num_targets must be in [1, {len(COLOURS)}], got {num_targets}")
         super().__init__(
-            num_envs, image_size, max_episode_steps, action_scale, frame_skip, reward, shadows, device, camera
+            num_envs, image_size, max_episode_steps, action_scale, frame_skip, reward, shadows, device, camera, backend
         )
         self.num_targets = num_targets
         self.success_radius = float(success_radius)
@@ -557,7 +595,8 @@ class PushEnv(PlanarMujocoEnv):
         reward: `"dense"` (progress + 0.5 approach + success) or `"sparse"` (success).
         shadows: Render shadows (slow on CPU).
         camera: `"top"` (the whole workspace) or `"ego"` (a view that rides with the gripper).
-        device: Where the returned tensors live.
+        device: Where the returned tensors live (and where the `warp` backend runs).
+        backend: `"mujoco"` (CPU, per world) or `"warp"` (all worlds in one MuJoCo Warp batch; the `warp` extra).
     """
 
     _xml = "push.xml"
@@ -580,11 +619,12 @@ class PushEnv(PlanarMujocoEnv):
         shadows: bool = False,
         camera: Literal["top", "ego"] = "top",
         device: str = "cpu",
+        backend: Literal["mujoco", "warp"] = "mujoco",
     ):
         if not 1 <= num_squares <= len(COLOURS):
             raise ValueError(f"num_squares must be in [1, {len(COLOURS)}], got {num_squares}")
         super().__init__(
-            num_envs, image_size, max_episode_steps, action_scale, frame_skip, reward, shadows, device, camera
+            num_envs, image_size, max_episode_steps, action_scale, frame_skip, reward, shadows, device, camera, backend
         )
         self.num_squares = num_squares
         mujoco = self._mujoco

@@ -1,0 +1,125 @@
+"""`backend="warp"`: reach and push stepped and rendered as one MuJoCo Warp batch agree with plain MuJoCo.
+
+Warp runs on the CPU here (no GPU on the test machines); the first env of a model compiles its kernels (about 25 s,
+then cached under ~/.cache/warp), so the tests share module-scoped envs where they can.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("mujoco_warp")
+
+import sim  # noqa: E402
+from sim import check_vec_env  # noqa: E402
+
+# Warp computes in float32 and ray-traces; MuJoCo computes in float64 and rasterises with anti-aliasing.
+STATE_TOL = 1e-4  # metres, over a whole episode
+IMAGE_TOL = 6.0  # mean absolute difference per channel, grey levels of 255 (measured: 1.7 top, 3.5 ego)
+
+
+def _pair(name, **options):
+    return {backend: sim.make(name, backend=backend, **options) for backend in ("mujoco", "warp")}
+
+
+def _episode(envs, seed, steps, noise=0.3):
+    """Step both backends with the same noisy expert actions; return the per-step results of each."""
+    out = {backend: [env.reset(seed=seed)] for backend, env in envs.items()}
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        action = envs["mujoco"].expert_action(noise=noise, generator=generator)
+        for backend, env in envs.items():
+            out[backend].append(env.step(action))
+    return out
+
+
+@pytest.mark.parametrize(
+    "name, options, steps",
+    [("reach", {"camera": "top"}, 8), ("reach", {"camera": "ego"}, 8), ("push", {"max_episode_steps": 14}, 14)],
+)
+def test_warp_matches_mujoco(name, options, steps):
+    envs = _pair(name, num_envs=4, **options)
+    try:
+        out = _episode(envs, seed=11, steps=steps)
+        first_m, first_w = out["mujoco"][0], out["warp"][0]
+        assert first_m.instruction == first_w.instruction
+        assert torch.equal(first_m.state, first_w.state)  # reset is the same host code on both
+        for m, w in zip(out["mujoco"][1:], out["warp"][1:]):
+            assert (m.obs.state - w.obs.state).abs().max() < STATE_TOL
+            assert torch.allclose(m.reward, w.reward, atol=1e-3)
+            assert torch.equal(m.terminated, w.terminated) and torch.equal(m.truncated, w.truncated)
+            assert torch.equal(m.info["success"], w.info["success"])
+            diff = (m.obs.image.float() - w.obs.image.float()).abs().mean(dim=(1, 2, 3))  # [N]
+            assert diff.max() < IMAGE_TOL, diff
+        # The episodes did something: some world succeeded, and the gripper moved.
+        assert out["mujoco"][-1].info["success"].any()
+        assert (out["warp"][-1].obs.state[:, :2] - first_w.state[:, :2]).abs().max() > 0.02
+    finally:
+        for env in envs.values():
+            env.close()
+
+
+def test_warp_images_show_the_targets_where_the_camera_says():
+    env = sim.make("reach", num_envs=3, backend="warp", camera="ego")
+    try:
+        obs = env.reset(seed=4)
+        image = obs.image.numpy()
+        for k in range(3):
+            for slot in range(env.num_targets):
+                col, row = np.rint(env.world_to_pixel(env._disc_xy[k, slot], world=k)).astype(int)
+                if not (0 <= row < 64 and 0 <= col < 64):
+                    continue
+                pixel = image[k, row, col].astype(int)
+                assert pixel.max() - pixel.min() > 100, (k, slot, pixel)  # a saturated colour, not the grey floor
+            centre = image[k, 32, 32].astype(int)
+            assert centre.max() < 60  # the dark gripper sits at the centre of the egocentric view
+    finally:
+        env.close()
+
+
+def test_warp_finished_worlds_freeze_and_partial_reset():
+    envs = _pair("reach", num_envs=4, num_targets=1)
+    try:
+        for env in envs.values():
+            env.reset(seed=[1, 2, 3, 4])
+        # Only world 0 moves towards its target; the others are told to stand still.
+        results = {}
+        for _ in range(8):
+            action = envs["mujoco"].expert_action()
+            action[1:] = 0.0
+            results = {backend: env.step(action) for backend, env in envs.items()}
+            if results["warp"].terminated[0]:
+                break
+        warp = results["warp"]
+        assert warp.terminated.tolist() == [True, False, False, False]
+        frozen_state, frozen_image = warp.obs.state[0].clone(), warp.obs.image[0].clone()
+        step = envs["warp"].step(torch.ones(4, 2))  # world 0 is finished: its action must be ignored
+        assert torch.equal(step.obs.state[0], frozen_state) and torch.equal(step.obs.image[0], frozen_image)
+        assert step.reward[0] == 0 and (step.obs.state[1:, :2] != warp.obs.state[1:, :2]).any()
+        envs["mujoco"].step(torch.ones(4, 2))
+        # Reset world 2 alone, mid-episode for the others; both backends again agree.
+        obs = {backend: env.reset(seed=9, env_ids=[2]) for backend, env in envs.items()}
+        assert (obs["mujoco"].state - obs["warp"].state).abs().max() < STATE_TOL
+        diff = (obs["mujoco"].image.float() - obs["warp"].image.float()).abs().mean(dim=(1, 2, 3))
+        assert diff.max() < IMAGE_TOL
+        after = {backend: env.step(torch.full((4, 2), -0.5)) for backend, env in envs.items()}
+        assert (after["mujoco"].obs.state - after["warp"].obs.state).abs().max() < STATE_TOL
+    finally:
+        for env in envs.values():
+            env.close()
+
+
+@pytest.mark.parametrize("name", ["reach", "push"])
+def test_warp_env_contract(name):
+    env = sim.make(name, num_envs=3, backend="warp")
+    try:
+        check_vec_env(env, seed=0)
+    finally:
+        env.close()
+
+
+def test_warp_bad_options_are_named():
+    with pytest.raises(ValueError, match="backend must be 'mujoco' or 'warp'"):
+        sim.make("reach", num_envs=1, backend="mjx")
+    with pytest.raises(ValueError, match="device='meta'"):
+        sim.make("reach", num_envs=1, backend="warp", device="meta")
