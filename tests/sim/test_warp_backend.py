@@ -123,3 +123,29 @@ def test_warp_bad_options_are_named():
         sim.make("reach", num_envs=1, backend="mjx")
     with pytest.raises(ValueError, match="device='meta'"):
         sim.make("reach", num_envs=1, backend="warp", device="meta")
+
+
+def test_vla_preset_trains_on_the_warp_backend(tmp_path):
+    """The VLA preset, shrunk, with `env.options.backend: warp`: demos, SFT, a GRPO step and held-out episodes."""
+    import contextlib
+    import io
+    import math
+    from pathlib import Path
+
+    from mmrl.config import load_config
+    from mmrl.trainer import train
+
+    preset = Path(__file__).resolve().parents[2] / "configs" / "vla_reach_tiny.yaml"
+    cfg = load_config(
+        preset,
+        [f"output_dir={tmp_path}", "env.options={image_size: 64, camera: ego, backend: warp}", "sft.episodes=4",
+         "sft.steps=2", "sft.batch_size=8", "algo.group_size=2", "trainer.prompts_per_step=2",
+         "trainer.total_steps=1", "trainer.eval_episodes=4", "trainer.eval_batch_size=4", "trainer.eval_every=0",
+         "trainer.threads=1"],
+    )  # fmt: skip
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        metrics = train(cfg)
+    assert out.getvalue().splitlines()[-1].startswith("held-out success: ")
+    row = next(m for m in metrics if "loss/policy" in m)
+    assert math.isfinite(row["loss/policy"]) and row["env/episode_steps"] >= 1
