@@ -1,6 +1,6 @@
 """Robotics simulators behind the `VecEnv` contract. Importing this package registers their envs in `sim.ENVS`.
 
-* `mujoco_tasks`: our own planar MuJoCo tasks, `reach` and `push` (scenes in `assets/mjcf/`).
+* `mujoco_tasks`: our own planar MuJoCo tasks, `reach` and `push` (scenes in `sim/robotics/mjcf/`).
 * `maniskill`: ManiSkill 3 tasks that need no asset download (`make setup-maniskill` installs it and a Vulkan driver).
 * `gym_mujoco`: Gymnasium's MuJoCo envs (`Reacher-v5`, `Pusher-v5`, ...) as one batched env, `gym_mujoco`.
 

@@ -3,7 +3,7 @@
 Both are built to be learnable by a tiny VLA from a 64x64 image within a handful of steps: a top-down orthographic
 camera shows the whole square workspace on a plain light floor, under flat light, with saturated colours.
 
-**Common to both.** The workspace is the square `[-0.2, 0.2]^2` metres (MJCF scenes in `assets/mjcf/`). A dark
+**Common to both.** The workspace is the square `[-0.2, 0.2]^2` metres (MJCF scenes in `sim/robotics/mjcf/`). A dark
 gripper disc (radius 0.02 m, about 10% of the workspace width in diameter) rides two slide joints with position
 servos. The image has +x to the right and +y up.
 
@@ -93,7 +93,7 @@ from sim.base import Observation, StepResult, resolve_env_ids, resolve_seeds
 from sim.registry import ENVS
 from sim.robotics.warp_backend import WarpWorlds
 
-MJCF_DIR = Path(__file__).resolve().parents[2] / "assets" / "mjcf"
+MJCF_DIR = Path(__file__).resolve().parent / "mjcf"  # package data, installed with `sim`
 # Names only: the RGBA values live in the MJCF files (one mocap body per colour, named "<prefix>_<colour>").
 COLOURS = ("red", "green", "blue", "yellow")
 _PARKED = np.array([5.0, 0.0, 0.0])  # mocap position of a disc or square a world does not use: far out of view
