@@ -129,6 +129,7 @@ def apply_lora(
     dropout: float = 0.0,
     target_modules: str | list[str] = "all-linear",
     vision: bool = False,
+    seed: int = 0,
 ) -> VLMPolicy:
     """Wrap `policy.model` in PEFT LoRA adapters; only they (and a VLA's action-token rows) stay trainable.
 
@@ -141,6 +142,7 @@ def apply_lora(
         vision: also put adapters in the vision tower. Off by default: the vision tower's module names overlap the
             language model's (Qwen2.5-VL's vision MLP has `gate_proj`/`up_proj`/`down_proj` too), so it is
             excluded explicitly.
+        seed: seed of the adapters' initialisation (PEFT draws `lora_A` at random; `lora_B` starts at zero).
 
     Returns:
         The policy, its `model` now a `peft.PeftModel` (adapters in float32 whatever the base dtype).
@@ -173,7 +175,13 @@ def apply_lora(
         exclude_modules=exclude,
         **kwargs,
     )
-    policy.model = peft.get_peft_model(model, config)
+    # PEFT draws lora_A from the global generator: unseeded, the adapters (and, through them, every gradient of
+    # lora_B) would depend on whatever the process drew before. B = 0 hides that from the first loss, not from the
+    # first gradient: it is why a torchrun run's step-1 grad norm differed from a single process's with an equal
+    # loss. The draw happens on the CPU (PEFT moves the adapters to the base layer's device afterwards).
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        policy.model = peft.get_peft_model(model, config)
     return policy
 
 
@@ -193,15 +201,22 @@ _ADAPTER_KEYS = ("lora_", "trainable_tokens_", ".modules_to_save.")
 _WRAPPER_PARTS = ((".token_adapter.base_layer.", "."), (".base_layer.", "."), (".original_module.", "."))
 
 
+_PEFT_PREFIX = "base_model.model."  # a PeftModel's state-dict keys are the plain model's behind this prefix
+
+
 def base_state_dict(model) -> dict[str, torch.Tensor]:
     """The weights of the model under the adapters, keyed as the plain transformers model keys them.
 
     PEFT renames wrapped weights (`q_proj.base_layer.weight`, `embed_tokens.token_adapter.base_layer.weight`)
     and adds its own (`lora_A`, `trainable_tokens_delta`); this undoes the first and drops the second, without
     touching the model (no merge/unmerge round trip, which is lossy in bfloat16).
+
+    The weights come from `model.state_dict()`: under FSDP, `model` is the stand-in of `checkpoint_views`, whose
+    state dict holds the full weights gathered from every process (the sharded model's own would be shards).
     """
     plain = {}
-    for key, value in _plain_model(model).state_dict().items():
+    for key, value in model.state_dict().items():
+        key = key.removeprefix(_PEFT_PREFIX)
         if any(part in key for part in _ADAPTER_KEYS):
             continue
         for wrapped, bare in _WRAPPER_PARTS:
@@ -244,6 +259,7 @@ def apply_model_options(policy: VLMPolicy, cfg: ModelConfig) -> VLMPolicy:
             alpha=cfg.lora_alpha,
             dropout=cfg.lora_dropout,
             target_modules=cfg.lora_target_modules,
+            seed=cfg.seed,
         )
     return policy
 

@@ -260,6 +260,25 @@ def test_lora_on_an_untied_head_trains_its_action_rows_too(grounding_obs):
     assert changed.numel() > 0 and set(changed.tolist()) <= set(codec.token_ids.tolist())
 
 
+def test_lora_adapters_start_from_their_seed_whatever_the_process_drew_before(tiny_policy):
+    """PEFT draws lora_A from the global generator; unseeded, two processes (a torchrun worker, a pytest process)
+    started equal runs from different adapters: equal first losses (B = 0), different first gradients."""
+
+    def adapters(seed: int, drawn_before: int) -> dict[str, torch.Tensor]:
+        policy = tiny_policy("qwen2_vl", seed=0)
+        torch.manual_seed(drawn_before)
+        torch.rand(drawn_before + 1)  # whatever the process did before
+        state = torch.get_rng_state()
+        apply_lora(policy, r=2, seed=seed)
+        assert torch.equal(torch.get_rng_state(), state)  # the global generator is left as it was
+        return {n: p.detach().clone() for n, p in policy.model.named_parameters() if "lora_A" in n}
+
+    first, again, other = adapters(3, drawn_before=0), adapters(3, drawn_before=5), adapters(4, drawn_before=0)
+    assert first and first.keys() == again.keys() == other.keys()
+    assert all(torch.equal(first[n], again[n]) for n in first)
+    assert all(not torch.equal(first[n], other[n]) for n in first)
+
+
 def test_lora_with_gradient_checkpointing_gives_the_same_gradients(tiny_policy, text_rollout):
     policy = tiny_policy("qwen2_5_vl", seed=0)
     apply_lora(policy, r=4, alpha=8, target_modules="q_proj, v_proj")
