@@ -26,7 +26,7 @@ class ModelConfig:
     device: str = "cpu"
     # How an env instruction becomes the user turn of the chat; `{instruction}` is replaced.
     prompt_template: str = "{instruction}"
-    seed: int = 0  # initialisation seed for "tiny:" models
+    seed: int = 0  # initialisation seed for "tiny:" models and LoRA adapters
     # A VLA: > 0 adds this many action tokens (uniform bins per action dimension, bounds from the env) so the model
     # acts in continuous-action envs; 0 keeps a text policy. A checkpoint that already has a codec keeps its own.
     action_bins: int = 0
@@ -119,6 +119,11 @@ class TrainerConfig:
     # S > 0: the step's prompts are generated in S separately seeded shards, so the samples depend on S and never on
     # the number of processes K (any K dividing S); 0: one shard per process.
     generation_shards: int = 0
+    # "float32" keeps float32 master copies of the trainable weights of a bfloat16/float16 model (model.dtype): the
+    # optimiser steps them and the model computes with them rounded, so small updates (lr 1e-6 in bfloat16)
+    # accumulate instead of rounding away; checkpoints hold them in float32 (mmrl.precision). "model": the
+    # optimiser steps the model's own weights.
+    master_weights: Literal["model", "float32"] = "model"
 
 
 @dataclass(frozen=True)

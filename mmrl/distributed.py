@@ -19,6 +19,11 @@ What makes K processes train what one process trains on the whole batch:
   (`World.reduce_metrics`), so every process sees the values rank 0 writes.
 * Checkpoints hold full weights and the full optimiser state (`checkpoint_views`), loadable by
   `VLMPolicy.from_pretrained` in one process; a resumed run loads them in every process and shards them again.
+  A LoRA policy's checkpoint, too, is what one process writes (base weights plus `lora/`), from the gathered state.
+* LoRA adapters are sharded with the frozen base weights of their layer, and reduced like any gradient. They must
+  start alike in every process and in a one-process run: `apply_lora` draws them from `model.seed`, not from the
+  global generator, whose state differs between a torchrun worker and any other process (with B = 0 the first
+  loss hides the difference, the first gradient does not).
 
 Deadlocks, and how they are avoided. An FSDP forward all-gathers each layer's parameters and a backward
 reduce-scatters its gradients: collectives that every process must enter in the same order. So:
@@ -30,9 +35,8 @@ reduce-scatters its gradients: collectives that every process must enter in the 
   therefore gathers the parameters once, before generation (one collective, entered by every process), keeps them
   whole through every forward pass of the block, which then needs no communication at all, and frees them after
   (the FSDP2 counterpart of DeepSpeed's `GatheredParameters` that TRL uses for ZeRO-3 generation). Held-out
-  evaluation runs the same way, every process evaluating all held-out seeds: `evaluate` takes no seed subset, and
-  the others would otherwise idle at a barrier for as long, where a long evaluation can outlast the collective
-  timeout.
+  evaluation runs the same way, each process playing a contiguous 1/K of the held-out seeds (`eval_shard`); the
+  sums are added up over processes once every process is done, and rank 0 receives the recorded samples.
 """
 
 from __future__ import annotations
@@ -89,6 +93,21 @@ class World:
             import torch.distributed as dist
 
             dist.barrier()
+
+    def gather_objects(self, obj: Any, *, everyone: bool = True) -> list[Any] | None:
+        """Every process's `obj` (picklable), in rank order: in every process, or with `everyone=False` in rank 0
+        alone (the others get None; for large objects only rank 0 writes, such as recorded frames)."""
+        if self.size == 1:
+            return [obj]
+        import torch.distributed as dist
+
+        if everyone:
+            out: list[Any] = [None] * self.size
+            dist.all_gather_object(out, obj)
+            return out
+        out = [None] * self.size if self.is_main else None
+        dist.gather_object(obj, out, dst=0)
+        return out
 
     def gather_rows(self, x: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Every process's `x` concatenated in rank order, and where this process's rows start.
@@ -211,6 +230,16 @@ def sampling_seed(seed: int, step: int, shard: int = 0, attempt: int = 0) -> int
     return seed * 1_000_003 + step + (shard << 32) + (attempt << 48)
 
 
+def eval_shard(episodes: int, world: World) -> range:
+    """The held-out episodes this process plays: a contiguous block, the first `episodes % K` processes one more.
+
+    Contiguous, so that the first episodes (those whose samples the trainer draws and writes) are rank 0's.
+    """
+    per, extra = divmod(episodes, world.size)
+    start = world.rank * per + min(world.rank, extra)
+    return range(start, start + per + (world.rank < extra))
+
+
 def prompt_shards(batch: int, shards: int, world: World) -> range:
     """The prompt shards this process generates: the step's B prompts fall into `shards` shards of B/S contiguous
     prompts (whole GRPO groups), and each of the K processes takes S/K consecutive shards."""
@@ -228,7 +257,9 @@ def prompt_shards(batch: int, shards: int, world: World) -> range:
     return range(world.rank * per, (world.rank + 1) * per)
 
 
-def shard_model(model: torch.nn.Module, world: World, *, frozen: bool = False) -> torch.nn.Module:
+def shard_model(
+    model: torch.nn.Module, world: World, *, frozen: bool = False, compute_dtype: torch.dtype | None = None
+) -> torch.nn.Module:
     """Shard `model` in place across the processes with FSDP2 (returned for convenience; unchanged when K = 1).
 
     Every decoder layer and vision block (the model's `_no_split_modules`) becomes one FSDP unit, so only one
@@ -241,13 +272,21 @@ def shard_model(model: torch.nn.Module, world: World, *, frozen: bool = False) -
         world: the processes.
         frozen: a model that is never trained (the KL reference): the root is resharded after forward as well,
             since no backward would free it.
+        compute_dtype: with a float32 model, run forward and backward in this dtype: FSDP gathers the parameters
+            in it, and reduces gradients in float32 into the float32 shards, which are the master weights
+            (`trainer.master_weights`; see `mmrl.precision`). None: compute in the parameters' dtype.
     """
     if world.size == 1:
         return model
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    # Inputs are not cast (FSDP's default casts every unit's floating inputs, rotary tables included): the units then
+    # compute exactly what a model loaded in compute_dtype computes in one process (`mmrl.precision`).
+    mixed = MixedPrecisionPolicy(
+        param_dtype=compute_dtype, reduce_dtype=torch.float32 if compute_dtype else None, cast_forward_inputs=False
+    )
     with torch.no_grad():
         for p in model.parameters():
             dist.broadcast(p.data, src=0)
@@ -255,8 +294,8 @@ def shard_model(model: torch.nn.Module, world: World, *, frozen: bool = False) -
     layers = set(getattr(model, "_no_split_modules", None) or ())
     for module in list(model.modules()):
         if module is not model and type(module).__name__ in layers:
-            fully_shard(module, mesh=mesh)
-    fully_shard(model, mesh=mesh, reshard_after_forward=True if frozen else None)
+            fully_shard(module, mesh=mesh, mp_policy=mixed)
+    fully_shard(model, mesh=mesh, reshard_after_forward=True if frozen else None, mp_policy=mixed)
     # Fix the root now: generation calls the vision tower before the root's forward, and FSDP would otherwise
     # take whichever unit runs first for the root.
     model._get_fsdp_state()._lazy_init()
@@ -298,13 +337,15 @@ def full_weights(model: torch.nn.Module) -> Iterator[None]:
             unit.reshard()
 
 
-def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
-    """`torch.nn.utils.clip_grad_norm_` over `model`'s parameters, returning the global norm as a plain tensor.
+def clip_grad_norm(params: torch.nn.Module | Iterable[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """`torch.nn.utils.clip_grad_norm_` over a model's parameters (or the given ones, such as float32 master
+    weights), returning the global norm as a plain tensor.
 
     With FSDP2 the gradients are DTensor shards and torch's function already reduces the norm over processes; only
     its result is a DTensor, made whole here for logging.
     """
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    params = params.parameters() if isinstance(params, torch.nn.Module) else params
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
     return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
 
@@ -316,6 +357,10 @@ class _GatheredModel:
 
     def save_pretrained(self, path, **kwargs) -> None:
         self._model.save_pretrained(path, state_dict=self._state_dict, **kwargs)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The gathered weights (what `save_lora` splits into base weights and adapters)."""
+        return self._state_dict
 
     def __getattr__(self, name: str):
         return getattr(self._model, name)
@@ -360,9 +405,15 @@ def checkpoint_views(policy, optimizer: torch.optim.Optimizer, world: World):
         for name in others:
             if first in weights and name in weights:
                 weights[name] = weights[first]
+    return with_weights(policy, weights), _GatheredOptimizer(optimizer_state)
+
+
+def with_weights(policy, weights: dict[str, torch.Tensor]):
+    """A view of `policy` whose `save_pretrained` writes `weights` (a full state dict of its model) instead of the
+    model's own: the full weights gathered from the shards, or float32 master weights (`mmrl.precision`)."""
     view = copy.copy(policy)
     view.model = _GatheredModel(policy.model, weights)
-    return view, _GatheredOptimizer(optimizer_state)
+    return view
 
 
 def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict, world: World):

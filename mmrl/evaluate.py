@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 import sim
 
+from .distributed import World, eval_shard
 from .policy.vlm import Sampling, VLMPolicy
-from .rollout import collect_episodes
+from .rollout import Episodes, collect_episodes
 
 # Training seeds count up from 0 (step * prompts_per_step + prompt); held-out seeds start here. A run would need
 # a billion prompts to reach them, and `train_seeds` refuses to.
@@ -30,6 +32,9 @@ def eval_seeds(episodes: int) -> list[int]:
 
 @dataclass(frozen=True)
 class EvalResult:
+    """Held-out metrics and samples of the first K episodes. Under torchrun the metrics are alike in every process
+    and the samples are rank 0's (another process holds those of its own share of the K, if any)."""
+
     metrics: dict[str, float]  # "reward", "success" (if any), "episode_steps" and every reward component, averaged
     images: torch.Tensor  # [K, H, W, 3] the first K held-out observations
     instructions: list[str]  # K
@@ -48,26 +53,38 @@ def evaluate(
     batch_size: int = 100,
     max_new_tokens: int = 32,
     keep: int = 16,
+    world: World | None = None,
 ) -> EvalResult:
     """Mean episode return, success and reward components of greedy play over `episodes` held-out episodes.
 
     Single-step tasks are one greedy answer per seed; multi-step ones run each episode to its end. Episodes run
-    `batch_size` at a time; the per-episode sums of reward components are averaged over episodes.
+    `batch_size` at a time; the per-episode sums of reward components are averaged over episodes. The first
+    `keep` episodes of the first batch are kept as samples (observations, answers, frames of multi-step tasks).
+
+    With a `world` of K processes (torchrun) each process plays its contiguous 1/K of the seeds (`eval_shard`), and
+    every process must call this: the sums are added up over processes, so every process gets the metrics of one
+    process playing every seed (greedy answers depend on the seed, not on the process; batches cut differently
+    may round differently), and rank 0 gets the samples one process would keep. A multi-step sample's frames run
+    to the end of the longest episode recorded (in one process: of the first batch), the last one repeated.
     """
     if episodes < 1 or batch_size < 1:
         raise ValueError(f"evaluation needs episodes >= 1 and batch_size >= 1, got {episodes} and {batch_size}")
-    seeds = eval_seeds(episodes)
+    world = world or World()
+    shard = eval_shard(episodes, world)
+    seeds = eval_seeds(episodes)[shard.start : shard.stop]
+    kept = min(keep, batch_size, episodes)  # samples one process keeps: the first batch's first `keep` episodes
+    mine = max(0, min(kept - shard.start, len(shard)))  # of which this process plays this many
     sums: dict[str, float] = {}
     first = None
     env = None
     greedy = Sampling(max_new_tokens=max_new_tokens, temperature=0.0)
-    for start in range(0, episodes, batch_size):
+    for start in range(0, len(seeds), batch_size):
         chunk = seeds[start : start + batch_size]
         if env is None or env.num_envs != len(chunk):
             if env is not None:
                 env.close()
             env = sim.make(env_name, num_envs=len(chunk), **env_options)
-        record = min(keep, len(chunk)) if first is None and env.max_episode_steps > 1 else 0
+        record = mine if first is None and env.max_episode_steps > 1 else 0
         eps = collect_episodes(policy, env, chunk, 1, greedy, record_frames=record)
         parts = {"reward": eps.returns(), **eps.components, "episode_steps": eps.env_steps}
         if eps.success is not None:
@@ -78,15 +95,60 @@ def evaluate(
             first = eps
     if env is not None:
         env.close()
-    k = min(keep, first.num_worlds)
+    samples = _samples(first, mine) if mine else None
+    if world.size > 1:
+        totals: dict[str, float] = {}
+        for part in world.gather_objects(sums):  # in rank order, so keys come in one process's order
+            for k, v in part.items():
+                totals[k] = totals.get(k, 0.0) + v
+        sums = totals
+        gathered = world.gather_objects(_to_cpu(samples), everyone=False)
+        if gathered is not None:  # rank 0: every process's share of the kept episodes, in seed order
+            samples = _cat_samples([g for g in gathered if g is not None])
+    return EvalResult(metrics={key: v / episodes for key, v in sums.items()}, **(samples or _no_samples()))
+
+
+def _samples(first: Episodes, k: int) -> dict[str, Any]:
+    """The `EvalResult` fields of the first `k` episodes of a batch."""
     turn0 = (first.turn == 0).nonzero().squeeze(-1)[:k]  # rows of the first turn, in world order
-    kept_info = {key: v[:k] for key, v in first.info.items() if isinstance(v, torch.Tensor | list)}
-    return EvalResult(
-        metrics={key: v / episodes for key, v in sums.items()},
-        images=first.start.image[:k],
-        instructions=first.start.instruction[:k],
-        texts=[first.rollout.texts[i] for i in turn0.tolist()],
-        info=kept_info,
-        frames=first.frames,
-        success=None if first.success is None else first.success[:k],
-    )
+    return {
+        "images": first.start.image[:k],
+        "instructions": first.start.instruction[:k],
+        "texts": [first.rollout.texts[i] for i in turn0.tolist()],
+        "info": {key: v[:k] for key, v in first.info.items() if isinstance(v, torch.Tensor | list)},
+        "frames": None if first.frames is None else first.frames[:k],
+        "success": None if first.success is None else first.success[:k],
+    }
+
+
+def _no_samples() -> dict[str, Any]:
+    """Empty samples, for a process that played none of the kept episodes."""
+    return {"images": torch.zeros(0, 0, 0, 3, dtype=torch.uint8), "instructions": [], "texts": [], "info": {}}
+
+
+def _to_cpu(samples: dict[str, Any] | None) -> dict[str, Any] | None:
+    """`samples` with every tensor on the CPU (pickled CUDA tensors would unpickle on the sender's GPU)."""
+    if samples is None:
+        return None
+    cpu = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in samples.items()}
+    cpu["info"] = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in samples["info"].items()}
+    return cpu
+
+
+def _cat_samples(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several processes' samples as one process's: concatenated, frames padded by repeating their last."""
+
+    def cat(values: list):
+        return torch.cat(values) if isinstance(values[0], torch.Tensor) else [x for v in values for x in v]
+
+    out = {key: cat([p[key] for p in parts]) for key in ("images", "instructions", "texts")}
+    out["info"] = {key: cat([p["info"][key] for p in parts]) for key in parts[0]["info"]}
+    out["success"] = None if parts[0]["success"] is None else torch.cat([p["success"] for p in parts])
+    frames = [p["frames"] for p in parts]
+    if frames[0] is None:
+        out["frames"] = None
+    else:
+        length = max(f.shape[1] for f in frames)  # [k, S+1, H, W, 3] each; S differs between processes
+        out["frames"] = torch.cat([torch.cat([f, f[:, -1:].expand(-1, length - f.shape[1], -1, -1, -1)], 1)
+                                   for f in frames])  # fmt: skip
+    return out

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from . import algos, distributed
+from . import algos, distributed, precision
 from .algos import aggregate, entropy_bonus_loss, kl_estimate
 from .algos.data import (
     difficulty_filter_keep,
@@ -61,8 +61,10 @@ def load_policy(cfg: ModelConfig, checkpoint: str | Path | None = None) -> VLMPo
     return VLMPolicy.from_pretrained(path, dtype=DTYPES[cfg.dtype], device=cfg.device, **kwargs)
 
 
-def held_out(policy: VLMPolicy, cfg: TrainConfig) -> EvalResult:
-    with distributed.full_weights(policy.model):  # under FSDP: whole weights, every process all held-out seeds
+def held_out(policy: VLMPolicy, cfg: TrainConfig, world: distributed.World | None = None) -> EvalResult:
+    """Greedy play on the held-out seeds; under torchrun every process plays its 1/K of them (rank 0 gets the
+    samples) and must call this."""
+    with distributed.full_weights(policy.model):  # under FSDP: whole weights, so processes may play unevenly
         return evaluate(
             policy,
             cfg.env.name,
@@ -70,15 +72,20 @@ def held_out(policy: VLMPolicy, cfg: TrainConfig) -> EvalResult:
             episodes=cfg.trainer.eval_episodes,
             batch_size=cfg.trainer.eval_batch_size,
             max_new_tokens=cfg.sampling.max_new_tokens,
+            world=world,
         )
 
 
-def starting_policy(cfg: TrainConfig, policy: VLMPolicy | None, env, out: Path, main: bool = True) -> VLMPolicy:
+def starting_policy(
+    cfg: TrainConfig, policy: VLMPolicy | None, env, out: Path, world: distributed.World | None = None
+) -> VLMPolicy:
     """The policy RL starts from: the configured model, given action tokens for a continuous env, and cold-started
     on the env's scripted demonstrations when `sft.episodes > 0` (kept in `<output_dir>/cold_start`, so a resumed
-    run finds it instead of repeating it). Only the `main` process prints and writes `cold_start`."""
+    run finds it instead of repeating it). Only rank 0 prints and writes `cold_start`."""
     from .sft import collect_demonstrations, train_on_demonstrations
 
+    world = world or distributed.World()
+    main = world.is_main
     cold_start = out / "cold_start"
     if cfg.sft.episodes > 0 and (cold_start / "config.json").exists():
         return apply_model_options(load_policy(cfg.model, checkpoint=cold_start), cfg.model)
@@ -92,7 +99,7 @@ def starting_policy(cfg: TrainConfig, policy: VLMPolicy | None, env, out: Path, 
     if cfg.sft.episodes > 0:
         if not hasattr(env, "expert_action"):
             raise ValueError(f"sft.episodes > 0 needs an env with a scripted expert; {cfg.env.name!r} has none")
-        initial = held_out(policy, cfg)
+        initial = held_out(policy, cfg, world)
         images, instructions, labels, rate = collect_demonstrations(
             env, policy.action_codec, cfg.sft.episodes, noise=cfg.sft.noise, seed=cfg.trainer.seed,
             label_noise=cfg.sft.label_noise,
@@ -179,10 +186,8 @@ def train(
             exactly what a K-process torchrun run draws.
     """
     tc, ac = cfg.trainer, cfg.algo
+    precision.check_master_weights(cfg)
     world = distributed.init_world(cfg.model.device)
-    if world.size > 1 and cfg.model.lora_r > 0:
-        # The checkpoint of a sharded PEFT model is not gathered yet (its base weights would be written as shards).
-        raise ValueError("model.lora_r > 0 under torchrun is not supported yet: train LoRA in one process")
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     if world.is_main:
@@ -191,6 +196,11 @@ def train(
         cfg = replace(cfg, model=replace(cfg.model, device=world.device))
     if tc.threads > 0:
         torch.set_num_threads(tc.threads)
+    compute_dtype = DTYPES[cfg.model.dtype]
+    use_masters = tc.master_weights == "float32"
+    # With float32 master weights the model loads in float32: those are the masters' starting values (a resumed
+    # run's, saved in float32); it computes in model.dtype from the sharding or MasterWeights on.
+    load_cfg = replace(cfg, model=replace(cfg.model, dtype="float32")) if use_masters else cfg
 
     # ------------------------------------------------------------------ BUILD
     group_size, batch = ac.group_size, tc.prompts_per_step
@@ -206,15 +216,22 @@ def train(
     env = make_env(cfg, shard_rows, curriculum)
     # The starting policy is needed to train from, or as the KL anchor (also after a resume); load it only then.
     if resume_from is None or ac.kl_coef > 0:
-        policy = starting_policy(cfg, policy, env, out, main=world.is_main)
+        policy = starting_policy(load_cfg, policy, env, out, world)
     reference = None
     if ac.kl_coef > 0:
         reference = copy.deepcopy(policy)  # before sharding: an FSDP module cannot be copied
         reference.model.requires_grad_(False).eval()
-        distributed.shard_model(reference.model, world, frozen=True)
+        if use_masters:  # loaded in float32 for the masters; the reference needs none
+            precision.cast_parameters(reference.model, compute_dtype)
+        distributed.shard_model(
+            reference.model, world, frozen=True, compute_dtype=compute_dtype if use_masters else None
+        )
     if resume_from is not None:
-        policy = apply_model_options(load_policy(cfg.model, checkpoint=resume_from), cfg.model)
-    model = distributed.shard_model(policy.model, world)  # before the optimiser: it holds the sharded parameters
+        policy = apply_model_options(load_policy(load_cfg.model, checkpoint=resume_from), cfg.model)
+    if use_masters:
+        precision.cast_parameters(policy.model, torch.float32)  # no-op for a float32 load, not for a policy passed in
+    # Before the optimiser: it holds the sharded parameters. Under FSDP the float32 shards are the master weights.
+    model = distributed.shard_model(policy.model, world, compute_dtype=compute_dtype if use_masters else None)
     model.train()
 
     advantage_fn = algos.ADVANTAGES.get(ac.advantage)
@@ -224,6 +241,8 @@ def train(
         sampling = replace(sampling, max_new_tokens=policy.action_codec.tokens_per_generation)
 
     trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA adapters, or all but a frozen vision tower
+    master = precision.MasterWeights(model, compute_dtype) if use_masters and world.size == 1 else None
+    trainable = master.params if master is not None else trainable  # the optimiser steps the float32 copies
     optimizer = torch.optim.AdamW(trainable, lr=tc.lr, weight_decay=tc.weight_decay)
     warmup = max(tc.warmup_steps, 0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
@@ -243,7 +262,7 @@ def train(
 
     label = METRIC_LABELS.get(cfg.env.eval_metric, cfg.env.eval_metric)
     if "eval_before" not in state:
-        before = held_out(policy, cfg)
+        before = held_out(policy, cfg, world)
         state["eval_before"] = before.metrics
         logger.log(0, {f"eval/{k}": v for k, v in before.metrics.items()})
         if world.is_main:
@@ -384,8 +403,10 @@ def train(
             sums["loss/policy"] += lo.loss.detach() * weight
             for k, v in [m for o in (lo, *extras) for m in o.metrics.items()]:
                 sums[k] = sums.get(k, 0.0) + v * weight
-        grad_norm = distributed.clip_grad_norm(model, tc.max_grad_norm)  # of the whole gradient, over every process
+        grad_norm = distributed.clip_grad_norm(trainable, tc.max_grad_norm)  # of the whole gradient, every process
         optimizer.step()
+        if master is not None:
+            master.copy_to_model()
         scheduler.step()
 
         # ---- log (over every episode sampled this step, before any filter)
@@ -431,12 +452,14 @@ def train(
 
         # ---- evaluate
         if tc.eval_every and (step + 1) % tc.eval_every == 0 and step + 1 < tc.total_steps:
-            logger.log(step + 1, {f"eval/{k}": v for k, v in held_out(policy, cfg).metrics.items()})
+            logger.log(step + 1, {f"eval/{k}": v for k, v in held_out(policy, cfg, world).metrics.items()})
 
         # ---- checkpoint
         if (tc.save_every and (step + 1) % tc.save_every == 0) or step + 1 == tc.total_steps or step + 1 == stop_after:
             # Full weights and optimiser state, gathered by every process, written by rank 0.
             saved_policy, saved_optimizer = distributed.checkpoint_views(policy, optimizer, world)
+            if master is not None:  # the float32 master weights, not their rounding
+                saved_policy = distributed.with_weights(policy, master.state_dict())
             if world.is_main:
                 save_checkpoint(out, step + 1, saved_policy, saved_optimizer, scheduler, state, tc.keep_checkpoints)
         if stop_after is not None and step + 1 >= stop_after:
@@ -448,7 +471,7 @@ def train(
 
     # ------------------------------------------------------------------ REPORT
     env.close()
-    after = held_out(policy, cfg)
+    after = held_out(policy, cfg, world)
     logger.log(tc.total_steps, {f"eval/{k}": v for k, v in after.metrics.items()})
     if world.is_main:
         write_episode_media(after, out / "episodes_after")

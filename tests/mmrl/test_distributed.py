@@ -7,11 +7,13 @@ one-process reference run passes `generation_shards=2`, so it samples each half 
 corresponding process uses. Every launch has a timeout and its whole process group is killed on expiry, so a
 deadlock fails a test instead of hanging the suite.
 
-Run as a script under torchrun, this file is the worker of the uneven-generation test (see `_worker`).
+Run as a script under torchrun, this file is the worker of the uneven-generation test (see `_worker`), and with the
+argument `evaluate` that of the sharded-evaluation test (`_eval_worker`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -19,6 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -37,8 +40,10 @@ RUN = {
         "prompts_per_step": 4,
         "micro_batch_size": 3,
         "lr": 1e-3,
-        "eval_episodes": 2,
-        "eval_batch_size": 2,
+        # 5 held-out episodes: ranks play 3 + 2 (in batches of 3, 2), one process 4 + 1; the 4 kept samples are rank
+        # 0's first 3 and rank 1's first.
+        "eval_episodes": 5,
+        "eval_batch_size": 4,
         "save_every": 1,
         "threads": 1,
     },
@@ -106,6 +111,43 @@ def test_two_processes_log_what_one_process_logs(runs):
     assert [m["step"] for m in read_metrics(two / "metrics.jsonl")] == [0, 1, 2, 2]
 
 
+def test_two_processes_evaluate_what_one_process_evaluates(runs):
+    """Each process plays its share of the held-out seeds; the sums over processes are one process's."""
+    from PIL import Image
+
+    from mmrl.logging import read_metrics
+
+    _, two, one = runs
+    got, want = ([m for m in read_metrics(d / "metrics.jsonl") if "eval/iou" in m] for d in (two, one))
+    assert [m["step"] for m in got] == [m["step"] for m in want] == [0, 2]
+    for g, w in zip(got, want):
+        assert g.keys() == w.keys()
+        for key in w:
+            assert g[key] == pytest.approx(w[key], rel=1e-5, abs=1e-7), f"step {w['step']}: {key}"
+    assert got[1]["eval/episode_steps"] == 1.0  # a mean over all 5 episodes, not over one process's share
+    scores = [json.loads((d / "eval.json").read_text()) for d in (two, one)]
+    assert scores[0].keys() == scores[1].keys() == {"before", "after"}
+    for when in scores[1]:
+        assert scores[0][when] == pytest.approx(scores[1][when], rel=1e-5, abs=1e-7)
+    # Rank 0 drew the 4 kept samples, one of them played by rank 1, as one process draws them.
+    pictures = [np.asarray(Image.open(d / "predictions.png")) for d in (two, one)]
+    assert pictures[0].shape == pictures[1].shape and (pictures[0] == pictures[1]).all()
+
+
+def test_each_process_evaluates_only_its_share_of_the_seeds(tmp_path):
+    log = torchrun(tmp_path / "eval.log", str(Path(__file__)), "evaluate")
+    assert "evaluate 0 ok" in log and "evaluate 1 ok" in log
+
+
+def test_held_out_seeds_split_into_contiguous_blocks():
+    from mmrl.distributed import World, eval_shard
+
+    assert [eval_shard(5, World(rank=r, size=2)) for r in range(2)] == [range(0, 3), range(3, 5)]
+    assert [len(eval_shard(10, World(rank=r, size=4))) for r in range(4)] == [3, 3, 2, 2]
+    assert eval_shard(1, World(rank=1, size=2)) == range(1, 1)  # fewer episodes than processes: nothing to play
+    assert eval_shard(7, World()) == range(7)
+
+
 def test_checkpoint_holds_full_weights_that_load_in_one_process(runs):
     from mmrl.checkpoint import latest_checkpoint, load_training_state
     from mmrl.policy import VLMPolicy
@@ -139,6 +181,138 @@ def test_resumed_two_process_run_matches_the_uninterrupted_one(runs, tmp_path):
     got, want = final_weights(resumed), final_weights(two)
     for name in want:
         torch.testing.assert_close(got[name], want[name], rtol=0, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+    for g, w in zip(training_rows(resumed), training_rows(two), strict=True):
+        for key in COMPARED:
+            assert g[key] == pytest.approx(w[key], rel=1e-5, abs=1e-7), f"step {w['step']}: {key}"
+
+
+# ---------------------------------------------------------------------------------------------- LoRA
+@pytest.fixture(scope="module")
+def lora_runs(tmp_path_factory):
+    """The runs of `runs` with LoRA adapters (rank 4, KL against the sharded PEFT reference as well)."""
+    from mmrl.config import load_config
+    from mmrl.trainer import train
+
+    root = tmp_path_factory.mktemp("fsdp_lora")
+    config = root / "run.yaml"
+    config.write_text(yaml.safe_dump({**RUN, "model": {**RUN["model"], "lora_r": 4}}))
+    two, one = root / "two", root / "one"
+    torchrun(root / "two.log", "-m", "mmrl", "train", str(config), f"output_dir={two}")
+    torch.rand(3)  # this process has drawn from the global generator; the torchrun workers have not
+    train(load_config(config, [f"output_dir={one}"]), generation_shards=2)
+    return config, two, one
+
+
+def final_adapters(output_dir: Path) -> dict[str, torch.Tensor]:
+    from mmrl.checkpoint import latest_checkpoint
+
+    return load_file(latest_checkpoint(output_dir) / "lora" / "adapter_model.safetensors")
+
+
+def test_two_process_lora_run_trains_what_one_process_trains(lora_runs):
+    _, two, one = lora_runs
+    got, want = training_rows(two), training_rows(one)
+    assert [m["step"] for m in got] == [m["step"] for m in want] == [1, 2]
+    for g, w in zip(got, want):
+        for key in COMPARED:  # the grad norm too: the adapters start alike in every process (apply_lora's seed)
+            assert g[key] == pytest.approx(w[key], rel=1e-4, abs=1e-6), f"step {w['step']}: {key}"
+        assert g["grad_norm"] > 0.1
+    adapters, reference = final_adapters(two), final_adapters(one)
+    assert adapters.keys() == reference.keys() and any(".lora_B." in k for k in adapters)
+    for name in reference:
+        torch.testing.assert_close(
+            adapters[name], reference[name], rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}"
+        )
+    assert all(adapters[k].abs().max() > 0 for k in adapters if ".lora_B." in k)  # B left zero: nothing trained
+    # The base weights, gathered from the shards, are the untouched starting ones, under their plain names.
+    start = load_file(REPO / ASSET / "model.safetensors")
+    base = final_weights(two)
+    assert base.keys() == start.keys() and all(torch.equal(base[k], start[k]) for k in start)
+
+
+def test_two_process_lora_checkpoint_resumes_and_merges(lora_runs, tmp_path):
+    from mmrl.checkpoint import latest_checkpoint
+    from mmrl.policy import VLMPolicy
+    from mmrl.policy.options import is_lora, merge_lora
+
+    config, two, one = lora_runs
+    resumed = tmp_path / "resumed"
+    shutil.copytree(two, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "step_00000002")  # as if killed after the checkpoint of step 1
+    log = torchrun(
+        tmp_path / "resumed.log", "-m", "mmrl", "train", str(config), f"output_dir={resumed}", "resume=true"
+    )
+    assert "resumed from" in log
+    got, want = final_adapters(resumed), final_adapters(two)
+    for name in want:  # the adapters' optimiser state came back too: step 2 repeats exactly
+        torch.testing.assert_close(got[name], want[name], rtol=0, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+    for g, w in zip(training_rows(resumed), training_rows(two), strict=True):
+        for key in COMPARED:
+            assert g[key] == pytest.approx(w[key], rel=1e-5, abs=1e-7), f"step {w['step']}: {key}"
+    # One process loads the two-process checkpoint as a LoRA policy; merged, it is the one-process run's model.
+    policy = VLMPolicy.from_pretrained(latest_checkpoint(two))
+    assert is_lora(policy)
+    merged = merge_lora(policy).model.state_dict()
+    reference = merge_lora(VLMPolicy.from_pretrained(latest_checkpoint(one))).model.state_dict()
+    start = load_file(REPO / ASSET / "model.safetensors")
+    assert merged.keys() >= start.keys()
+    for name in start:
+        torch.testing.assert_close(
+            merged[name], reference[name], rtol=1e-4, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}"
+        )
+    q_proj = "model.language_model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(merged[q_proj], start[q_proj])  # the adapters are folded in
+
+
+# ---------------------------------------------------------------------------------------------- float32 masters
+@pytest.fixture(scope="module")
+def master_runs(tmp_path_factory):
+    """The runs of `runs` in bfloat16 at lr 1e-6 with float32 master weights (FSDP: float32 shards computing in
+    bfloat16; one process: `MasterWeights`), and the two-process run resumed after step 1."""
+    from mmrl.config import load_config
+    from mmrl.trainer import train
+
+    root = tmp_path_factory.mktemp("fsdp_masters")
+    config = root / "run.yaml"
+    run = {**RUN, "model": {**RUN["model"], "dtype": "bfloat16"}}
+    run["trainer"] = {**RUN["trainer"], "lr": 1e-6, "master_weights": "float32"}
+    config.write_text(yaml.safe_dump(run))
+    two, one, resumed = root / "two", root / "one", root / "resumed"
+    torchrun(root / "two.log", "-m", "mmrl", "train", str(config), f"output_dir={two}")
+    train(load_config(config, [f"output_dir={one}"]), generation_shards=2)
+    shutil.copytree(two, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "step_00000002")
+    log = torchrun(root / "resumed.log", "-m", "mmrl", "train", str(config), f"output_dir={resumed}", "resume=true")
+    assert "resumed from" in log
+    return two, one, resumed
+
+
+def test_two_processes_with_float32_masters_step_what_one_process_steps(master_runs):
+    two, one, _ = master_runs
+    got, want = training_rows(two), training_rows(one)
+    # Step 1 is the starting weights' rollout in both; bfloat16 gradients summed over other micro-batches round
+    # differently, hence a tolerance. The reference computes as the policy does: KL 0 at step 1.
+    for key in ("loss/policy", "grad_norm", "reward/total", "completion_len"):
+        assert got[0][key] == pytest.approx(want[0][key], rel=1e-3), key
+    assert got[0]["loss/kl"] == want[0]["loss/kl"] == 0.0
+    assert got[1]["reward/total"] == pytest.approx(want[1]["reward/total"], rel=1e-5)
+    start = load_file(REPO / ASSET / "model.safetensors")
+    trained, reference = final_weights(two), final_weights(one)
+    assert {w.dtype for w in trained.values()} == {torch.float32}  # the float32 shards, gathered
+    moved = torch.cat([(trained[k].float() - start[k].float()).flatten() for k in start])
+    expected = torch.cat([(reference[k].float() - start[k].float()).flatten() for k in start])
+    large = torch.cat([(start[k].abs() > 1e-2).flatten() for k in start])  # bfloat16 would round lr away there
+    assert (moved[large] != 0).float().mean() > 0.95
+    assert (moved.sign() == expected.sign()).float().mean() > 0.98  # the one-process step, elementwise
+    assert (moved - expected).norm() < 0.1 * expected.norm()
+
+
+def test_two_process_run_with_float32_masters_resumes_exactly(master_runs):
+    two, _, resumed = master_runs
+    got, want = final_weights(resumed), final_weights(two)
+    assert got.keys() == want.keys()
+    for name in want:  # steps of 1e-6: only exact float32 masters and optimiser state reproduce them
+        torch.testing.assert_close(got[name], want[name], rtol=0, atol=0, msg=lambda m, n=name: f"{n}: {m}")
     for g, w in zip(training_rows(resumed), training_rows(two), strict=True):
         for key in COMPARED:
             assert g[key] == pytest.approx(w[key], rel=1e-5, abs=1e-7), f"step {w['step']}: {key}"
@@ -220,6 +394,63 @@ def _worker() -> None:
     close_world()
 
 
+def _eval_worker() -> None:
+    """Each of two processes: held-out evaluation of its share of the seeds, against one process playing them all.
+
+    A single-step task (grounding: boxes in `info`) and a multi-step one (gui_task: recorded frames). 5 episodes in
+    batches of 4: rank 0 plays seeds 0-2, rank 1 seeds 3-4; the 4 kept samples are rank 0's 3 and rank 1's first.
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    torch.set_num_threads(1)
+    import mmrl.evaluate
+    from mmrl.distributed import close_world, full_weights, init_world, shard_model
+    from mmrl.evaluate import eval_seeds, evaluate
+    from mmrl.policy import build_tiny
+
+    world = init_world("cpu")
+    rank = world.rank
+    played: list[int] = []
+    collect = mmrl.evaluate.collect_episodes
+
+    def counting(policy, env, seeds, *args, **kwargs):
+        played.extend(seeds)
+        return collect(policy, env, seeds, *args, **kwargs)
+
+    mmrl.evaluate.collect_episodes = counting
+    policy = build_tiny("qwen2_vl", seed=0)
+    shard_model(policy.model, world)
+    share = eval_seeds(5)[:3] if rank == 0 else eval_seeds(5)[3:]
+    for name, options in (("grounding", {"image_size": 56}), ("gui_task", {"image_size": 112})):
+        with full_weights(policy.model):
+            played.clear()
+            sharded = evaluate(policy, name, options, episodes=5, batch_size=4, max_new_tokens=4, world=world)
+            assert played == share, (name, played)  # this process's share, each seed once
+            played.clear()
+            whole = evaluate(policy, name, options, episodes=5, batch_size=4, max_new_tokens=4)  # no collective
+            assert played == eval_seeds(5)
+        assert sharded.metrics.keys() == whole.metrics.keys()
+        assert sharded.metrics == pytest.approx(whole.metrics, rel=1e-5, abs=1e-7), name
+        if rank != 0:
+            continue
+        assert sharded.texts == whole.texts and sharded.instructions == whole.instructions and len(whole.texts) == 4
+        assert torch.equal(sharded.images, whole.images)
+        assert sharded.info.keys() == whole.info.keys() and sharded.info
+        for key, value in whole.info.items():
+            got = sharded.info[key]
+            if isinstance(value, torch.Tensor):  # pred_box holds NaN rows where nothing parsed
+                torch.testing.assert_close(got, value, rtol=0, atol=0, equal_nan=True, msg=key)
+            else:
+                assert got == value, key
+        assert (sharded.frames is None) == (whole.frames is None) == (name == "grounding")
+        if whole.frames is not None:
+            assert torch.equal(sharded.success, whole.success)
+            # Frames run to the end of the longest recorded episode; compare the steps both recorded.
+            steps = min(sharded.frames.shape[1], whole.frames.shape[1])
+            assert sharded.frames.shape[0] == 4 and torch.equal(sharded.frames[:, :steps], whole.frames[:, :steps])
+    print(f"evaluate {rank} ok", flush=True)
+    close_world()
+
+
 if __name__ == "__main__":
     sys.path.insert(0, str(REPO))
-    _worker()
+    _eval_worker() if sys.argv[1:] == ["evaluate"] else _worker()
