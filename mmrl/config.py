@@ -124,6 +124,12 @@ class TrainerConfig:
     # accumulate instead of rounding away; checkpoints hold them in float32 (mmrl.precision). "model": the
     # optimiser steps the model's own weights.
     master_weights: Literal["model", "float32"] = "model"
+    # K > 0 generates in K Ray actors (mmrl.rollout_workers), each with a copy of the policy (synced every step) and
+    # its own env, on this machine or a Ray cluster's (RAY_ADDRESS), while this process trains. The step's shards go
+    # to them in turn: set generation_shards to a multiple of K to keep them all busy. Samples equal the in-process
+    # ones for the same generation_shards.
+    rollout_workers: int = 0
+    rollout_timeout_s: float = 600.0  # a worker that does not return a shard in this time is replaced, and it reruns
 
 
 @dataclass(frozen=True)

@@ -131,6 +131,17 @@ def make_env(cfg: TrainConfig, num_envs: int, curriculum: Curriculum):
     return make_vec_env(cfg.env.name, num_envs, cfg.env.workers, cfg.env.worker_timeout_s, **options)
 
 
+def _check_rollout_workers(cfg: TrainConfig, world: distributed.World) -> None:
+    """Refuse `trainer.rollout_workers` settings that cannot work, naming the fields."""
+    k = cfg.trainer.rollout_workers
+    if k < 0:
+        raise ValueError(f"trainer.rollout_workers must be >= 0 (0: generate in this process), got {k}")
+    if k and world.size > 1:
+        raise ValueError("trainer.rollout_workers > 0 under torchrun is not supported: use one trainer process")
+    if k and cfg.env.workers:
+        raise ValueError("trainer.rollout_workers and env.workers cannot both be > 0: each rollout worker has its env")
+
+
 def keep_groups(episodes: Episodes, ac: AlgoConfig) -> torch.Tensor:
     """`[B]` bool: the groups the data-side filters keep (all, when none is on)."""
     returns = episodes.returns(ac.gamma)
@@ -213,6 +224,7 @@ def train(
     state = load_training_state(resume_from)[0] if resume_from is not None else {}
     if "curriculum" in state:
         curriculum.load_state_dict(state["curriculum"])
+    _check_rollout_workers(cfg, world)
     env = make_env(cfg, shard_rows, curriculum)
     # The starting policy is needed to train from, or as the KL anchor (also after a resume); load it only then.
     if resume_from is None or ac.kl_coef > 0:
@@ -256,6 +268,14 @@ def train(
         start_step = state["step"]
         if world.is_main:
             print(f"resumed from {resume_from} (step {start_step})", file=sys.stderr)
+    rollout_workers = None
+    if tc.rollout_workers > 0:
+        from .rollout_workers import RolloutWorkers
+
+        rollout_workers = RolloutWorkers(
+            policy, cfg.env.name, shard_rows, curriculum.options(cfg.env.options), tc.rollout_workers,
+            threads=max(tc.threads, 1), timeout_s=tc.rollout_timeout_s,
+        )  # fmt: skip
     # Rank 0 writes the metrics; the others log into the void (they still use the logged values).
     metrics_path = out / "metrics.jsonl" if world.is_main else os.devnull
     logger = MetricsLogger(metrics_path, resume_step=start_step if resume_from is not None else None)
@@ -283,13 +303,22 @@ def train(
         # whole weights: generation runs no collective, so processes may make different numbers of forward passes.
         sampled, kept_parts, kept_groups = [], [], 0
         with distributed.full_weights(model):
+            if rollout_workers is not None:
+                rollout_workers.sync(policy)
             for attempt in range(max(ac.max_sample_batches, 1)):
                 seeds = train_seeds(step + attempt * tc.total_steps, batch, group_size, base=tc.seed * 100_000_000)
-                parts = []
-                for shard in my_shards:
-                    torch.manual_seed(distributed.sampling_seed(tc.seed, step, shard, attempt))
-                    shard_seeds = seeds[shard * shard_rows : (shard + 1) * shard_rows]
-                    parts.append(collect_episodes(policy, env, shard_seeds, group_size, sampling))
+                jobs = [
+                    (seeds[shard * shard_rows : (shard + 1) * shard_rows], group_size, sampling,
+                     distributed.sampling_seed(tc.seed, step, shard, attempt))
+                    for shard in my_shards
+                ]  # fmt: skip
+                if rollout_workers is not None:
+                    parts = rollout_workers.collect(jobs)
+                else:
+                    parts = []
+                    for shard_seeds, _, _, sampling_seed in jobs:
+                        torch.manual_seed(sampling_seed)
+                        parts.append(collect_episodes(policy, env, shard_seeds, group_size, sampling))
                 episodes = cat_episodes(parts, policy.pad_token_id or 0)
                 sampled.append(episodes)
                 keep = keep_groups(episodes, ac)  # [B/K]
@@ -445,6 +474,8 @@ def train(
         if curriculum.update(score):
             env.close()
             env = make_env(cfg, shard_rows, curriculum)
+            if rollout_workers is not None:
+                rollout_workers.set_env(curriculum.options(cfg.env.options))
             if world.is_main:
                 print(f"curriculum: {cfg.curriculum.option} = {cfg.curriculum.levels[curriculum.level]}",
                       file=sys.stderr)  # fmt: skip
@@ -465,12 +496,16 @@ def train(
         if stop_after is not None and step + 1 >= stop_after:
             bar.close()
             env.close()
+            if rollout_workers is not None:
+                rollout_workers.close()
             world.barrier()  # rank 0 has written what the others read back
             return read_metrics(out / "metrics.jsonl")
     bar.close()
 
     # ------------------------------------------------------------------ REPORT
     env.close()
+    if rollout_workers is not None:
+        rollout_workers.close()
     after = held_out(policy, cfg, world)
     logger.log(tc.total_steps, {f"eval/{k}": v for k, v in after.metrics.items()})
     if world.is_main:

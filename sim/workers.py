@@ -79,7 +79,7 @@ import torch
 
 from sim.base import ActionKind, Observation, StepResult, resolve_env_ids, resolve_seeds
 
-__all__ = ["RayVecEnv", "make_vec_env"]
+__all__ = ["RayVecEnv", "init_ray", "kill_actor", "make_vec_env"]
 
 _SEED_HIGH = 2**62  # per-worker generator seeds are drawn in [0, 2**62) from the caller's generator
 _CLOSE_TIMEOUT_S = 10.0  # a worker gets this long to close its env cleanly before its actor is killed
@@ -297,7 +297,7 @@ class RayVecEnv:
         self._dropped_info: set[str] = set()  # info entries already warned about
         self._closed = False
 
-        ray = self._ray = _init_ray(address, max(os.cpu_count() or 1, math.ceil(workers * cpus_per_worker)))
+        ray = self._ray = init_ray(address, max(os.cpu_count() or 1, math.ceil(workers * cpus_per_worker)))
         exc = ray.exceptions
         # A dead actor, a crashed worker process, a lost node or result, a process killed for memory, or a timeout.
         self._failure_types: tuple[type[BaseException], ...] = (
@@ -418,7 +418,7 @@ class RayVecEnv:
         if refs:
             ray.wait(refs, num_returns=len(refs), timeout=min(self.timeout_s, _CLOSE_TIMEOUT_S))
         for actor in actors:
-            _kill(ray, actor)
+            kill_actor(ray, actor)
         self._actors = []
 
     # ------------------------------------------------------------------------------------------------ forwarding
@@ -594,7 +594,7 @@ class RayVecEnv:
             failures = self._failures[k]
             if failures > self.max_restarts:
                 # Give up on this call. The actor goes (a hung one would keep its CPU); a later call starts afresh.
-                _kill(self._ray, self._actors[k])
+                kill_actor(self._ray, self._actors[k])
                 self._failures[k] = 0
                 raise RuntimeError(
                     f"worker {k} (worlds {worlds}) of env {self.name!r} failed {failures} times in a row "
@@ -608,7 +608,7 @@ class RayVecEnv:
                 stacklevel=4,
             )
             try:
-                _kill(self._ray, self._actors[k])  # a hung actor would otherwise keep its CPU and its worlds
+                kill_actor(self._ray, self._actors[k])  # a hung actor would otherwise keep its CPU and its worlds
                 self._actors[k] = self._new_actor(k)
                 self._call_one(k, "ping", (), self.start_timeout_s)
                 self._replay(k)
@@ -669,12 +669,15 @@ class RayVecEnv:
 
 
 # ---------------------------------------------------------------------------------------------------- helpers
-def _init_ray(address: str | None, num_cpus: int) -> Any:
-    """Import Ray and start (or join) a cluster unless this process is connected to one already."""
+def init_ray(address: str | None, num_cpus: int, user: str = "RayVecEnv") -> Any:
+    """Import Ray and start (or join) a cluster unless this process is connected to one already.
+
+    Also used by `mmrl.rollout_workers`; `user` names the caller in the error when Ray is not installed.
+    """
     try:
         import ray
     except ImportError as error:
-        raise ImportError("RayVecEnv needs Ray: pip install 'mmrl[ray]' (or run the worlds in-process)") from error
+        raise ImportError(f"{user} needs Ray: pip install 'mmrl[ray]' (or run it in-process)") from error
     if not ray.is_initialized():
         # RAY_ADDRESS (Ray's own convention) joins an existing cluster, as `address=` does: e.g. the head node of a
         # multi-machine cluster started with `ray start`.
@@ -686,7 +689,8 @@ def _init_ray(address: str | None, num_cpus: int) -> Any:
     return ray
 
 
-def _kill(ray: Any, actor: Any) -> None:
+def kill_actor(ray: Any, actor: Any) -> None:
+    """End a Ray actor for good; quiet when it is already dead."""
     try:
         ray.kill(actor, no_restart=True)
     except Exception:  # noqa: BLE001  (already dead, or Ray is shutting down: nothing left to end)

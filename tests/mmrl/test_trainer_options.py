@@ -68,3 +68,33 @@ def test_env_workers_run_the_env_in_ray_actors(tmp_path, tiny_run_config):
         ray.shutdown()
     assert local[0]["reward/total"] == pytest.approx(remote[0]["reward/total"])
     assert local[0]["loss/policy"] == pytest.approx(remote[0]["loss/policy"], rel=1e-5, abs=1e-7)
+
+
+def test_rollout_workers_generate_what_the_trainer_generates_in_process(tmp_path, tiny_run_config):
+    """`trainer.rollout_workers=2`: two Ray actors with synced policy copies collect the shards; the run equals the
+    in-process run with the same generation_shards, step by step (so the weights were synced after each update)."""
+    pytest.importorskip("ray")
+    import ray
+
+    common = ("trainer.total_steps=2", "trainer.generation_shards=2", "trainer.threads=1")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    try:
+        local = _step_rows(_run(tiny_run_config(tmp_path / "local", *common)))
+        remote = _step_rows(_run(tiny_run_config(tmp_path / "ray", *common, "trainer.rollout_workers=2")))
+    finally:
+        ray.shutdown()
+    assert len(local) == len(remote) == 2
+    for a, b in zip(local, remote):
+        assert a["reward/total"] == pytest.approx(b["reward/total"], abs=1e-6)
+        assert a["loss/policy"] == pytest.approx(b["loss/policy"], rel=1e-5, abs=1e-7)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [(("trainer.rollout_workers=-1",), "trainer.rollout_workers must be >= 0"),
+     (("trainer.rollout_workers=1", "env.workers=1"), "trainer.rollout_workers and env.workers")],
+)  # fmt: skip
+def test_bad_rollout_worker_settings_are_named(tmp_path, tiny_run_config, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        _run(tiny_run_config(tmp_path, "trainer.total_steps=1", *overrides))

@@ -1,0 +1,220 @@
+"""Rollout engines as Ray actors: K copies of the policy, each with its own env, collect a step's episodes.
+
+>>> workers = RolloutWorkers(policy, "grounding", num_envs=16, env_options={}, workers=2)
+>>> workers.sync(policy)  # after each update: the learner's weights go to every worker (one object in Ray's store)
+>>> parts = workers.collect([(seeds_a, 4, sampling, 101), (seeds_b, 4, sampling, 102)])  # two shards, in parallel
+>>> workers.close()
+
+`trainer.rollout_workers: K` uses this: the step's prompt shards (`trainer.generation_shards`) are handed out to the
+K workers in turn and collected concurrently, while the learner (this process) only trains. Each job is
+`(seeds, group_size, sampling, torch_seed)`: the worker seeds torch with `torch_seed` and runs
+`mmrl.rollout.collect_episodes` on its own env, exactly what the trainer does in-process for that shard. So **the
+episodes equal the in-process ones** for the same weights (tests/mmrl/test_rollout_workers.py checks a whole training
+run against the in-process run), and a job can be retried anywhere with the same result.
+
+**Where they run.** On the local machine, Ray starts a cluster of this machine's CPUs; with `RAY_ADDRESS` (or
+`address=`) set to a cluster's head, the actors are placed on its machines. Each worker holds a whole copy of the
+policy on the CPU, and `threads` torch threads (default 1). Weights travel as one state dict through Ray's object
+store per `sync`: right for small and mid-size models and for CPU machines; GPU rollout engines of real-size models
+are vLLM's job (`model.generation_backend: vllm`).
+
+**Dead and hung workers.** Every wait has a time limit (`timeout_s`). A worker whose actor died or did not answer is
+killed and replaced by a new actor with the last synced weights, and its job is run again (same seeds and torch
+seed, so the same episodes); each restart is a `RuntimeWarning`. A job that fails `max_restarts + 1` times raises a
+`RuntimeError` naming the worker, its job's seeds and the cause. An error raised by the policy or env itself (a bad
+config, an env that refuses an action) is not a dead worker: it propagates as Ray's `RayTaskError`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .policy.vlm import Sampling, VLMPolicy
+from .rollout import Episodes, collect_episodes
+
+Job = tuple[list[int], int, Sampling, int]  # (seeds, group_size, sampling, torch_seed)
+
+
+class _RolloutWorker:
+    """The actor: a policy copy and an env of `num_envs` worlds (Ray wraps this class with `ray.remote`)."""
+
+    def __init__(self, policy: VLMPolicy, env_name: str, num_envs: int, env_options: dict, threads: int):
+        import sim
+
+        torch.set_num_threads(threads)
+        self.policy = policy
+        self.policy.model.eval()
+        self.env = sim.make(env_name, num_envs=num_envs, **env_options)
+
+    def ping(self) -> bool:
+        return True
+
+    def load(self, state: dict[str, torch.Tensor]) -> None:
+        self.policy.model.load_state_dict(state)
+
+    def set_env(self, env_name: str, num_envs: int, env_options: dict) -> None:
+        import sim
+
+        self.env.close()
+        self.env = sim.make(env_name, num_envs=num_envs, **env_options)
+
+    def collect(self, seeds: list[int], group_size: int, sampling: Sampling, torch_seed: int) -> Episodes:
+        torch.manual_seed(torch_seed)
+        return collect_episodes(self.policy, self.env, seeds, group_size, sampling)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class RolloutWorkers:
+    """K Ray actors that collect episodes with copies of `policy` (see the module docstring).
+
+    Args:
+        policy: The policy to copy (its weights as of now; `sync` sends later ones).
+        env_name: A name registered in `sim.ENVS`; each worker builds `sim.make(env_name, num_envs, **env_options)`.
+        num_envs: Worlds of each worker's env: the rows of one job (prompts of a shard times the group size).
+        env_options: The env's options.
+        workers: K, at least 1.
+        threads: Torch threads of each worker.
+        timeout_s: Seconds one call may take (starting a worker, syncing, or collecting one job).
+        max_restarts: Restarts of one worker within one call before it gives up.
+        address: A Ray cluster to join (default: `RAY_ADDRESS`, else a local cluster).
+    """
+
+    def __init__(
+        self,
+        policy: VLMPolicy,
+        env_name: str,
+        num_envs: int,
+        env_options: dict[str, Any],
+        workers: int,
+        threads: int = 1,
+        timeout_s: float = 600.0,
+        max_restarts: int = 2,
+        address: str | None = None,
+    ):
+        if workers < 1:
+            raise ValueError(f"trainer.rollout_workers must be >= 1 to start rollout workers, got {workers}")
+        if timeout_s <= 0 or max_restarts < 0 or threads < 1:
+            raise ValueError(f"need timeout_s > 0, max_restarts >= 0, threads >= 1; got {timeout_s}, {max_restarts}, "
+                             f"{threads}")  # fmt: skip
+        from sim.workers import init_ray
+
+        self._ray = ray = init_ray(address, max(workers * threads, 1), user="trainer.rollout_workers")
+        self.workers, self.threads, self.timeout_s, self.max_restarts = workers, threads, timeout_s, max_restarts
+        self._env = (env_name, num_envs, dict(env_options))
+        self._actor_cls = ray.remote(num_cpus=threads)(_RolloutWorker)
+        self._failure_types = (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError)
+        self._policy_ref = ray.put(_cpu_copy(policy))  # kept: a replacement worker starts from it
+        self._state_ref: Any = None  # the last synced weights, loaded into a replacement worker
+        self.restarts = 0
+        self._actors = [self._actor_cls.remote(self._policy_ref, *self._env, threads) for _ in range(workers)]
+        self._wait_all("ping", [()] * workers)
+
+    def sync(self, policy: VLMPolicy) -> None:
+        """Send `policy`'s current weights to every worker (one copy in Ray's object store)."""
+        state = {name: value.detach().to("cpu", copy=True) for name, value in policy.model.state_dict().items()}
+        self._state_ref = self._ray.put(state)
+        self._wait_all("load", [(self._state_ref,)] * self.workers)
+
+    def set_env(self, env_options: dict[str, Any]) -> None:
+        """Rebuild every worker's env with new options (the curriculum's next level)."""
+        name, num_envs, _ = self._env
+        self._env = (name, num_envs, dict(env_options))
+        self._wait_all("set_env", [self._env] * self.workers)
+
+    def collect(self, jobs: Sequence[Job]) -> list[Episodes]:
+        """Run the jobs, job j on worker `j % K`, the workers concurrently; the episodes in job order."""
+        ray = self._ray
+        results: list[Episodes | None] = [None] * len(jobs)
+        # Each worker runs its jobs one after another (one env each); Ray queues an actor's calls in order.
+        pending = {self._actors[j % self.workers].collect.remote(*job): j for j, job in enumerate(jobs)}
+        deadline_s = self.timeout_s * -(-len(jobs) // self.workers)  # a worker's queue: its jobs, each timeout_s
+        ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=deadline_s)
+        ready_set = set(ready)
+        for ref, j in pending.items():
+            k = j % self.workers
+            if ref not in ready_set:
+                cause: BaseException = ray.exceptions.GetTimeoutError(
+                    f"rollout worker {k} did not return job {j} within {deadline_s:g} s"
+                )
+                results[j] = self._retry(k, j, jobs[j], cause)
+                continue
+            try:
+                results[j] = ray.get(ref)
+            except self._failure_types as error:
+                results[j] = self._retry(k, j, jobs[j], error)
+        return results  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """End the workers' actors (Ray itself keeps running: `ray.shutdown()` is the application's)."""
+        from sim.workers import kill_actor
+
+        for actor in self._actors:
+            kill_actor(self._ray, actor)
+        self._actors = []
+
+    # ------------------------------------------------------------------------------------------------ helpers
+    def _wait_all(self, method: str, args: list[tuple]) -> None:
+        """Call `method` on every worker and wait; replace a worker that dies or hangs (up to `max_restarts`)."""
+        refs = [getattr(actor, method).remote(*a) for actor, a in zip(self._actors, args)]
+        for k, ref in enumerate(refs):
+            try:
+                self._ray.get(ref, timeout=self.timeout_s)
+            except self._failure_types as error:
+                self._restart(k, error, attempt=1)  # the fresh worker has the current weights and env already
+
+    def _restart(self, k: int, cause: BaseException, attempt: int) -> None:
+        """Replace worker k's actor by a fresh one with the last synced weights and the current env."""
+        from sim.workers import kill_actor
+
+        if attempt > self.max_restarts:
+            kill_actor(self._ray, self._actors[k])
+            raise RuntimeError(
+                f"rollout worker {k} failed {attempt} times in a row (max_restarts={self.max_restarts}); "
+                f"last cause: {type(cause).__name__}: {cause}"
+            ) from cause
+        warnings.warn(
+            f"rollout worker {k} failed ({type(cause).__name__}: {cause}); starting a new one (restart {attempt})",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        kill_actor(self._ray, self._actors[k])
+        self.restarts += 1
+        actor = self._actor_cls.remote(self._policy_ref, *self._env, self.threads)
+        calls = [actor.ping.remote()] if self._state_ref is None else [actor.load.remote(self._state_ref)]
+        try:
+            self._ray.get(calls, timeout=self.timeout_s)
+        except self._failure_types as error:
+            self._actors[k] = actor
+            self._restart(k, error, attempt + 1)
+            return
+        self._actors[k] = actor
+
+    def _retry(self, k: int, j: int, job: Job, cause: BaseException) -> Episodes:
+        """Run job j again on a fresh worker k (the same seeds and torch seed give the same episodes)."""
+        attempt = 1
+        while True:
+            try:
+                self._restart(k, cause, attempt)
+            except RuntimeError as error:
+                raise RuntimeError(f"{error}; its job {j} had seeds {job[0][:4]}...") from cause
+            try:
+                return self._ray.get(self._actors[k].collect.remote(*job), timeout=self.timeout_s)
+            except self._failure_types as error:
+                cause, attempt = error, attempt + 1
+
+
+def _cpu_copy(policy: VLMPolicy) -> VLMPolicy:
+    """The policy to ship: itself when on the CPU, else a CPU copy (the workers run on CPUs)."""
+    if next(policy.model.parameters()).device.type == "cpu":
+        return policy
+    import copy
+
+    clone = copy.deepcopy(policy)
+    clone.model.to("cpu")
+    return clone
