@@ -33,11 +33,22 @@ def _episode(envs, seed, steps, noise=0.3):
     return out
 
 
-@pytest.mark.parametrize(
-    "name, options, steps",
-    [("reach", {"camera": "top"}, 8), ("reach", {"camera": "ego"}, 8), ("push", {"max_episode_steps": 14}, 14)],
-)
+CASES = [("reach", {"camera": "top"}, 8), ("reach", {"camera": "ego"}, 8), ("push", {"max_episode_steps": 14}, 14)]
+
+
+@pytest.mark.parametrize("name, options, steps", CASES)
 def test_warp_matches_mujoco(name, options, steps):
+    _check_against_mujoco(name, options, steps)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name, options, steps", CASES)
+def test_warp_on_cuda_matches_mujoco(name, options, steps):  # pragma: no cover - GPU only
+    _check_against_mujoco(name, {**options, "device": "cuda"}, steps)
+
+
+def _check_against_mujoco(name, options, steps):
     envs = _pair(name, num_envs=4, **options)
     try:
         out = _episode(envs, seed=11, steps=steps)
