@@ -108,7 +108,9 @@ def main() -> int:
         for env in envs.values():
             env.close()
 
-    print(f"\n{'N':>4}  {'mujoco steps/s':>15}  {'warp steps/s':>13}  {'warp/mujoco':>12}  {'warp physics':>13}  {'warp render':>12}")
+    print(
+        f"\n{'N':>4}  {'mujoco steps/s':>15}  {'warp steps/s':>13}  {'warp/mujoco':>12}  {'warp physics':>13}  {'warp render':>12}"
+    )
     for n, mujoco_rate, warp_rate, physics, render in rows:
         share = physics / (physics + render)
         print(

@@ -351,10 +351,11 @@ class PlanarMujocoEnv:
         self._images[live] = self._warp.render().numpy()[live]
 
     def close(self) -> None:
-        """Free the render context (the GL context and its buffers)."""
+        """Free the render context (the GL context and its buffers), or the MuJoCo Warp model, data and images."""
         renderer, self._renderer = getattr(self, "_renderer", None), None
         if renderer is not None:
             renderer.close()
+        self._warp = None
 
     # ------------------------------------------------------------------------------------------------ helpers
     @property

@@ -1,12 +1,13 @@
 """`backend="warp"`: reach and push stepped and rendered as one MuJoCo Warp batch agree with plain MuJoCo.
 
 Warp runs on the CPU here (no GPU on the test machines); the first env of a model compiles its kernels (about 25 s,
-then cached under ~/.cache/warp), so the tests share module-scoped envs where they can.
+then cached under ~/.cache/warp).
 """
 
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 pytest.importorskip("mujoco_warp")
 
@@ -14,8 +15,29 @@ import sim  # noqa: E402
 from sim import check_vec_env  # noqa: E402
 
 # Warp computes in float32 and ray-traces; MuJoCo computes in float64 and rasterises with anti-aliasing.
-STATE_TOL = 1e-4  # metres, over a whole episode
-IMAGE_TOL = 6.0  # mean absolute difference per channel, grey levels of 255 (measured: 1.7 top, 3.5 ego)
+STATE_TOL = 1e-4  # metres, over a whole episode (measured: below 1e-6)
+# Largest difference of 4x4-pixel block means, grey levels of 255: measured 21-27 between the backends (shape edges),
+# 187-207 between two different scenes; a missing or misplaced disc moves a block by over 100.
+BLOCK_TOL = 40.0
+
+
+def _block_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Largest absolute difference of the 4x4-pixel block means of two `[N, H, W, 3]` uint8 image batches."""
+    pool = lambda x: F.avg_pool2d(x.permute(0, 3, 1, 2).float(), 4)  # noqa: E731
+    return (pool(a) - pool(b)).abs().max().item()
+
+
+def _assert_discs_drawn(env, image: torch.Tensor) -> None:
+    """Every reach disc inside the view and not under the gripper shows a saturated colour at its centre pixel."""
+    image = image.cpu().numpy()
+    for k in range(env.num_envs):
+        for slot in range(env.num_targets):
+            if np.hypot(*(env._disc_xy[k, slot] - env.gripper_xy[k])) < env.gripper_radius + 0.01:
+                continue  # the dark gripper rides above the discs and hides this one's centre
+            col, row = np.rint(env.world_to_pixel(env._disc_xy[k, slot], world=k)).astype(int)
+            if 0 <= row < image.shape[1] and 0 <= col < image.shape[2]:
+                pixel = image[k, row, col].astype(int)
+                assert pixel.max() - pixel.min() > 100, (k, slot, pixel)
 
 
 def _pair(name, **options):
@@ -60,8 +82,9 @@ def _check_against_mujoco(name, options, steps):
             assert torch.allclose(m.reward, w.reward, atol=1e-3)
             assert torch.equal(m.terminated, w.terminated) and torch.equal(m.truncated, w.truncated)
             assert torch.equal(m.info["success"], w.info["success"])
-            diff = (m.obs.image.float() - w.obs.image.float()).abs().mean(dim=(1, 2, 3))  # [N]
-            assert diff.max() < IMAGE_TOL, diff
+            assert _block_diff(m.obs.image, w.obs.image) < BLOCK_TOL
+        if name == "reach":  # the env holds the final state: check the final images against it
+            _assert_discs_drawn(envs["warp"], out["warp"][-1].obs.image)
         # The episodes did something: some world succeeded, and the gripper moved.
         assert out["mujoco"][-1].info["success"].any()
         assert (out["warp"][-1].obs.state[:, :2] - first_w.state[:, :2]).abs().max() > 0.02
@@ -74,14 +97,9 @@ def test_warp_images_show_the_targets_where_the_camera_says():
     env = sim.make("reach", num_envs=3, backend="warp", camera="ego")
     try:
         obs = env.reset(seed=4)
+        _assert_discs_drawn(env, obs.image)
         image = obs.image.numpy()
         for k in range(3):
-            for slot in range(env.num_targets):
-                col, row = np.rint(env.world_to_pixel(env._disc_xy[k, slot], world=k)).astype(int)
-                if not (0 <= row < 64 and 0 <= col < 64):
-                    continue
-                pixel = image[k, row, col].astype(int)
-                assert pixel.max() - pixel.min() > 100, (k, slot, pixel)  # a saturated colour, not the grey floor
             centre = image[k, 32, 32].astype(int)
             assert centre.max() < 60  # the dark gripper sits at the centre of the egocentric view
     finally:
@@ -111,8 +129,7 @@ def test_warp_finished_worlds_freeze_and_partial_reset():
         # Reset world 2 alone, mid-episode for the others; both backends again agree.
         obs = {backend: env.reset(seed=9, env_ids=[2]) for backend, env in envs.items()}
         assert (obs["mujoco"].state - obs["warp"].state).abs().max() < STATE_TOL
-        diff = (obs["mujoco"].image.float() - obs["warp"].image.float()).abs().mean(dim=(1, 2, 3))
-        assert diff.max() < IMAGE_TOL
+        assert _block_diff(obs["mujoco"].image, obs["warp"].image) < BLOCK_TOL
         after = {backend: env.step(torch.full((4, 2), -0.5)) for backend, env in envs.items()}
         assert (after["mujoco"].obs.state - after["warp"].obs.state).abs().max() < STATE_TOL
     finally:
