@@ -121,13 +121,13 @@ class TrainerConfig:
     generation_shards: int = 0
     # "float32" keeps float32 master copies of the trainable weights of a bfloat16/float16 model (model.dtype): the
     # optimiser steps them and the model computes with them rounded, so small updates (lr 1e-6 in bfloat16)
-    # accumulate instead of rounding away; checkpoints hold them in float32 (mmrl.precision). "model": the
-    # optimiser steps the model's own weights.
+    # accumulate instead of rounding away; checkpoints hold them in float32 (mmrl.precision). A cold start
+    # (sft.episodes > 0) then runs on the float32 model. "model": the optimiser steps the model's own weights.
     master_weights: Literal["model", "float32"] = "model"
     # K > 0 generates in K Ray actors (mmrl.rollout_workers), each with a copy of the policy (synced every step) and
-    # its own env, on this machine or a Ray cluster's (RAY_ADDRESS), while this process trains. The step's shards go
-    # to them in turn: set generation_shards to a multiple of K to keep them all busy. Samples equal the in-process
-    # ones for the same generation_shards.
+    # its own env, on this machine or a Ray cluster's (RAY_ADDRESS); this process trains on what they return. Shards go
+    # to them in turn: generation_shards must be a multiple of K. Samples equal the in-process ones for the same
+    # generation_shards (on CPUs with the same torch thread count: the workers use max(threads, 1)).
     rollout_workers: int = 0
     rollout_timeout_s: float = 600.0  # a worker that does not return a shard in this time is replaced, and it reruns
 

@@ -22,6 +22,10 @@ How mmrl does it:
 
 The cost: 4 bytes per trainable parameter for its copy, and AdamW's two moments, which torch keeps in the dtype of
 the parameters it steps, in float32 (8 bytes instead of 4).
+
+Caveat: the model is loaded in float32, and what runs before the GRPO loop runs on it as loaded: a cold start
+(`sft.episodes > 0`) trains and evaluates the float32 model with its own float32 AdamW, which for a 3B model is about
+15 GB of weights and 30 GB of optimiser state before activations. Only then are the masters made and the model cast.
 """
 
 from __future__ import annotations

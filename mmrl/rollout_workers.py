@@ -6,11 +6,12 @@
 >>> workers.close()
 
 `trainer.rollout_workers: K` uses this: the step's prompt shards (`trainer.generation_shards`) are handed out to the
-K workers in turn and collected concurrently, while the learner (this process) only trains. Each job is
+K workers in turn and collected concurrently; this process (the learner) trains on what they return. Each job is
 `(seeds, group_size, sampling, torch_seed)`: the worker seeds torch with `torch_seed` and runs
 `mmrl.rollout.collect_episodes` on its own env, exactly what the trainer does in-process for that shard. So **the
-episodes equal the in-process ones** for the same weights (tests/mmrl/test_rollout_workers.py checks a whole training
-run against the in-process run), and a job can be retried anywhere with the same result.
+episodes equal the in-process ones** for the same weights, on CPUs with the same torch thread count
+(tests/mmrl/test_rollout_workers.py checks the episodes, tests/mmrl/test_trainer_options.py a whole training run),
+and a job can be rerun anywhere with the same result.
 
 **Where they run.** On the local machine, Ray starts a cluster of this machine's CPUs; with `RAY_ADDRESS` (or
 `address=`) set to a cluster's head, the actors are placed on its machines. Each worker holds a whole copy of the
@@ -18,10 +19,11 @@ policy on the CPU, and `threads` torch threads (default 1). Weights travel as on
 store per `sync`: right for small and mid-size models and for CPU machines; GPU rollout engines of real-size models
 are vLLM's job (`model.generation_backend: vllm`).
 
-**Dead and hung workers.** Every wait has a time limit (`timeout_s`). A worker whose actor died or did not answer is
-killed and replaced by a new actor with the last synced weights, and its job is run again (same seeds and torch
-seed, so the same episodes); each restart is a `RuntimeWarning`. A job that fails `max_restarts + 1` times raises a
-`RuntimeError` naming the worker, its job's seeds and the cause. An error raised by the policy or env itself (a bad
+**Dead and hung workers.** Every wait has a time limit (`timeout_s` per job). A worker whose actor died or did not
+return its jobs in time is killed and replaced, once, by a new actor with the last synced weights, which reruns every
+job of that worker without a result (same seeds and torch seed, so the same episodes); each restart is a
+`RuntimeWarning`. A worker that fails `max_restarts + 1` times in a row raises a `RuntimeError` naming the worker,
+its unfinished jobs and the cause. An error raised by the policy or env itself (a bad
 config, an env that refuses an action) is not a dead worker: it propagates as Ray's `RayTaskError`.
 """
 
@@ -40,34 +42,55 @@ Job = tuple[list[int], int, Sampling, int]  # (seeds, group_size, sampling, torc
 
 
 class _RolloutWorker:
-    """The actor: a policy copy and an env of `num_envs` worlds (Ray wraps this class with `ray.remote`)."""
+    """The actor: a policy copy and an env of `num_envs` worlds (Ray wraps this class with `ray.remote`).
 
-    def __init__(self, policy: VLMPolicy, env_name: str, num_envs: int, env_options: dict, threads: int):
-        import sim
+    The env class travels with the actor, so envs registered outside `sim` (a script, a test) are found. An error
+    building the env is kept and raised by every call: an actor whose constructor raises is dead to Ray, and a bad
+    option would otherwise look like a dead worker and be restarted in vain.
+    """
 
+    def __init__(
+        self, policy: VLMPolicy, env_cls: type, env_name: str, num_envs: int, env_options: dict, threads: int
+    ):
         torch.set_num_threads(threads)
         self.policy = policy
-        self.policy.model.eval()
-        self.env = sim.make(env_name, num_envs=num_envs, **env_options)
+        self.env: Any = None
+        self._error: BaseException | None = None
+        self.set_env(env_cls, env_name, num_envs, env_options)
 
     def ping(self) -> bool:
+        self._check()
         return True
 
     def load(self, state: dict[str, torch.Tensor]) -> None:
         self.policy.model.load_state_dict(state)
 
-    def set_env(self, env_name: str, num_envs: int, env_options: dict) -> None:
-        import sim
+    def set_env(self, env_cls: type, env_name: str, num_envs: int, env_options: dict) -> None:
+        if self.env is not None:
+            self.env.close()
+        self.env, self._error = None, None
+        try:
+            import sim
+            from sim.registry import ENVS
 
-        self.env.close()
-        self.env = sim.make(env_name, num_envs=num_envs, **env_options)
+            if env_name not in ENVS:
+                ENVS.register(env_name)(env_cls)
+            self.env = sim.make(env_name, num_envs=num_envs, **env_options)
+        except Exception as error:  # noqa: BLE001  (raised by every later call)
+            self._error = error
 
     def collect(self, seeds: list[int], group_size: int, sampling: Sampling, torch_seed: int) -> Episodes:
+        self._check()
         torch.manual_seed(torch_seed)
         return collect_episodes(self.policy, self.env, seeds, group_size, sampling)
 
     def close(self) -> None:
-        self.env.close()
+        if self.env is not None:
+            self.env.close()
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise self._error
 
 
 class RolloutWorkers:
@@ -102,18 +125,24 @@ class RolloutWorkers:
         if timeout_s <= 0 or max_restarts < 0 or threads < 1:
             raise ValueError(f"need timeout_s > 0, max_restarts >= 0, threads >= 1; got {timeout_s}, {max_restarts}, "
                              f"{threads}")  # fmt: skip
+        import sim
         from sim.workers import init_ray
 
+        env_cls = sim.ENVS.get(env_name)  # fails here, naming the registered envs, rather than in every worker
         self._ray = ray = init_ray(address, max(workers * threads, 1), user="trainer.rollout_workers")
         self.workers, self.threads, self.timeout_s, self.max_restarts = workers, threads, timeout_s, max_restarts
-        self._env = (env_name, num_envs, dict(env_options))
+        self._env = (env_cls, env_name, num_envs, dict(env_options))
         self._actor_cls = ray.remote(num_cpus=threads)(_RolloutWorker)
         self._failure_types = (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError)
         self._policy_ref = ray.put(_cpu_copy(policy))  # kept: a replacement worker starts from it
         self._state_ref: Any = None  # the last synced weights, loaded into a replacement worker
         self.restarts = 0
         self._actors = [self._actor_cls.remote(self._policy_ref, *self._env, threads) for _ in range(workers)]
-        self._wait_all("ping", [()] * workers)
+        try:
+            self._wait_all("ping", [()] * workers)
+        except BaseException:
+            self.close()  # no actor outlives a failed start (each would hold its CPUs in the cluster)
+            raise
 
     def sync(self, policy: VLMPolicy) -> None:
         """Send `policy`'s current weights to every worker (one copy in Ray's object store)."""
@@ -123,31 +152,48 @@ class RolloutWorkers:
 
     def set_env(self, env_options: dict[str, Any]) -> None:
         """Rebuild every worker's env with new options (the curriculum's next level)."""
-        name, num_envs, _ = self._env
-        self._env = (name, num_envs, dict(env_options))
+        env_cls, name, num_envs, _ = self._env
+        self._env = (env_cls, name, num_envs, dict(env_options))
         self._wait_all("set_env", [self._env] * self.workers)
 
     def collect(self, jobs: Sequence[Job]) -> list[Episodes]:
         """Run the jobs, job j on worker `j % K`, the workers concurrently; the episodes in job order."""
-        ray = self._ray
+        ray, k_all = self._ray, self.workers
         results: list[Episodes | None] = [None] * len(jobs)
         # Each worker runs its jobs one after another (one env each); Ray queues an actor's calls in order.
-        pending = {self._actors[j % self.workers].collect.remote(*job): j for j, job in enumerate(jobs)}
-        deadline_s = self.timeout_s * -(-len(jobs) // self.workers)  # a worker's queue: its jobs, each timeout_s
+        pending = {self._actors[j % k_all].collect.remote(*job): j for j, job in enumerate(jobs)}
+        deadline_s = self.timeout_s * -(-len(jobs) // k_all)  # a worker's queue: its jobs, each timeout_s
         ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=deadline_s)
         ready_set = set(ready)
+        failed: dict[int, BaseException] = {}  # worker -> the first cause
         for ref, j in pending.items():
-            k = j % self.workers
+            k = j % k_all
             if ref not in ready_set:
-                cause: BaseException = ray.exceptions.GetTimeoutError(
-                    f"rollout worker {k} did not return job {j} within {deadline_s:g} s"
-                )
-                results[j] = self._retry(k, j, jobs[j], cause)
+                message = f"rollout worker {k} did not return its jobs within {deadline_s:g} s"
+                failed.setdefault(k, ray.exceptions.GetTimeoutError(message))
                 continue
             try:
                 results[j] = ray.get(ref)
             except self._failure_types as error:
-                results[j] = self._retry(k, j, jobs[j], error)
+                failed.setdefault(k, error)
+        for k, cause in failed.items():
+            # One new actor per failed worker; it reruns every job of that worker that has no result.
+            todo = [j for j in range(k, len(jobs), k_all) if results[j] is None]
+            attempt = 1
+            while todo:
+                try:
+                    self._restart(k, cause, attempt)
+                except RuntimeError as error:
+                    raise RuntimeError(f"{error}; its unfinished jobs: {todo}") from cause
+                try:
+                    refs = [self._actors[k].collect.remote(*jobs[j]) for j in todo]
+                    outs = ray.get(refs, timeout=self.timeout_s * len(todo))
+                except self._failure_types as error:
+                    cause, attempt = error, attempt + 1
+                    continue
+                for j, out in zip(todo, outs):
+                    results[j] = out
+                todo = []
         return results  # type: ignore[return-value]
 
     def close(self) -> None:
@@ -194,19 +240,6 @@ class RolloutWorkers:
             self._restart(k, error, attempt + 1)
             return
         self._actors[k] = actor
-
-    def _retry(self, k: int, j: int, job: Job, cause: BaseException) -> Episodes:
-        """Run job j again on a fresh worker k (the same seeds and torch seed give the same episodes)."""
-        attempt = 1
-        while True:
-            try:
-                self._restart(k, cause, attempt)
-            except RuntimeError as error:
-                raise RuntimeError(f"{error}; its job {j} had seeds {job[0][:4]}...") from cause
-            try:
-                return self._ray.get(self._actors[k].collect.remote(*job), timeout=self.timeout_s)
-            except self._failure_types as error:
-                cause, attempt = error, attempt + 1
 
 
 def _cpu_copy(policy: VLMPolicy) -> VLMPolicy:

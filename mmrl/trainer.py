@@ -16,6 +16,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
@@ -131,15 +132,28 @@ def make_env(cfg: TrainConfig, num_envs: int, curriculum: Curriculum):
     return make_vec_env(cfg.env.name, num_envs, cfg.env.workers, cfg.env.worker_timeout_s, **options)
 
 
-def _check_rollout_workers(cfg: TrainConfig, world: distributed.World) -> None:
-    """Refuse `trainer.rollout_workers` settings that cannot work, naming the fields."""
-    k = cfg.trainer.rollout_workers
+def _check_rollout_workers(cfg: TrainConfig, generation_shards: int | None) -> None:
+    """Refuse `trainer.rollout_workers` settings that cannot work, naming the fields (before anything is loaded)."""
+    tc = cfg.trainer
+    k = tc.rollout_workers
     if k < 0:
         raise ValueError(f"trainer.rollout_workers must be >= 0 (0: generate in this process), got {k}")
-    if k and world.size > 1:
-        raise ValueError("trainer.rollout_workers > 0 under torchrun is not supported: use one trainer process")
-    if k and cfg.env.workers:
+    if not k:
+        return
+    if tc.rollout_timeout_s <= 0:
+        raise ValueError(f"trainer.rollout_timeout_s must be > 0, got {tc.rollout_timeout_s}")
+    if cfg.env.workers:
         raise ValueError("trainer.rollout_workers and env.workers cannot both be > 0: each rollout worker has its env")
+    if cfg.model.generation_backend == "vllm":
+        raise ValueError(
+            "trainer.rollout_workers runs CPU copies of the policy; it cannot use generation_backend vllm"
+        )
+    shards = generation_shards or tc.generation_shards or 1  # 0: one shard per process, and there is one
+    if shards % k:
+        raise ValueError(
+            f"trainer.rollout_workers={k} needs trainer.generation_shards set to a multiple of {k} (a step's shards "
+            f"are what the workers share); got {generation_shards or tc.generation_shards}"
+        )
 
 
 def keep_groups(episodes: Episodes, ac: AlgoConfig) -> torch.Tensor:
@@ -196,8 +210,28 @@ def train(
             (default: one per process, K). Samples then depend on S, never on K: one process with S = K draws
             exactly what a K-process torchrun run draws.
     """
-    tc, ac = cfg.trainer, cfg.algo
     precision.check_master_weights(cfg)
+    _check_rollout_workers(cfg, generation_shards)
+    live: dict[str, Any] = {}  # what holds processes or contexts (env, rollout workers): closed however the run ends
+    try:
+        return _train(cfg, policy, stop_after, generation_shards, live)
+    finally:
+        for name, thing in live.items():
+            try:
+                thing.close()
+            except Exception as error:  # noqa: BLE001  (the run's own error, if any, is the one to see)
+                print(f"closing the {name} failed: {error!r}", file=sys.stderr)
+
+
+def _train(
+    cfg: TrainConfig,
+    policy: VLMPolicy | None,
+    stop_after: int | None,
+    generation_shards: int | None,
+    live: dict[str, Any],
+) -> list[dict]:
+    """`train`'s body; it keeps what must be closed in `live` (closed by `train`, on success or failure)."""
+    tc, ac = cfg.trainer, cfg.algo
     world = distributed.init_world(cfg.model.device)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -224,8 +258,9 @@ def train(
     state = load_training_state(resume_from)[0] if resume_from is not None else {}
     if "curriculum" in state:
         curriculum.load_state_dict(state["curriculum"])
-    _check_rollout_workers(cfg, world)
-    env = make_env(cfg, shard_rows, curriculum)
+    if tc.rollout_workers and world.size > 1:
+        raise ValueError("trainer.rollout_workers > 0 under torchrun is not supported: use one trainer process")
+    env = live["env"] = make_env(cfg, shard_rows, curriculum)
     # The starting policy is needed to train from, or as the KL anchor (also after a resume); load it only then.
     if resume_from is None or ac.kl_coef > 0:
         policy = starting_policy(load_cfg, policy, env, out, world)
@@ -272,7 +307,7 @@ def train(
     if tc.rollout_workers > 0:
         from .rollout_workers import RolloutWorkers
 
-        rollout_workers = RolloutWorkers(
+        rollout_workers = live["rollout workers"] = RolloutWorkers(
             policy, cfg.env.name, shard_rows, curriculum.options(cfg.env.options), tc.rollout_workers,
             threads=max(tc.threads, 1), timeout_s=tc.rollout_timeout_s,
         )  # fmt: skip
@@ -472,8 +507,8 @@ def train(
         bar.set_postfix(reward=f"{logged['reward/total']:.3f}", loss=f"{logged['loss/policy']:+.3f}")
         score = logged.get("env/success_rate", logged["reward/total"])
         if curriculum.update(score):
-            env.close()
-            env = make_env(cfg, shard_rows, curriculum)
+            live.pop("env").close()
+            env = live["env"] = make_env(cfg, shard_rows, curriculum)
             if rollout_workers is not None:
                 rollout_workers.set_env(curriculum.options(cfg.env.options))
             if world.is_main:
@@ -495,17 +530,14 @@ def train(
                 save_checkpoint(out, step + 1, saved_policy, saved_optimizer, scheduler, state, tc.keep_checkpoints)
         if stop_after is not None and step + 1 >= stop_after:
             bar.close()
-            env.close()
-            if rollout_workers is not None:
-                rollout_workers.close()
             world.barrier()  # rank 0 has written what the others read back
             return read_metrics(out / "metrics.jsonl")
     bar.close()
 
     # ------------------------------------------------------------------ REPORT
-    env.close()
-    if rollout_workers is not None:
-        rollout_workers.close()
+    for name in ("env", "rollout workers"):  # not needed by the held-out evaluation, which builds its own envs
+        if name in live:
+            live.pop(name).close()
     after = held_out(policy, cfg, world)
     logger.log(tc.total_steps, {f"eval/{k}": v for k, v in after.metrics.items()})
     if world.is_main:

@@ -95,3 +95,10 @@ def test_a_killed_worker_is_replaced_with_the_synced_weights_and_its_job_rerun(r
 def test_bad_worker_counts_are_named(tiny_policy):
     with pytest.raises(ValueError, match="trainer.rollout_workers must be >= 1"):
         RolloutWorkers(tiny_policy("qwen2_vl", seed=0), "grounding", 4, ENV, workers=0)
+
+
+def test_a_bad_env_option_is_the_envs_error_not_a_dead_worker(ray_cluster, tiny_policy):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no restart may be attempted
+        with pytest.raises(ValueError, match="bogus"):
+            RolloutWorkers(tiny_policy("qwen2_vl", seed=0), "grounding", 4, {"bogus": 1}, workers=1, timeout_s=60)

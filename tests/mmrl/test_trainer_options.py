@@ -70,30 +70,47 @@ def test_env_workers_run_the_env_in_ray_actors(tmp_path, tiny_run_config):
     assert local[0]["loss/policy"] == pytest.approx(remote[0]["loss/policy"], rel=1e-5, abs=1e-7)
 
 
-def test_rollout_workers_generate_what_the_trainer_generates_in_process(tmp_path, tiny_run_config):
+def test_rollout_workers_generate_what_the_trainer_generates_in_process(tmp_path, tiny_run_config, letters_env):
     """`trainer.rollout_workers=2`: two Ray actors with synced policy copies collect the shards; the run equals the
-    in-process run with the same generation_shards, step by step (so the weights were synced after each update)."""
+    in-process run with the same generation_shards, step by step and in its final weights. The env's rewards vary and
+    the lr is large, so the weights move every step: a worker left with stale weights would sample differently."""
     pytest.importorskip("ray")
     import ray
 
-    common = ("trainer.total_steps=2", "trainer.generation_shards=2", "trainer.threads=1")
+    from mmrl.trainer import load_policy
+
+    common = (
+        f"env.name={letters_env}", "trainer.total_steps=3", "algo.group_size=4", "trainer.generation_shards=2",
+        "trainer.threads=1", "trainer.lr=1e-2",
+    )  # fmt: skip
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
     try:
-        local = _step_rows(_run(tiny_run_config(tmp_path / "local", *common)))
-        remote = _step_rows(_run(tiny_run_config(tmp_path / "ray", *common, "trainer.rollout_workers=2")))
+        local_cfg = tiny_run_config(tmp_path / "local", *common)
+        remote_cfg = tiny_run_config(tmp_path / "ray", *common, "trainer.rollout_workers=2")
+        local, remote = _step_rows(_run(local_cfg)), _step_rows(_run(remote_cfg))
     finally:
         ray.shutdown()
-    assert len(local) == len(remote) == 2
+    assert len(local) == len(remote) == 3
+    assert all(row["grad_norm"] > 0 for row in local)
     for a, b in zip(local, remote):
         assert a["reward/total"] == pytest.approx(b["reward/total"], abs=1e-6)
         assert a["loss/policy"] == pytest.approx(b["loss/policy"], rel=1e-5, abs=1e-7)
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+    final = "checkpoints/step_00000003"
+    start = load_policy(local_cfg.model).model.state_dict()
+    mine = load_policy(local_cfg.model, checkpoint=tmp_path / "local" / final).model.state_dict()
+    theirs = load_policy(remote_cfg.model, checkpoint=tmp_path / "ray" / final).model.state_dict()
+    assert any(not torch.equal(start[k], mine[k]) for k in mine), "training moved no weight"
+    for key, value in mine.items():
+        torch.testing.assert_close(theirs[key], value, rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize(
     "overrides, message",
     [(("trainer.rollout_workers=-1",), "trainer.rollout_workers must be >= 0"),
-     (("trainer.rollout_workers=1", "env.workers=1"), "trainer.rollout_workers and env.workers")],
+     (("trainer.rollout_workers=1", "env.workers=1"), "trainer.rollout_workers and env.workers"),
+     (("trainer.rollout_workers=2",), "needs trainer.generation_shards set to a multiple of 2"),
+     (("trainer.rollout_workers=1", "trainer.rollout_timeout_s=0"), "trainer.rollout_timeout_s must be > 0")],
 )  # fmt: skip
 def test_bad_rollout_worker_settings_are_named(tmp_path, tiny_run_config, overrides, message):
     with pytest.raises(ValueError, match=message):
