@@ -79,7 +79,7 @@ QWEN2_5_VL_3B_VISION = {
 }
 
 
-def random_qwen2_5_vl_3b(device: str, dtype: torch.dtype) -> VLMPolicy:
+def random_qwen2_5_vl_3b(device: str, dtype: torch.dtype, **policy_kwargs) -> VLMPolicy:
     """The real 3B architecture with random weights, built on `device` directly (no CPU copy of 15 GB)."""
     from transformers import AutoModelForImageTextToText, Qwen2_5_VLConfig
 
@@ -95,7 +95,7 @@ def random_qwen2_5_vl_3b(device: str, dtype: torch.dtype) -> VLMPolicy:
         model = AutoModelForImageTextToText.from_config(config, dtype=dtype)
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
-    return VLMPolicy(model, processor)
+    return VLMPolicy(model, processor, **policy_kwargs)
 
 
 def load(spec: str, device: str, dtype: torch.dtype) -> VLMPolicy:

@@ -6,6 +6,14 @@ env's reward (IoU + format), one forward/backward over the 64 rows, gradient cli
 the two sides alternate within every round, so slow phases of a noisy machine hit both. See bench/README.md.
 
     .venv/bin/python bench/grpo_step.py --repeats 5 [--json out.json] [--variants matched,kl,trl_defaults]
+
+On a GPU, the real size (issue 7's figure; peak GPU memory of each run is reported too):
+
+    python bench/grpo_step.py --model random:qwen2_5_vl_3b --device cuda --dtype bfloat16 --repeats 3 --variants matched
+
+`--model` is `tiny:qwen2_vl` (default), `tiny:qwen2_5_vl`, or `random:qwen2_5_vl_3b`: the real Qwen2.5-VL-3B
+architecture with random weights and the tiny tokenizer (bench/generation.py; nothing is downloaded), the same
+weights on both sides.
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 import torch  # noqa: E402
 
 import sim  # noqa: E402
-from mmrl.config import AlgoConfig, EnvConfig, SamplingConfig, TrainConfig, TrainerConfig  # noqa: E402
+from mmrl.config import AlgoConfig, EnvConfig, ModelConfig, SamplingConfig, TrainConfig, TrainerConfig  # noqa: E402
 from mmrl.evaluate import train_seeds  # noqa: E402
 from mmrl.policy import build_tiny  # noqa: E402
 from mmrl.policy.tiny import tiny_processor  # noqa: E402
@@ -44,7 +52,51 @@ from mmrl.trainer import train  # noqa: E402
 from rewards import box_iou, format_reward, parse_boxes  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------- THE WORK
-ARCH = "qwen2_vl"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The model both sides train (`--model`, `--device`, `--dtype`)."""
+
+    name: str = "tiny:qwen2_vl"
+    device: str = "cpu"
+    dtype: str = "float32"
+
+    @property
+    def arch(self) -> str:
+        return "qwen2_5_vl" if "qwen2_5_vl" in self.name else "qwen2_vl"
+
+
+SPEC = ModelSpec()  # set by main()
+
+
+def make_policy(**policy_kwargs):
+    """The benchmarked model on `SPEC.device` in `SPEC.dtype`, the same weights at every call (seed 0)."""
+    if SPEC.name == "random:qwen2_5_vl_3b":
+        from generation import random_qwen2_5_vl_3b  # bench/generation.py (this script's folder is on sys.path)
+
+        with torch.random.fork_rng(devices=[torch.cuda.current_device()] if SPEC.device.startswith("cuda") else []):
+            torch.manual_seed(0)
+            return random_qwen2_5_vl_3b(SPEC.device, DTYPES[SPEC.dtype], **policy_kwargs)
+    if not SPEC.name.startswith("tiny:"):
+        raise SystemExit(f"unknown --model {SPEC.name!r}: tiny:qwen2_vl, tiny:qwen2_5_vl or random:qwen2_5_vl_3b")
+    policy = build_tiny(SPEC.arch, seed=0, **policy_kwargs)
+    policy.model.to(device=SPEC.device, dtype=DTYPES[SPEC.dtype])
+    return policy
+
+
+def peak_memory_gb() -> float | None:
+    """Peak GPU memory allocated since the last reset, in GB (None on the CPU)."""
+    return torch.cuda.max_memory_allocated() / 1e9 if SPEC.device.startswith("cuda") else None
+
+
+def reset_peak_memory() -> None:
+    if SPEC.device.startswith("cuda"):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
 PROMPTS = 8  # B prompts per optimiser step
 GROUP_SIZE = 8  # G completions per prompt
 NEW_TOKENS = 32  # L, forced on both sides (EOS is masked until then, and generation stops there)
@@ -101,17 +153,19 @@ def image_only_processor():
     image-only processor. It sets the attributes `Qwen2VLProcessor.__init__` would and skips that `__init__` (which
     passes a video processor on). `main` checks that it tokenises prompts to exactly the ids mmrl's policy uses.
     """
-    from transformers import Qwen2VLProcessor
+    from transformers import Qwen2_5_VLProcessor, Qwen2VLProcessor
     from transformers.processing_utils import ProcessorMixin
 
-    class ImageOnlyQwen2VLProcessor(Qwen2VLProcessor):
+    base = Qwen2_5_VLProcessor if SPEC.arch == "qwen2_5_vl" else Qwen2VLProcessor
+
+    class ImageOnlyQwen2VLProcessor(base):
         def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
             self.image_token, self.video_token = "<|image_pad|>", "<|video_pad|>"
             self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
             self.video_token_id = tokenizer.convert_tokens_to_ids(self.video_token)
             ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template)
 
-    parts = tiny_processor(ARCH)  # left padding, as TRL pads prompts
+    parts = tiny_processor(SPEC.arch)  # left padding, as TRL pads prompts
     return ImageOnlyQwen2VLProcessor(
         parts.image_processor, parts.tokenizer, chat_template=parts.tokenizer.chat_template
     )
@@ -164,7 +218,8 @@ def per_step(step_s: list[float], gen: list[tuple[float, float]], lengths: list[
 # ----------------------------------------------------------------------------------------------- MMRL SIDE
 def run_mmrl(run: Run, steps: int, warmup: int, workdir: Path, threads: int) -> list[dict]:
     """`mmrl.trainer.train` itself; the step time is its own `perf/step_s` (eval before the loop is not in it)."""
-    policy = build_tiny(ARCH, seed=0, prompt_template=TEMPLATE)
+    reset_peak_memory()
+    policy = make_policy(prompt_template=TEMPLATE)
     # mmrl's Sampling has no minimum length; the model's generation config carries one into `generate`.
     policy.model.generation_config.min_new_tokens = NEW_TOKENS
     gen: list[tuple[float, float]] = []
@@ -173,6 +228,7 @@ def run_mmrl(run: Run, steps: int, warmup: int, workdir: Path, threads: int) -> 
         policy.generate, gen, keep=lambda a, k: k.get("group_size", a[1] if len(a) > 1 else 1) == GROUP_SIZE
     )
     cfg = TrainConfig(
+        model=ModelConfig(device=SPEC.device, dtype=SPEC.dtype),
         env=EnvConfig(name="grounding", options={"image_size": IMAGE_SIZE}),
         sampling=SamplingConfig(max_new_tokens=NEW_TOKENS, temperature=1.0),
         algo=AlgoConfig(group_size=GROUP_SIZE, kl_coef=run.beta),  # ppo_clip, token_mean, clip 0.2, std-scaled
@@ -194,7 +250,8 @@ def run_mmrl(run: Run, steps: int, warmup: int, workdir: Path, threads: int) -> 
     with contextlib.redirect_stderr(io.StringIO()):  # the held-out line; errors still raise
         history = train(cfg, policy=policy, stop_after=steps)
     rows = [h for h in history if "perf/step_s" in h]
-    return per_step([h["perf/step_s"] for h in rows], gen, [h["completion_len"] for h in rows], warmup)
+    samples = per_step([h["perf/step_s"] for h in rows], gen, [h["completion_len"] for h in rows], warmup)
+    return [replace_peak(s) for s in samples]
 
 
 # ----------------------------------------------------------------------------------------------- TRL SIDE
@@ -218,7 +275,8 @@ def run_trl(run: Run, steps: int, warmup: int, workdir: Path, dataset, model_dir
             if logs and "completions/mean_length" in logs:
                 self.lengths.append(logs["completions/mean_length"])
 
-    model = build_tiny(ARCH, seed=0).model  # the same weights as mmrl's policy
+    reset_peak_memory()
+    model = make_policy().model  # the same weights as mmrl's policy
     model.config._name_or_path = str(model_dir)  # with beta > 0, TRL loads its reference model from this path
     args = GRPOConfig(
         output_dir=str(workdir),
@@ -235,8 +293,9 @@ def run_trl(run: Run, steps: int, warmup: int, workdir: Path, dataset, model_dir
         lr_scheduler_type="constant",
         max_steps=steps,
         shuffle_dataset=False,  # step s takes rows [s*B, (s+1)*B): the prompts mmrl draws at step s
-        use_cpu=True,
-        bf16=False,
+        use_cpu=SPEC.device == "cpu",
+        bf16=SPEC.dtype == "bfloat16",
+        fp16=SPEC.dtype == "float16",
         report_to=[],
         logging_steps=1,
         save_strategy="no",
@@ -256,7 +315,12 @@ def run_trl(run: Run, steps: int, warmup: int, workdir: Path, dataset, model_dir
     gen: list[tuple[float, float]] = []
     trainer._generate = timed(trainer._generate, gen)  # prompt encoding + HF generate + decoding, like policy.generate
     trainer.train()
-    return per_step(timer.step_s, gen, timer.lengths, warmup)
+    return [replace_peak(s) for s in per_step(timer.step_s, gen, timer.lengths, warmup)]
+
+
+def replace_peak(sample: dict) -> dict:
+    """The sample with the run's peak GPU memory so far (`peak_gb`, None on the CPU)."""
+    return {**sample, "peak_gb": peak_memory_gb()}
 
 
 # ----------------------------------------------------------------------------------------------- CHECKS
@@ -264,7 +328,7 @@ def check_same_inputs(dataset) -> int:
     """Fail unless both sides see the same prompt token ids and pixels and score completions the same. Returns P."""
     from trl.data_utils import prepare_multimodal_messages
 
-    policy = build_tiny(ARCH, seed=0, prompt_template=TEMPLATE)
+    policy = build_tiny(SPEC.arch, seed=0, prompt_template=TEMPLATE)  # encoding only: the processor is the same
     processor = image_only_processor()
     seeds = world_seeds(1)[0]
     env = sim.make("grounding", num_envs=PROMPTS, image_size=IMAGE_SIZE)
@@ -346,6 +410,7 @@ def summarise(run: Run) -> dict:
         "rest_s": describe(rest),
         "period_s": describe(col("period_s")),
         "completion_len": describe(col("completion_len")),
+        "peak_gb": max(col("peak_gb"), default=None),  # the run's peak GPU memory (None on the CPU)
         "round_medians": run.round_medians,
     }
 
@@ -363,6 +428,7 @@ def ratio(trl: Run, mmrl: Run) -> dict:
 
 
 def main() -> None:
+    global SPEC
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5, help="rounds; each round runs every configuration once")
     parser.add_argument("--steps", type=int, default=3, help="timed optimiser steps per run")
@@ -375,7 +441,13 @@ def main() -> None:
         "trl_defaults (TRL with its defaults: gradient checkpointing on, fused AdamW; against mmrl matched)",
     )
     parser.add_argument("--json", type=Path, default=None, help="also write every sample and the summary here")
+    parser.add_argument(
+        "--model", default=SPEC.name, help="tiny:qwen2_vl (default), tiny:qwen2_5_vl, random:qwen2_5_vl_3b"
+    )
+    parser.add_argument("--device", default=SPEC.device, help="cpu (default) or cuda")
+    parser.add_argument("--dtype", default=SPEC.dtype, choices=sorted(DTYPES), help="model dtype (default float32)")
     opts = parser.parse_args()
+    SPEC = ModelSpec(opts.model, opts.device, opts.dtype)
     variants = [v.strip() for v in opts.variants.split(",") if v.strip()]
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
@@ -395,7 +467,9 @@ def main() -> None:
         runs += [Run(f"mmrl kl {KL_BETA}", "mmrl", beta=KL_BETA), Run(f"trl kl {KL_BETA}", "trl", beta=KL_BETA)]
 
     info = machine()
-    print(f"# GRPO optimiser step: mmrl vs TRL GRPOTrainer, tiny {ARCH}, {info['date']}")
+    print(
+        f"# GRPO optimiser step: mmrl vs TRL GRPOTrainer, {SPEC.name} on {SPEC.device} in {SPEC.dtype}, {info['date']}"
+    )
     print(
         f"# {info['cpu']}, nproc {info['nproc']}, torch threads {info['torch_threads']}, python {info['python']}, "
         f"torch {info['torch']}, transformers {info['transformers']}, trl {info['trl']}, "
@@ -404,7 +478,8 @@ def main() -> None:
 
     dataset = build_dataset(total)
     prompt_len = check_same_inputs(dataset)
-    params = sum(p.numel() for p in build_tiny(ARCH, seed=0).model.parameters())
+    model = make_policy().model
+    params = sum(p.numel() for p in model.parameters())
     print(
         f"# work per step: {PROMPTS} prompts x {GROUP_SIZE} completions x {NEW_TOKENS} new tokens (forced), "
         f"{IMAGE_SIZE} px images, {prompt_len}-token prompts (checked equal on both sides), {params / 1e6:.2f} M params; "
@@ -415,7 +490,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="mmrl-bench-") as tmp:
         tmp = Path(tmp)
         model_dir = tmp / "model"
-        build_tiny(ARCH, seed=0).model.save_pretrained(model_dir)
+        if "kl" in variants:  # TRL builds its reference model from this folder
+            model.save_pretrained(model_dir)
+        del model
         for r in range(opts.repeats):
             order = runs[r % len(runs) :] + runs[: r % len(runs)]  # rotate, so no run always follows the same one
             for k, run in enumerate(order):
@@ -462,6 +539,7 @@ def main() -> None:
             f"{run.name:<36} {st['n']:>3} {st['median']:>7.3f} {spread:>15} "
             f"{s['generate_s']['median']:>9.3f} {s['rest_s']['median']:>7.3f} "
             f"{(f'{period:.3f}' if period else '-'):>7} {s['completion_len']['median']:>5.1f}"
+            + (f"  peak {s['peak_gb']:.1f} GB" if s["peak_gb"] is not None else "")
         )
     print()
     for name, rt in ratios.items():
@@ -480,7 +558,9 @@ def main() -> None:
         payload = {
             "machine": info,
             "work": {
-                "arch": ARCH,
+                "model": SPEC.name,
+                "device": SPEC.device,
+                "dtype": SPEC.dtype,
                 "params": params,
                 "prompts": PROMPTS,
                 "group_size": GROUP_SIZE,
