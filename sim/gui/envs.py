@@ -63,7 +63,10 @@ action against the expert's action for the state the world was in (a click match
 element the expert clicks; typed text after `normalize_answer`), and `success` is 1 on the step that ends the
 episode successfully. The match term is paid only when the step brings the world closer to the goal than it has
 ever been in the episode (counted in expert steps), so undoing and redoing a step (ticking a box off and on) does
-not pay twice. Unparsed actions score 0 with the parser's reason in `info["reasons"]`.
+not pay twice. The type term, though, is paid on every step whose action has the expert's type, so under RL a
+policy can farm it by making episodes long (seen with configs/gui_task_tiny.yaml at type_weight 0.1: training
+reward 0.36 -> 0.84 while episodes grew from 3.7 to 7.5 steps and success fell); RL runs set `type_weight: 0`.
+Unparsed actions score 0 with the parser's reason in `info["reasons"]`.
 
 **Finished worlds** (`gui_task`). There is no autoreset. A world whose episode ended is frozen until it is reset:
 `step` ignores its action, reward and every component are 0, and its final `terminated`, `truncated` and `success`

@@ -26,6 +26,7 @@ SHRINK = [
 ]  # fmt: skip
 PRESETS = {
     "gui_click_tiny.yaml": [],
+    "gui_task_tiny.yaml": [],
     "svg_tiny.yaml": ["sampling.max_new_tokens=24"],
     "highway_tiny.yaml": ["env.options={image_size: 64, max_episode_steps: 2}"],
     "dataset_tiny.yaml": [],
