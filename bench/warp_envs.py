@@ -59,7 +59,8 @@ def warp_split(env, actions: torch.Tensor) -> tuple[float, float]:
     for t in range(actions.shape[0]):
         qpos = np.stack([data.qpos for data in env.datas])  # [N, nq]
         ctrl = np.zeros((n, env.model.nu))
-        ctrl[:, :2] = np.clip(qpos[:, g : g + 2] + actions[t].double().numpy() * env.action_scale, -0.2, 0.2)
+        step = actions[t].double().numpy() * env.action_scale
+        ctrl[:, :2] = np.clip(qpos[:, g : g + 2] + step, -env.half_width, env.half_width)  # as the env does
         started = time.perf_counter()
         qpos, qvel = worlds.step(ctrl, live, env.frame_skip)
         physics += time.perf_counter() - started

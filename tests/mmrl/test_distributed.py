@@ -68,6 +68,17 @@ def torchrun(log: Path, *args: str, timeout: float = 300) -> str:
     return text
 
 
+def resume_after_step_one(config: Path, two: Path, resumed: Path) -> Path:
+    """A copy of the two-process run `two` cut back to its step-1 checkpoint (as if killed there), resumed under
+    torchrun into `resumed`; returns `resumed`."""
+    shutil.copytree(two, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "step_00000002")
+    log = torchrun(resumed.with_suffix(".log"), "-m", "mmrl", "train", str(config), f"output_dir={resumed}",
+                   "resume=true")  # fmt: skip
+    assert "resumed from" in log
+    return resumed
+
+
 def training_rows(output_dir: Path) -> list[dict]:
     from mmrl.logging import read_metrics
 
@@ -171,13 +182,7 @@ def test_checkpoint_holds_full_weights_that_load_in_one_process(runs):
 
 def test_resumed_two_process_run_matches_the_uninterrupted_one(runs, tmp_path):
     config, two, _ = runs
-    resumed = tmp_path / "resumed"
-    shutil.copytree(two, resumed)
-    shutil.rmtree(resumed / "checkpoints" / "step_00000002")  # as if killed after the checkpoint of step 1
-    log = torchrun(
-        tmp_path / "resumed.log", "-m", "mmrl", "train", str(config), f"output_dir={resumed}", "resume=true"
-    )
-    assert "resumed from" in log
+    resumed = resume_after_step_one(config, two, tmp_path / "resumed")
     got, want = final_weights(resumed), final_weights(two)
     for name in want:
         torch.testing.assert_close(got[name], want[name], rtol=0, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
@@ -236,13 +241,7 @@ def test_two_process_lora_checkpoint_resumes_and_merges(lora_runs, tmp_path):
     from mmrl.policy.options import is_lora, merge_lora
 
     config, two, one = lora_runs
-    resumed = tmp_path / "resumed"
-    shutil.copytree(two, resumed)
-    shutil.rmtree(resumed / "checkpoints" / "step_00000002")  # as if killed after the checkpoint of step 1
-    log = torchrun(
-        tmp_path / "resumed.log", "-m", "mmrl", "train", str(config), f"output_dir={resumed}", "resume=true"
-    )
-    assert "resumed from" in log
+    resumed = resume_after_step_one(config, two, tmp_path / "resumed")
     got, want = final_adapters(resumed), final_adapters(two)
     for name in want:  # the adapters' optimiser state came back too: step 2 repeats exactly
         torch.testing.assert_close(got[name], want[name], rtol=0, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
@@ -277,14 +276,10 @@ def master_runs(tmp_path_factory):
     run = {**RUN, "model": {**RUN["model"], "dtype": "bfloat16"}}
     run["trainer"] = {**RUN["trainer"], "lr": 1e-6, "master_weights": "float32"}
     config.write_text(yaml.safe_dump(run))
-    two, one, resumed = root / "two", root / "one", root / "resumed"
+    two, one = root / "two", root / "one"
     torchrun(root / "two.log", "-m", "mmrl", "train", str(config), f"output_dir={two}")
     train(load_config(config, [f"output_dir={one}"]), generation_shards=2)
-    shutil.copytree(two, resumed)
-    shutil.rmtree(resumed / "checkpoints" / "step_00000002")
-    log = torchrun(root / "resumed.log", "-m", "mmrl", "train", str(config), f"output_dir={resumed}", "resume=true")
-    assert "resumed from" in log
-    return two, one, resumed
+    return two, one, resume_after_step_one(config, two, root / "resumed")
 
 
 def test_two_processes_with_float32_masters_step_what_one_process_steps(master_runs):
