@@ -8,26 +8,11 @@ from typing import Any
 import torch
 
 import sim
+from sim.seeds import eval_seeds, train_seeds  # noqa: F401  (train_seeds: re-exported for callers)
 
 from .distributed import World, eval_shard
 from .policy.vlm import Sampling, VLMPolicy
 from .rollout import Episodes, collect_episodes
-
-# Training seeds count up from 0 (step * prompts_per_step + prompt); held-out seeds start here. A run would need
-# a billion prompts to reach them, and `train_seeds` refuses to.
-EVAL_SEED_BASE = 1_000_000_000
-
-
-def train_seeds(step: int, prompts_per_step: int, group_size: int, base: int = 0) -> list[int]:
-    """Per-world seeds of one training step: B prompts, each repeated G times (contiguous groups)."""
-    first = base + step * prompts_per_step
-    if first + prompts_per_step > EVAL_SEED_BASE:
-        raise ValueError("training seeds would reach the held-out range")
-    return [first + b for b in range(prompts_per_step) for _ in range(group_size)]
-
-
-def eval_seeds(episodes: int) -> list[int]:
-    return [EVAL_SEED_BASE + i for i in range(episodes)]
 
 
 @dataclass(frozen=True)

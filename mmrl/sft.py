@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from sim.base import Observation
+from sim.seeds import DEMO_SEED_BASE
 
 from .policy.vlm import Rollout, VLMPolicy
 
@@ -47,7 +48,6 @@ def sft_loss(logprobs: torch.Tensor, completion_mask: torch.Tensor) -> torch.Ten
 
 
 # ---------------------------------------------------------------------------------------------- demonstrations
-DEMO_SEED_BASE = 900_000_000  # demonstration worlds: disjoint from training seeds (from 0) and held-out ones (1e9)
 
 
 def action_batch(policy: VLMPolicy, obs: Observation, token_ids: torch.Tensor) -> Rollout:

@@ -36,7 +36,9 @@ from .batching import token_budget_slices, trim_padding
 from .checkpoint import latest_checkpoint, load_training_state, save_checkpoint, set_rng_state
 from .config import AlgoConfig, ModelConfig, TrainConfig, to_dict
 from .curriculum import Curriculum
-from .evaluate import EvalResult, evaluate, train_seeds
+from sim.seeds import TRAIN_SEED_STRIDE, train_seeds
+
+from .evaluate import EvalResult, evaluate
 from .logging import MetricsLogger, read_metrics
 from .policy import VLMPolicy, add_action_tokens, apply_model_options, build_tiny, masked_images
 from .rollout import Episodes, cat_episodes, collect_episodes
@@ -341,7 +343,7 @@ def _train(
             if rollout_workers is not None:
                 rollout_workers.sync(policy)
             for attempt in range(max(ac.max_sample_batches, 1)):
-                seeds = train_seeds(step + attempt * tc.total_steps, batch, group_size, base=tc.seed * 100_000_000)
+                seeds = train_seeds(step + attempt * tc.total_steps, batch, group_size, base=tc.seed * TRAIN_SEED_STRIDE)
                 jobs = [
                     (seeds[shard * shard_rows : (shard + 1) * shard_rows], group_size, sampling,
                      distributed.sampling_seed(tc.seed, step, shard, attempt))

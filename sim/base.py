@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 
 ActionKind = Literal["text", "continuous"]
@@ -110,3 +111,24 @@ def check_text_actions(actions: Sequence[str], num_envs: int, name: str) -> list
     if not all(isinstance(a, str) for a in actions):
         raise ValueError(f"every action of {name} must be a string")
     return list(actions)
+
+
+def check_continuous_actions(
+    actions: torch.Tensor | Sequence[Sequence[float]],
+    num_envs: int,
+    action_dim: int,
+    low: float | np.ndarray = -1.0,
+    high: float | np.ndarray = 1.0,
+) -> np.ndarray:
+    """The `[N, D]` actions of a continuous env's `step` as a float64 NumPy copy, NaN read as 0, clipped to bounds.
+
+    A copy: a float64 CPU tensor would otherwise share memory with the caller's, and NaNs are zeroed in place.
+
+    Raises:
+        ValueError: `actions` is not `[num_envs, action_dim]`.
+    """
+    array = torch.as_tensor(actions).detach().to("cpu", torch.float64).numpy().copy()  # [N, D]
+    if array.shape != (num_envs, action_dim):
+        raise ValueError(f"actions must be [N={num_envs}, D={action_dim}], got {list(array.shape)}")
+    array[np.isnan(array)] = 0.0  # (np.nan_to_num costs more than the rest of the action handling)
+    return np.clip(array, low, high)

@@ -91,7 +91,7 @@ from PIL import Image
 
 from rewards.clip import clip_contrast_reward, load_clip
 from rewards.parse import answer_region
-from sim.base import Observation, StepResult, check_text_actions, resolve_env_ids, resolve_seeds
+from sim.base import Observation, StepResult, check_continuous_actions, check_text_actions, resolve_env_ids, resolve_seeds
 from sim.registry import ENVS
 
 META_ACTIONS = ("LANE_LEFT", "IDLE", "LANE_RIGHT", "FASTER", "SLOWER")
@@ -402,12 +402,7 @@ class HighwayEnv:
                 executed[k] = name
                 commands.append(self._action_index[name])
         else:
-            # A copy: a float64 CPU tensor would otherwise share memory with the caller's, and NaNs are zeroed.
-            array = torch.as_tensor(actions).detach().to("cpu", torch.float64).numpy().copy()  # [N, D]
-            if array.shape != (n, self.action_dim):
-                raise ValueError(f"actions must be [N={n}, D={self.action_dim}], got {list(array.shape)}")
-            array[np.isnan(array)] = 0.0
-            commands = list(np.clip(array, -1.0, 1.0))
+            commands = list(check_continuous_actions(actions, n, self.action_dim))  # [N, D] float64, NaN -> 0
 
         live = ~(self._terminated | self._truncated)  # [N]
         components = {name: np.zeros(n) for name in self._component_names()}

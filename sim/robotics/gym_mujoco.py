@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sim.base import Observation, StepResult, resolve_env_ids, resolve_seeds
+from sim.base import Observation, StepResult, check_continuous_actions, resolve_env_ids, resolve_seeds
 from sim.registry import ENVS
 from sim.robotics.mujoco_tasks import import_mujoco, offscreen_renderer
 
@@ -200,14 +200,9 @@ class GymMujocoEnv:
             ValueError: `actions` is not `[N, D]`.
             RuntimeError: Some world was never reset.
         """
-        # A copy: a float64 CPU tensor would otherwise share memory with the caller's, and NaNs are zeroed in place.
-        action = torch.as_tensor(actions).detach().to("cpu", torch.float64).numpy().copy()  # [N, D]
-        if action.shape != (self.num_envs, self.action_dim):
-            raise ValueError(f"actions must be [N={self.num_envs}, D={self.action_dim}], got {list(action.shape)}")
+        action = check_continuous_actions(actions, self.num_envs, self.action_dim, self._low, self._high)  # [N, D]
         if not self._was_reset.all():
             raise RuntimeError(f"worlds {np.flatnonzero(~self._was_reset).tolist()} were never reset; reset first")
-        action[np.isnan(action)] = 0.0
-        action = np.clip(action, self._low, self._high)  # [N, D]
         live = np.flatnonzero(~(self._terminated | self._truncated))
         reward = np.zeros(self.num_envs)  # [N]
         terms: dict[str, np.ndarray] = {name: np.zeros(self.num_envs) for name in self._component_names}

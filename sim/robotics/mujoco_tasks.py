@@ -89,7 +89,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from sim.base import Observation, StepResult, resolve_env_ids, resolve_seeds
+from sim.base import Observation, StepResult, check_continuous_actions, resolve_env_ids, resolve_seeds
 from sim.registry import ENVS
 from sim.robotics.warp_backend import WarpWorlds
 
@@ -295,14 +295,9 @@ class PlanarMujocoEnv:
             ValueError: `actions` is not `[N, 2]`.
             RuntimeError: Some world was never reset.
         """
-        # A copy: a float64 CPU tensor would otherwise share memory with the caller's, and NaNs are zeroed in place.
-        action = torch.as_tensor(actions).detach().to("cpu", torch.float64).numpy().copy()  # [N, D]
-        if action.shape != (self.num_envs, self.action_dim):
-            raise ValueError(f"actions must be [N={self.num_envs}, D={self.action_dim}], got {list(action.shape)}")
+        action = check_continuous_actions(actions, self.num_envs, self.action_dim)  # [N, D] float64, NaN -> 0
         if not self._was_reset.all():
             raise RuntimeError(f"worlds {np.flatnonzero(~self._was_reset).tolist()} were never reset; reset first")
-        action[np.isnan(action)] = 0.0  # (np.nan_to_num costs more than the rest of the action handling)
-        action = np.clip(action, -1.0, 1.0)  # [N, D]
         live = ~(self._terminated | self._truncated)  # [N]
         before = self._measured  # task quantities before the step (kept from the last reset or step)
         model, mujoco, g = self.model, self._mujoco, self._gripper_qpos

@@ -65,13 +65,12 @@ from PIL import Image
 
 from rewards import REWARDS, answer_region, parse_box, parse_choice, parse_number, parse_point
 from rewards.combine import BoundReward
+from sim.seeds import EVAL_SEED_BASE
 from sim.base import Observation, StepResult, check_text_actions, resolve_env_ids, resolve_seeds
 from sim.registry import ENVS
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_PATH = REPO / "assets" / "datasets" / "shapes_qa" / "data.jsonl"
-# Where held-out seeds start; the same number as `mmrl.evaluate.EVAL_SEED_BASE` (sim cannot import mmrl).
-EVAL_SEED_BASE = 1_000_000_000
 
 # Rewards whose success is a threshold on their own score: name -> minimum score that counts.
 _SUCCESS_AT = {"box_iou": 0.5, "exact_match": 1.0, "numeric_match": 1.0, "multiple_choice": 1.0}
