@@ -18,12 +18,10 @@ tower sees `4x` as many patches as the prompt holds image tokens, the same for e
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from .policy.vlm import Rollout
+from .types import Rollout
 
 
 def token_budget_slices(

@@ -14,7 +14,7 @@ from typing import Any, Literal
 import yaml
 
 from .curriculum import CurriculumConfig
-from .policy.vlm import Sampling
+from .types import Sampling
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,9 @@ import sim
 from sim.seeds import eval_seeds, train_seeds  # noqa: F401  (train_seeds: re-exported for callers)
 
 from .distributed import World, eval_shard
-from .policy.vlm import Sampling, VLMPolicy
-from .rollout import Episodes, collect_episodes
+from .policy.vlm import VLMPolicy
+from .rollout import collect_episodes
+from .types import Episodes, Sampling
 
 
 @dataclass(frozen=True)

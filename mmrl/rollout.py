@@ -13,110 +13,15 @@ so each group's prompt is encoded once and sampled G times; later turns differ p
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
 
-from sim.base import Observation, VecEnv
+from sim.base import VecEnv
 
-from .policy.vlm import Rollout, Sampling, VLMPolicy, cat_rollouts
-
-
-@dataclass(frozen=True)
-class Episodes:
-    """R episodes (G contiguous worlds per group) and the M generations made in them, flattened into rows.
-
-    Row m is the generation of world `world[m]` at turn `turn[m]`. A turn is one generation; with action chunks it
-    spans several env steps, whose rewards are summed into that turn's reward.
-    """
-
-    rollout: Rollout  # [M] rows
-    world: torch.Tensor  # [M] long, the episode a row belongs to
-    turn: torch.Tensor  # [M] long, its turn within the episode
-    step_rewards: torch.Tensor  # [R, T] float, reward of each turn (0 after the episode ended)
-    active: torch.Tensor  # [R, T] bool, the world generated at turn t
-    success: torch.Tensor | None  # [R] bool, the episode succeeded at some step (None: the env has no success)
-    components: dict[str, torch.Tensor]  # name -> [R], each reward component summed over the episode
-    env_steps: torch.Tensor  # [R] long, env steps the episode lasted
-    info: dict[str, Any]  # the first step's info, all R worlds (single-step tasks keep their boxes etc. here)
-    start: Observation | None = None  # the observation the episodes started from, all R worlds
-    frames: torch.Tensor | None = None  # [K, S+1, H, W, 3] uint8 observations of the first K worlds, if recorded
-
-    @property
-    def num_worlds(self) -> int:
-        return self.step_rewards.shape[0]
-
-    @property
-    def dones(self) -> torch.Tensor:
-        """`[R, T]` bool, True at each episode's last turn."""
-        last = self.active.long().sum(-1).clamp(min=1) - 1  # [R]
-        return torch.nn.functional.one_hot(last, self.active.shape[1]).bool() & self.active
-
-    def returns(self, gamma: float = 1.0) -> torch.Tensor:
-        """`[R]` discounted sum of turn rewards, `sum_t gamma^t r_t`."""
-        discount = gamma ** torch.arange(self.step_rewards.shape[1], dtype=torch.float32)
-        return (self.step_rewards * discount).sum(-1)
-
-    def select_worlds(self, worlds: torch.Tensor) -> Episodes:
-        """The episodes `worlds` (`[r]` long, ascending, whole groups) and their rows, renumbered 0..r-1."""
-        renumber = torch.full((self.num_worlds,), -1, dtype=torch.long)
-        renumber[worlds] = torch.arange(len(worlds))
-        rows = (renumber[self.world] >= 0).nonzero().squeeze(-1)
-        return replace(
-            self,
-            rollout=self.rollout.select(rows),
-            world=renumber[self.world[rows]],
-            turn=self.turn[rows],
-            step_rewards=self.step_rewards[worlds],
-            active=self.active[worlds],
-            success=None if self.success is None else self.success[worlds],
-            components={k: v[worlds] for k, v in self.components.items()},
-            env_steps=self.env_steps[worlds],
-            info=_select_info(self.info, worlds, self.num_worlds),
-            start=None,
-            frames=None,
-        )
-
-
-def cat_episodes(parts: list[Episodes], pad_token_id: int = 0) -> Episodes:
-    """Episodes of several collections as one (worlds renumbered in order), e.g. batches refilled by filters."""
-    if len(parts) == 1:
-        return parts[0]
-    turns = max(p.step_rewards.shape[1] for p in parts)
-    pad_t = lambda x: torch.nn.functional.pad(x, (0, turns - x.shape[1]))  # noqa: E731
-    offsets = torch.tensor([0] + [p.num_worlds for p in parts]).cumsum(0)
-    keys = set.intersection(*(set(p.components) for p in parts))
-    info_keys = set.intersection(*(set(p.info) for p in parts))
-    info = {}
-    for k in info_keys:
-        values = [p.info[k] for p in parts]
-        if all(isinstance(v, torch.Tensor) for v in values) and len({v.shape[1:] for v in values}) == 1:
-            info[k] = torch.cat(values)
-        elif all(isinstance(v, list) for v in values):
-            info[k] = [x for v in values for x in v]
-    return Episodes(
-        rollout=cat_rollouts([p.rollout for p in parts], pad_token_id),
-        world=torch.cat([p.world + offsets[i] for i, p in enumerate(parts)]),
-        turn=torch.cat([p.turn for p in parts]),
-        step_rewards=torch.cat([pad_t(p.step_rewards) for p in parts]),
-        active=torch.cat([pad_t(p.active) for p in parts]),
-        success=None if any(p.success is None for p in parts) else torch.cat([p.success for p in parts]),
-        components={k: torch.cat([p.components[k] for p in parts]) for k in keys},
-        env_steps=torch.cat([p.env_steps for p in parts]),
-        info=info,
-        frames=None,
-    )
-
-
-def _select_info(info: dict[str, Any], worlds: torch.Tensor, n: int) -> dict[str, Any]:
-    out = {}
-    for k, v in info.items():
-        if isinstance(v, torch.Tensor) and v.ndim >= 1 and v.shape[0] == n:
-            out[k] = v[worlds]
-        elif isinstance(v, list) and len(v) == n:
-            out[k] = [v[i] for i in worlds.tolist()]
-    return out
+from .policy.vlm import VLMPolicy
+from .types import Episodes, Sampling, cat_rollouts
 
 
 @torch.no_grad()

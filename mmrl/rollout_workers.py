@@ -35,8 +35,9 @@ from typing import Any
 
 import torch
 
-from .policy.vlm import Sampling, VLMPolicy
-from .rollout import Episodes, collect_episodes
+from .policy.vlm import VLMPolicy
+from .rollout import collect_episodes
+from .types import Episodes, Sampling
 
 Job = tuple[list[int], int, Sampling, int]  # (seeds, group_size, sampling, torch_seed)
 

@@ -7,7 +7,8 @@ import torch
 from sim.base import Observation
 from sim.seeds import DEMO_SEED_BASE
 
-from .policy.vlm import Rollout, VLMPolicy
+from .policy.vlm import VLMPolicy
+from .types import Rollout
 
 
 def supervised_batch(policy: VLMPolicy, obs: Observation, targets: list[str]) -> Rollout:

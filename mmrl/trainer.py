@@ -21,6 +21,8 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from sim.seeds import TRAIN_SEED_STRIDE, train_seeds
+
 from . import algos, distributed, precision
 from .algos import aggregate, entropy_bonus_loss, kl_estimate
 from .algos.data import (
@@ -36,12 +38,11 @@ from .batching import token_budget_slices, trim_padding
 from .checkpoint import latest_checkpoint, load_training_state, save_checkpoint, set_rng_state
 from .config import AlgoConfig, ModelConfig, TrainConfig, to_dict
 from .curriculum import Curriculum
-from sim.seeds import TRAIN_SEED_STRIDE, train_seeds
-
 from .evaluate import EvalResult, evaluate
 from .logging import MetricsLogger, read_metrics
 from .policy import VLMPolicy, add_action_tokens, apply_model_options, build_tiny, masked_images
-from .rollout import Episodes, cat_episodes, collect_episodes
+from .rollout import collect_episodes
+from .types import Episodes, cat_episodes
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 METRIC_LABELS = {"iou": "mean IoU", "reward": "mean reward", "success": "success"}
@@ -343,7 +344,9 @@ def _train(
             if rollout_workers is not None:
                 rollout_workers.sync(policy)
             for attempt in range(max(ac.max_sample_batches, 1)):
-                seeds = train_seeds(step + attempt * tc.total_steps, batch, group_size, base=tc.seed * TRAIN_SEED_STRIDE)
+                seeds = train_seeds(
+                    step + attempt * tc.total_steps, batch, group_size, base=tc.seed * TRAIN_SEED_STRIDE
+                )
                 jobs = [
                     (seeds[shard * shard_rows : (shard + 1) * shard_rows], group_size, sampling,
                      distributed.sampling_seed(tc.seed, step, shard, attempt))

@@ -22,9 +22,9 @@ import torch
 from tqdm.auto import tqdm
 
 import sim
-
 from sim.seeds import DEMO_SEED_BASE as VAL_SEED_BASE
 from sim.seeds import SFT_SEED_BASE
+
 from .policy import Sampling
 from .sft import sft_loss, supervised_batch
 

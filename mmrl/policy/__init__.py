@@ -1,7 +1,8 @@
 """Policies: a Hugging Face VLM behind generate / logprobs verbs."""
 
+from ..types import Completions, Rollout, Sampling, cat_rollouts
 from .action_codec import ActionCodec, add_action_tokens
-from .backends import BACKENDS, Completions, GenerationBackend
+from .backends import BACKENDS, GenerationBackend
 from .options import (
     apply_lora,
     apply_model_options,
@@ -13,7 +14,7 @@ from .options import (
 )
 from .processing import VisionTextProcessor
 from .tiny import TINY_ARCHS, build_tiny
-from .vlm import Rollout, Sampling, VLMPolicy, cat_rollouts, completion_mask_from_ids, masked_images, token_logprobs
+from .vlm import VLMPolicy, completion_mask_from_ids, masked_images, token_logprobs
 
 __all__ = [
     "BACKENDS",

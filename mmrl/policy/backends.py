@@ -28,7 +28,6 @@ reads off the sampled token's entry one step later, when the token appears in `i
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -36,20 +35,13 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 from sim.base import Observation
 
+from ..types import Completions, Sampling
+
 if TYPE_CHECKING:
-    from .vlm import Sampling, VLMPolicy
+    from .vlm import VLMPolicy
 
 BACKENDS = ("hf", "static", "vllm")
 STATIC_CACHE_BUCKET = 256  # static KV caches are sized in multiples of this many tokens (one compiled shape each)
-
-
-@dataclass(frozen=True)
-class Completions:
-    """What a backend returns: R = B*G completions, rows grouped contiguously by prompt."""
-
-    completion_ids: torch.Tensor  # [R, L] right padded with the pad token after each row's end
-    completion_mask: torch.Tensor  # [R, L] bool, True up to and including EOS (or to the row's last token)
-    logprobs: torch.Tensor  # [R, L] per token, at sampling time (temperature-scaled), 0 where masked
 
 
 class GenerationBackend(Protocol):

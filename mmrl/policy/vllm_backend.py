@@ -51,11 +51,11 @@ import torch
 
 from sim.base import Observation
 
-from .backends import Completions
+from ..types import Completions, Sampling
 from .vision import to_pil
 
 if TYPE_CHECKING:
-    from .vlm import Sampling, VLMPolicy
+    from .vlm import VLMPolicy
 
 BANNED_LOGIT_BIAS = -100.0  # vLLM's logit_bias for tokens never to sample (the OpenAI API's floor)
 

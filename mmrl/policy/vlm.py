@@ -7,7 +7,7 @@ per-token log-probs; `logprobs(batch)` recomputes them under the current weights
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -15,119 +15,11 @@ from transformers import AutoModelForImageTextToText, LogitsProcessor
 
 from sim.base import Observation
 
+from ..types import Rollout, Sampling
 from .processing import VisionTextProcessor
 from .vision import to_pil
 
 LORA_DIR = "lora"  # a LoRA checkpoint's adapters live in this subfolder (see VLMPolicy.save_pretrained)
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """How completions are drawn. `temperature=0` means greedy."""
-
-    max_new_tokens: int = 32
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-
-
-@dataclass(frozen=True)
-class Rollout:
-    """R = B*G sampled completions, rows grouped contiguously (`x.view(-1, G)` gives the groups).
-
-    Every tensor has R rows: prompts and images are repeated per completion so that any contiguous slice of
-    rows is a self-contained model input (micro-batches are slices).
-    """
-
-    prompt_ids: torch.Tensor  # [R, P] left padded
-    prompt_mask: torch.Tensor  # [R, P] bool
-    pixel_values: torch.Tensor  # [sum of patches over R rows, C*T*p*p]
-    image_grid_thw: torch.Tensor  # [R*I, 3], I images per row
-    completion_ids: torch.Tensor  # [R, L] right padded after EOS
-    completion_mask: torch.Tensor  # [R, L] bool, True up to and including EOS
-    logprobs: torch.Tensor  # [R, L] per token, at sampling time (temperature-scaled), 0 where masked
-    texts: list[str]  # R decoded completions
-    group_size: int
-    images_per_row: int = 1
-
-    def __len__(self) -> int:
-        return self.completion_ids.shape[0]
-
-    def select(self, rows: torch.Tensor) -> Rollout:
-        """The rows `rows` (a `[r]` long tensor), e.g. the groups dynamic sampling keeps."""
-        return _select(self, rows)
-
-    def rows(self, start: int, stop: int) -> Rollout:
-        """Rows [start, stop) as a self-contained rollout (a micro-batch)."""
-        i = self.images_per_row
-        patches = self.image_grid_thw.prod(-1)  # [R*I]
-        offsets = torch.cat([patches.new_zeros(1), patches.cumsum(0)])
-        return replace(
-            self,
-            prompt_ids=self.prompt_ids[start:stop],
-            prompt_mask=self.prompt_mask[start:stop],
-            pixel_values=self.pixel_values[offsets[start * i] : offsets[stop * i]],
-            image_grid_thw=self.image_grid_thw[start * i : stop * i],
-            completion_ids=self.completion_ids[start:stop],
-            completion_mask=self.completion_mask[start:stop],
-            logprobs=self.logprobs[start:stop],
-            texts=self.texts[start:stop],
-        )
-
-
-def _select(batch: Rollout, rows: torch.Tensor) -> Rollout:
-    i = batch.images_per_row
-    images = (rows.unsqueeze(1) * i + torch.arange(i)).reshape(-1)  # [r*I] image indices
-    patches = batch.image_grid_thw.prod(-1)  # [R*I]
-    offsets = torch.cat([patches.new_zeros(1), patches.cumsum(0)])
-    counts = patches[images]
-    # Row indices of every patch of the selected images, without a Python loop over images.
-    starts = offsets[images].repeat_interleave(counts)
-    within = torch.arange(int(counts.sum())) - (counts.cumsum(0) - counts).repeat_interleave(counts)
-    return replace(
-        batch,
-        prompt_ids=batch.prompt_ids[rows],
-        prompt_mask=batch.prompt_mask[rows],
-        pixel_values=batch.pixel_values[starts + within],
-        image_grid_thw=batch.image_grid_thw[images],
-        completion_ids=batch.completion_ids[rows],
-        completion_mask=batch.completion_mask[rows],
-        logprobs=batch.logprobs[rows],
-        texts=[batch.texts[k] for k in rows.tolist()],
-    )
-
-
-def cat_rollouts(parts: list[Rollout], pad_token_id: int = 0) -> Rollout:
-    """Rows of several rollouts in one (e.g. every turn of multi-turn episodes), re-padded to common lengths.
-
-    Prompts stay left padded and completions right padded (with `pad_token_id`, always under a False mask); every
-    part must have the same images per row.
-    """
-    if not parts:
-        raise ValueError("nothing to concatenate")
-    if len({p.images_per_row for p in parts}) != 1:
-        raise ValueError("rollouts with different images per row cannot be concatenated")
-    prompt_len = max(p.prompt_ids.shape[1] for p in parts)
-    completion_len = max(p.completion_ids.shape[1] for p in parts)
-
-    def left(x: torch.Tensor, value) -> torch.Tensor:
-        return torch.nn.functional.pad(x, (prompt_len - x.shape[1], 0), value=value)
-
-    def right(x: torch.Tensor, value) -> torch.Tensor:
-        return torch.nn.functional.pad(x, (0, completion_len - x.shape[1]), value=value)
-
-    return Rollout(
-        prompt_ids=torch.cat([left(p.prompt_ids, pad_token_id) for p in parts]),
-        prompt_mask=torch.cat([left(p.prompt_mask, False) for p in parts]),
-        pixel_values=torch.cat([p.pixel_values for p in parts]),
-        image_grid_thw=torch.cat([p.image_grid_thw for p in parts]),
-        completion_ids=torch.cat([right(p.completion_ids, pad_token_id) for p in parts]),
-        completion_mask=torch.cat([right(p.completion_mask, False) for p in parts]),
-        logprobs=torch.cat([right(p.logprobs, 0.0) for p in parts]),
-        texts=[t for p in parts for t in p.texts],
-        group_size=parts[0].group_size,
-        images_per_row=parts[0].images_per_row,
-    )
 
 
 class _AllowOnly(LogitsProcessor):
@@ -309,7 +201,7 @@ class VLMPolicy:
 
     # ------------------------------------------------------------------ generation
     @torch.no_grad()
-    def generate(self, obs: Observation, group_size: int = 1, sampling: Sampling = Sampling()) -> Rollout:
+    def generate(self, obs: Observation, group_size: int = 1, sampling: Sampling = Sampling()) -> Rollout:  # noqa: B008 (frozen)
         """Sample `group_size` completions for each distinct prompt of `obs`.
 
         `obs` holds R = B*G worlds where each run of G consecutive worlds was reset with the same seed (the GRPO

@@ -30,11 +30,17 @@ def generate(policy: VLMPolicy, backend: str, obs, group_size: int, sampling: Sa
 
 
 def cache_types(policy: VLMPolicy) -> set[str]:
-    """Records the KV-cache class every forward pass of the policy's model receives, from now on."""
+    """Records the KV-cache class every forward pass of the policy's model uses, from now on.
+
+    Read from the forward's output: transformers >= 5.24 lets the model build its dynamic cache itself (the first
+    forward receives `past_key_values=None`), so the input alone no longer tells which cache decoding used.
+    """
     seen: set[str] = set()
-    policy.model.register_forward_pre_hook(
-        lambda module, args, kwargs: seen.add(type(kwargs.get("past_key_values")).__name__), with_kwargs=True
-    )
+
+    def record(module, args, kwargs, output):
+        seen.add(type(getattr(output, "past_key_values", None) or kwargs.get("past_key_values")).__name__)
+
+    policy.model.register_forward_hook(record, with_kwargs=True)
     return seen
 
 

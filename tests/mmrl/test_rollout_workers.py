@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import sim
-from mmrl.policy.vlm import Sampling
 from mmrl.rollout import collect_episodes
+from mmrl.types import Sampling
 
 ray = pytest.importorskip("ray", reason="rollout workers need Ray (the `ray` extra)")
 

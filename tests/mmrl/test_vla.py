@@ -13,8 +13,9 @@ import sim
 from mmrl.algos.data import step_group_advantages
 from mmrl.curriculum import Curriculum, CurriculumConfig
 from mmrl.policy import ActionCodec, Sampling, VLMPolicy, add_action_tokens
-from mmrl.rollout import cat_episodes, collect_episodes
+from mmrl.rollout import collect_episodes
 from mmrl.trainer import train
+from mmrl.types import cat_episodes
 
 VLA_RUN = (
     "model.path=tiny:qwen3_vl",

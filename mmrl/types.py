@@ -1,0 +1,231 @@
+"""The data that flows through a run: sampling settings, completions, rollouts and episodes, and their concatenation.
+
+A leaf module: it imports nothing of the project (only torch), so every other module can depend on it and no import
+circle can form around the policy. Rows are grouped contiguously (`x.view(-1, G)` gives the groups).
+
+* `Sampling`: how completions are drawn (also the config's `sampling` section).
+* `Completions`: what a generation backend returns, `[R, L]` ids, mask and sampling log-probs.
+* `Rollout`: R self-contained model inputs plus completions (micro-batches are row slices of it).
+* `Episodes`: the rows of R episodes (M generations over T turns), with per-turn rewards and outcomes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How completions are drawn. `temperature=0` means greedy."""
+
+    max_new_tokens: int = 32
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """R = B*G sampled completions, rows grouped contiguously (`x.view(-1, G)` gives the groups).
+
+    Every tensor has R rows: prompts and images are repeated per completion so that any contiguous slice of
+    rows is a self-contained model input (micro-batches are slices).
+    """
+
+    prompt_ids: torch.Tensor  # [R, P] left padded
+    prompt_mask: torch.Tensor  # [R, P] bool
+    pixel_values: torch.Tensor  # [sum of patches over R rows, C*T*p*p]
+    image_grid_thw: torch.Tensor  # [R*I, 3], I images per row
+    completion_ids: torch.Tensor  # [R, L] right padded after EOS
+    completion_mask: torch.Tensor  # [R, L] bool, True up to and including EOS
+    logprobs: torch.Tensor  # [R, L] per token, at sampling time (temperature-scaled), 0 where masked
+    texts: list[str]  # R decoded completions
+    group_size: int
+    images_per_row: int = 1
+
+    def __len__(self) -> int:
+        return self.completion_ids.shape[0]
+
+    def select(self, rows: torch.Tensor) -> Rollout:
+        """The rows `rows` (a `[r]` long tensor), e.g. the groups dynamic sampling keeps."""
+        return _select(self, rows)
+
+    def rows(self, start: int, stop: int) -> Rollout:
+        """Rows [start, stop) as a self-contained rollout (a micro-batch)."""
+        i = self.images_per_row
+        patches = self.image_grid_thw.prod(-1)  # [R*I]
+        offsets = torch.cat([patches.new_zeros(1), patches.cumsum(0)])
+        return replace(
+            self,
+            prompt_ids=self.prompt_ids[start:stop],
+            prompt_mask=self.prompt_mask[start:stop],
+            pixel_values=self.pixel_values[offsets[start * i] : offsets[stop * i]],
+            image_grid_thw=self.image_grid_thw[start * i : stop * i],
+            completion_ids=self.completion_ids[start:stop],
+            completion_mask=self.completion_mask[start:stop],
+            logprobs=self.logprobs[start:stop],
+            texts=self.texts[start:stop],
+        )
+
+
+def _select(batch: Rollout, rows: torch.Tensor) -> Rollout:
+    i = batch.images_per_row
+    images = (rows.unsqueeze(1) * i + torch.arange(i)).reshape(-1)  # [r*I] image indices
+    patches = batch.image_grid_thw.prod(-1)  # [R*I]
+    offsets = torch.cat([patches.new_zeros(1), patches.cumsum(0)])
+    counts = patches[images]
+    # Row indices of every patch of the selected images, without a Python loop over images.
+    starts = offsets[images].repeat_interleave(counts)
+    within = torch.arange(int(counts.sum())) - (counts.cumsum(0) - counts).repeat_interleave(counts)
+    return replace(
+        batch,
+        prompt_ids=batch.prompt_ids[rows],
+        prompt_mask=batch.prompt_mask[rows],
+        pixel_values=batch.pixel_values[starts + within],
+        image_grid_thw=batch.image_grid_thw[images],
+        completion_ids=batch.completion_ids[rows],
+        completion_mask=batch.completion_mask[rows],
+        logprobs=batch.logprobs[rows],
+        texts=[batch.texts[k] for k in rows.tolist()],
+    )
+
+
+def cat_rollouts(parts: list[Rollout], pad_token_id: int = 0) -> Rollout:
+    """Rows of several rollouts in one (e.g. every turn of multi-turn episodes), re-padded to common lengths.
+
+    Prompts stay left padded and completions right padded (with `pad_token_id`, always under a False mask); every
+    part must have the same images per row.
+    """
+    if not parts:
+        raise ValueError("nothing to concatenate")
+    if len({p.images_per_row for p in parts}) != 1:
+        raise ValueError("rollouts with different images per row cannot be concatenated")
+    prompt_len = max(p.prompt_ids.shape[1] for p in parts)
+    completion_len = max(p.completion_ids.shape[1] for p in parts)
+
+    def left(x: torch.Tensor, value) -> torch.Tensor:
+        return torch.nn.functional.pad(x, (prompt_len - x.shape[1], 0), value=value)
+
+    def right(x: torch.Tensor, value) -> torch.Tensor:
+        return torch.nn.functional.pad(x, (0, completion_len - x.shape[1]), value=value)
+
+    return Rollout(
+        prompt_ids=torch.cat([left(p.prompt_ids, pad_token_id) for p in parts]),
+        prompt_mask=torch.cat([left(p.prompt_mask, False) for p in parts]),
+        pixel_values=torch.cat([p.pixel_values for p in parts]),
+        image_grid_thw=torch.cat([p.image_grid_thw for p in parts]),
+        completion_ids=torch.cat([right(p.completion_ids, pad_token_id) for p in parts]),
+        completion_mask=torch.cat([right(p.completion_mask, False) for p in parts]),
+        logprobs=torch.cat([right(p.logprobs, 0.0) for p in parts]),
+        texts=[t for p in parts for t in p.texts],
+        group_size=parts[0].group_size,
+        images_per_row=parts[0].images_per_row,
+    )
+
+
+@dataclass(frozen=True)
+class Completions:
+    """What a backend returns: R = B*G completions, rows grouped contiguously by prompt."""
+
+    completion_ids: torch.Tensor  # [R, L] right padded with the pad token after each row's end
+    completion_mask: torch.Tensor  # [R, L] bool, True up to and including EOS (or to the row's last token)
+    logprobs: torch.Tensor  # [R, L] per token, at sampling time (temperature-scaled), 0 where masked
+
+
+@dataclass(frozen=True)
+class Episodes:
+    """R episodes (G contiguous worlds per group) and the M generations made in them, flattened into rows.
+
+    Row m is the generation of world `world[m]` at turn `turn[m]`. A turn is one generation; with action chunks it
+    spans several env steps, whose rewards are summed into that turn's reward.
+    """
+
+    rollout: Rollout  # [M] rows
+    world: torch.Tensor  # [M] long, the episode a row belongs to
+    turn: torch.Tensor  # [M] long, its turn within the episode
+    step_rewards: torch.Tensor  # [R, T] float, reward of each turn (0 after the episode ended)
+    active: torch.Tensor  # [R, T] bool, the world generated at turn t
+    success: torch.Tensor | None  # [R] bool, the episode succeeded at some step (None: the env has no success)
+    components: dict[str, torch.Tensor]  # name -> [R], each reward component summed over the episode
+    env_steps: torch.Tensor  # [R] long, env steps the episode lasted
+    info: dict[str, Any]  # the first step's info, all R worlds (single-step tasks keep their boxes etc. here)
+    start: Any = None  # sim.base.Observation the episodes started from, all R worlds (or None)
+    frames: torch.Tensor | None = None  # [K, S+1, H, W, 3] uint8 observations of the first K worlds, if recorded
+
+    @property
+    def num_worlds(self) -> int:
+        return self.step_rewards.shape[0]
+
+    @property
+    def dones(self) -> torch.Tensor:
+        """`[R, T]` bool, True at each episode's last turn."""
+        last = self.active.long().sum(-1).clamp(min=1) - 1  # [R]
+        return torch.nn.functional.one_hot(last, self.active.shape[1]).bool() & self.active
+
+    def returns(self, gamma: float = 1.0) -> torch.Tensor:
+        """`[R]` discounted sum of turn rewards, `sum_t gamma^t r_t`."""
+        discount = gamma ** torch.arange(self.step_rewards.shape[1], dtype=torch.float32)
+        return (self.step_rewards * discount).sum(-1)
+
+    def select_worlds(self, worlds: torch.Tensor) -> Episodes:
+        """The episodes `worlds` (`[r]` long, ascending, whole groups) and their rows, renumbered 0..r-1."""
+        renumber = torch.full((self.num_worlds,), -1, dtype=torch.long)
+        renumber[worlds] = torch.arange(len(worlds))
+        rows = (renumber[self.world] >= 0).nonzero().squeeze(-1)
+        return replace(
+            self,
+            rollout=self.rollout.select(rows),
+            world=renumber[self.world[rows]],
+            turn=self.turn[rows],
+            step_rewards=self.step_rewards[worlds],
+            active=self.active[worlds],
+            success=None if self.success is None else self.success[worlds],
+            components={k: v[worlds] for k, v in self.components.items()},
+            env_steps=self.env_steps[worlds],
+            info=_select_info(self.info, worlds, self.num_worlds),
+            start=None,
+            frames=None,
+        )
+
+
+def cat_episodes(parts: list[Episodes], pad_token_id: int = 0) -> Episodes:
+    """Episodes of several collections as one (worlds renumbered in order), e.g. batches refilled by filters."""
+    if len(parts) == 1:
+        return parts[0]
+    turns = max(p.step_rewards.shape[1] for p in parts)
+    pad_t = lambda x: torch.nn.functional.pad(x, (0, turns - x.shape[1]))  # noqa: E731
+    offsets = torch.tensor([0] + [p.num_worlds for p in parts]).cumsum(0)
+    keys = set.intersection(*(set(p.components) for p in parts))
+    info_keys = set.intersection(*(set(p.info) for p in parts))
+    info = {}
+    for k in info_keys:
+        values = [p.info[k] for p in parts]
+        if all(isinstance(v, torch.Tensor) for v in values) and len({v.shape[1:] for v in values}) == 1:
+            info[k] = torch.cat(values)
+        elif all(isinstance(v, list) for v in values):
+            info[k] = [x for v in values for x in v]
+    return Episodes(
+        rollout=cat_rollouts([p.rollout for p in parts], pad_token_id),
+        world=torch.cat([p.world + offsets[i] for i, p in enumerate(parts)]),
+        turn=torch.cat([p.turn for p in parts]),
+        step_rewards=torch.cat([pad_t(p.step_rewards) for p in parts]),
+        active=torch.cat([pad_t(p.active) for p in parts]),
+        success=None if any(p.success is None for p in parts) else torch.cat([p.success for p in parts]),
+        components={k: torch.cat([p.components[k] for p in parts]) for k in keys},
+        env_steps=torch.cat([p.env_steps for p in parts]),
+        info=info,
+        frames=None,
+    )
+
+
+def _select_info(info: dict[str, Any], worlds: torch.Tensor, n: int) -> dict[str, Any]:
+    out = {}
+    for k, v in info.items():
+        if isinstance(v, torch.Tensor) and v.ndim >= 1 and v.shape[0] == n:
+            out[k] = v[worlds]
+        elif isinstance(v, list) and len(v) == n:
+            out[k] = [v[i] for i in worlds.tolist()]
+    return out
