@@ -44,7 +44,7 @@ import torch  # noqa: E402
 
 import sim  # noqa: E402
 from mmrl.config import AlgoConfig, EnvConfig, ModelConfig, SamplingConfig, TrainConfig, TrainerConfig  # noqa: E402
-from mmrl.evaluate import train_seeds  # noqa: E402
+from sim.seeds import train_seeds  # noqa: E402
 from mmrl.policy import build_tiny  # noqa: E402
 from mmrl.policy.tiny import tiny_processor  # noqa: E402
 from mmrl.policy.vision import to_pil  # noqa: E402

@@ -17,7 +17,7 @@ tower sees `4x` as many patches as the prompt holds image tokens, the same for e
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -102,3 +102,62 @@ def _right_extent(mask: torch.Tensor) -> torch.Tensor:
 def _left_extent(mask: torch.Tensor) -> torch.Tensor:
     """`[R]` columns from each row's first True to the end (0 for an all-False row) of a left-padded `[R, P]` mask."""
     return _right_extent(mask.flip(-1))
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """One forward/backward's rows of a rollout, self-contained, with its share of the batch's loss."""
+
+    rollout: Rollout  # r rows (padding trimmed with a token budget)
+    masked: Rollout | None  # the same rows with masked images (PAPO), or None
+    advantages: torch.Tensor  # [r]
+    weight: torch.Tensor  # [] the slice's share of the whole batch (of every process); 0 for an idle slice
+
+
+def micro_batches(
+    rollout: Rollout,
+    advantages: torch.Tensor,
+    masked: Rollout | None,
+    *,
+    micro_batch_size: int,
+    token_budget: int,
+    aggregation: str,
+    world,
+) -> list[MicroBatch]:
+    """The rollout's rows as micro-batches whose weighted losses sum to the full-batch loss over every process.
+
+    Each slice is weighted by its share of the batch: tokens for `token_mean`, rows for the per-sequence means, of
+    every process (`world.sum`), so the sum over slices and processes equals the full-batch loss. FSDP's forward and
+    backward are collectives: every process runs as many slices as the one with the most, and a process out of rows
+    repeats its first slice with weight 0 (an idle slice).
+
+    Args:
+        rollout: `[R]` rows; `advantages` `[R]` and `masked` (R rows, or None) line up with them.
+        micro_batch_size: rows per slice when `token_budget` is 0.
+        token_budget: > 0 packs slices by padded tokens instead (`token_budget_slices`) and trims their padding.
+        aggregation: the loss aggregation (`token_mean` weighs by tokens, the others by rows).
+        world: this process's `mmrl.distributed.World`.
+    """
+    total_tokens = world.sum(rollout.completion_mask.sum()).clamp(min=1)
+    n_rows = len(rollout)
+    total_rows = world.sum(n_rows)
+    if token_budget > 0:
+        slices = token_budget_slices(rollout.prompt_mask, rollout.completion_mask, token_budget)
+    else:
+        slices = [(a, min(a + micro_batch_size, n_rows)) for a in range(0, n_rows, micro_batch_size)]
+    out = []
+    for index in range(world.max(len(slices))):
+        idle = index >= len(slices)
+        start, stop = slices[0] if idle else slices[index]
+        mb = rollout.rows(start, stop)
+        mb_masked = masked.rows(start, stop) if masked is not None else None
+        if token_budget > 0:
+            mb = trim_padding(mb)
+            mb_masked = trim_padding(mb_masked) if mb_masked is not None else None
+        if aggregation == "token_mean":
+            weight = mb.completion_mask.sum() / total_tokens
+        else:
+            weight = torch.tensor((stop - start) / total_rows)
+        weight = torch.zeros_like(weight) if idle else weight
+        out.append(MicroBatch(mb, mb_masked, advantages[start:stop], weight))
+    return out

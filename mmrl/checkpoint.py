@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import distributed
+
 _NAME = re.compile(r"^step_(\d{8})$")
 
 
@@ -65,6 +67,26 @@ def save_checkpoint(
     for old in list_checkpoints(output_dir)[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def save_training_checkpoint(
+    output_dir: str | Path,
+    step: int,
+    policy,
+    optimizer: torch.optim.Optimizer,
+    scheduler,
+    trainer_state: dict[str, Any],
+    world: distributed.World,
+    master=None,
+    keep: int = 2,
+) -> None:
+    """A training run's checkpoint of `step`: full weights and optimiser state, gathered by every process (under FSDP
+    all must call this), written by rank 0; with float32 master weights (`master`), those rather than their rounding."""
+    saved_policy, saved_optimizer = distributed.checkpoint_views(policy, optimizer, world)
+    if master is not None:
+        saved_policy = distributed.with_weights(policy, master.state_dict())
+    if world.is_main:
+        save_checkpoint(output_dir, step, saved_policy, saved_optimizer, scheduler, trainer_state, keep)
 
 
 def list_checkpoints(output_dir: str | Path) -> list[Path]:

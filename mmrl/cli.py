@@ -2,10 +2,26 @@
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
-from pathlib import Path
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # before anything imports the tokenizers library
+
+import argparse  # noqa: E402
+import inspect  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import sim  # noqa: E402
+
+from .build import load_policy  # noqa: E402
+from .config import ConfigError, load_config  # noqa: E402
+from .distributed import close_world  # noqa: E402
+from .evaluate import held_out  # noqa: E402
+from .report import metric_label  # noqa: E402
+from .score import EXAMPLES as SCORE_EXAMPLES  # noqa: E402
+from .score import add_arguments as add_score_arguments  # noqa: E402
+from .score import run as run_score  # noqa: E402
+from .trainer import train  # noqa: E402
 
 EPILOG = """examples:
   mmrl train configs/grounding_tiny.yaml
@@ -19,7 +35,6 @@ EPILOG = """examples:
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     parser = argparse.ArgumentParser(
         prog="mmrl", description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -29,8 +44,6 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("config", help="a YAML preset from configs/")
         p.add_argument("overrides", nargs="*", help="section.field=value overrides, e.g. trainer.lr=1e-5")
     sub.add_parser("envs", help="list the registered environments")
-    from .score import EXAMPLES as SCORE_EXAMPLES
-    from .score import add_arguments as add_score_arguments
 
     score = sub.add_parser(
         "score",
@@ -43,17 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "score":
-        from .score import run as run_score
-
         return run_score(args)
 
-    from .config import ConfigError, load_config
-
     if args.command == "envs":
-        import inspect
-
-        import sim
-
         print(f"{'name':14s} {'actions':10s} {'image':9s} {'steps':5s}  description")
         for name in sim.ENVS.names():
             cls = sim.ENVS.get(name)
@@ -79,9 +84,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         if args.command == "train":
-            from .distributed import close_world
-            from .trainer import train
-
             try:
                 train(cfg)  # under torchrun, one of K processes (see mmrl.distributed)
             finally:
@@ -93,10 +95,8 @@ def main(argv: list[str] | None = None) -> int:
             if not Path(cfg.checkpoint).is_dir():
                 print(f"mmrl eval: no checkpoint folder at {cfg.checkpoint}", file=sys.stderr)
                 return 2
-            from .trainer import METRIC_LABELS, held_out, load_policy
-
             result = held_out(load_policy(cfg.model, checkpoint=cfg.checkpoint), cfg)
-            label = METRIC_LABELS.get(cfg.env.eval_metric, cfg.env.eval_metric)
+            label = metric_label(cfg)
             for key, value in sorted(result.metrics.items()):
                 print(f"{key:16s} {value:.4f}")
             print(f"held-out {label}: {result.metrics[cfg.env.eval_metric]:.3f}")

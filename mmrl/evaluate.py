@@ -8,8 +8,10 @@ from typing import Any
 import torch
 
 import sim
-from sim.seeds import eval_seeds, train_seeds  # noqa: F401  (train_seeds: re-exported for callers)
+from sim.seeds import eval_seeds
 
+from . import distributed
+from .config import TrainConfig
 from .distributed import World, eval_shard
 from .policy.vlm import VLMPolicy
 from .rollout import collect_episodes
@@ -138,3 +140,18 @@ def _cat_samples(parts: list[dict[str, Any]]) -> dict[str, Any]:
         out["frames"] = torch.cat([torch.cat([f, f[:, -1:].expand(-1, length - f.shape[1], -1, -1, -1)], 1)
                                    for f in frames])  # fmt: skip
     return out
+
+
+def held_out(policy: VLMPolicy, cfg: TrainConfig, world: World | None = None) -> EvalResult:
+    """Greedy play on the held-out seeds of `cfg`'s env; under torchrun every process plays its 1/K of them (rank 0
+    gets the samples) and must call this."""
+    with distributed.full_weights(policy.model):  # under FSDP: whole weights, so processes may play unevenly
+        return evaluate(
+            policy,
+            cfg.env.name,
+            cfg.env.options,
+            episodes=cfg.trainer.eval_episodes,
+            batch_size=cfg.trainer.eval_batch_size,
+            max_new_tokens=cfg.sampling.max_new_tokens,
+            world=world,
+        )

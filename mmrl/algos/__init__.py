@@ -1,61 +1,39 @@
-"""Advantage estimators and policy losses: pure tensor functions registered by name.
+"""Advantage estimators, policy losses and the objective: pure tensor functions, the extensible ones registered.
 
-The trainer looks them up in `ADVANTAGES` and `POLICY_LOSSES` and calls the one the config names; it never
-branches on the variant itself. Closed choices (aggregation, KL estimator) are `Literal`s, not registries.
-PAPO's extra terms live in `mmrl.algos.papo`, the data-side options (dynamic sampling, overlong handling,
-difficulty filtering, multi-turn returns) in `mmrl.algos.data`.
+The trainer looks estimators and losses up in `ADVANTAGES` (or `STEP_ADVANTAGES` for step credit) and
+`POLICY_LOSSES` by the names the config gives, and calls `objective` once per micro-batch; it never branches on the
+variant itself. Closed choices (aggregation, KL estimator) are `Literal`s, not registries.
+
+* `base`: the registries, the call each registered function has, `LossOutput`.
+* `advantages`: GRPO, Dr. GRPO, RLOO, REINFORCE++ (episode credit) and their step-credit forms.
+* `losses`: the clipped surrogates, KL estimators, entropy terms and aggregation.
+* `papo`: PAPO's perception terms and image masking.
+* `objective`: surrogate + KL + entropy + PAPO in one function -> loss and metrics.
+* `data`: the data-side options (dynamic sampling, difficulty filtering, overlong handling, multi-turn returns).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
-
-import torch
-
-from rewards.registry import Registry
-
-if TYPE_CHECKING:
-    from .losses import Aggregation, LossOutput
-
-
-class AdvantageFn(Protocol):
-    """What every registered advantage estimator accepts: `[R]` rewards, groups contiguous -> `[R]` advantages."""
-
-    def __call__(
-        self, rewards: torch.Tensor, *, group_size: int, scale_by_std: bool = ..., eps: float = ...
-    ) -> torch.Tensor: ...
-
-
-class PolicyLossFn(Protocol):
-    """What every registered policy loss accepts; each returns metrics `clip_fraction` and `approx_kl`."""
-
-    def __call__(
-        self,
-        logprobs: torch.Tensor,
-        old_logprobs: torch.Tensor,
-        advantages: torch.Tensor,
-        completion_mask: torch.Tensor,
-        *,
-        clip_low: float = ...,
-        clip_high: float = ...,
-        aggregation: Aggregation = ...,
-        max_len: int | None = ...,
-    ) -> LossOutput: ...
-
-
-# Not `Registry[AdvantageFn]`: `register` returns its type parameter, so the decorated functions would lose their
-# extra keywords (`scale`, `clip_c`) to the type checker. Annotate the looked-up function with the Protocol instead.
-ADVANTAGES = Registry("advantage estimator")
-POLICY_LOSSES = Registry("policy loss")
-
-from .advantages import (  # noqa: E402
+from .advantages import (
     dr_grpo_advantages,
     grpo_advantages,
     reinforce_pp_advantages,
     rloo_advantages,
+    step_dr_grpo_advantages,
+    step_group_advantages,
 )
-from .losses import (  # noqa: E402
+from .base import (
+    ADVANTAGES,
+    POLICY_LOSSES,
+    STEP_ADVANTAGES,
+    AdvantageFn,
+    Aggregation,
+    KLEstimator,
     LossOutput,
+    PolicyLossFn,
+    StepAdvantageFn,
+)
+from .losses import (
     aggregate,
     dual_clip_loss,
     entropy_bonus_loss,
@@ -65,13 +43,18 @@ from .losses import (  # noqa: E402
     kl_penalized_rewards,
     ppo_clip_loss,
 )
+from .objective import objective
 
 __all__ = [
     "ADVANTAGES",
     "POLICY_LOSSES",
+    "STEP_ADVANTAGES",
     "AdvantageFn",
+    "Aggregation",
+    "KLEstimator",
     "LossOutput",
     "PolicyLossFn",
+    "StepAdvantageFn",
     "aggregate",
     "dr_grpo_advantages",
     "dual_clip_loss",
@@ -81,7 +64,10 @@ __all__ = [
     "gspo_loss",
     "kl_estimate",
     "kl_penalized_rewards",
+    "objective",
     "ppo_clip_loss",
     "reinforce_pp_advantages",
     "rloo_advantages",
+    "step_dr_grpo_advantages",
+    "step_group_advantages",
 ]

@@ -11,7 +11,7 @@ from typing import Literal
 
 import torch
 
-from . import ADVANTAGES
+from .base import ADVANTAGES, STEP_ADVANTAGES
 
 Scale = Literal["group", "batch", "none"]
 
@@ -137,3 +137,54 @@ def reinforce_pp_advantages(
     if centred.numel() < 2:
         return centred
     return centred / (centred.std() + eps)
+
+
+@STEP_ADVANTAGES.register("grpo")
+def step_group_advantages(
+    returns: torch.Tensor, active: torch.Tensor, group_size: int, *, scale_by_std: bool = True, eps: float = 1e-6
+) -> torch.Tensor:
+    """Step-level GRPO credit: each turn's return normalised against the same turn of the other group members.
+
+    Episode-level credit gives every turn of an episode the episode's advantage. Step-level grouping compares, at
+    each turn t, the returns-to-go of the G worlds of a group that are still running at t (they started from the
+    same state, so turn t is comparable across them); a world that ended earlier takes no part.
+
+    Args:
+        returns: `[R, T]` returns-to-go of each turn (`discounted_returns`).
+        active: `[R, T]` bool, the world acted at turn t.
+        group_size: G.
+        scale_by_std: divide by the (unbiased) standard deviation of the turn's active returns in the group.
+        eps: keeps equal returns at zero advantage instead of 0/0.
+
+    Returns:
+        `[R, T]` advantages, 0 where `active` is False and where fewer than 2 group members are active.
+    """
+    num, turns = returns.shape
+    if group_size < 1 or num % group_size:
+        raise ValueError(f"{num} worlds do not split into groups of {group_size}")
+    x = returns.float().view(-1, group_size, turns)  # [B, G, T]
+    m = active.bool().view(-1, group_size, turns)
+    count = m.sum(1, keepdim=True)  # [B, 1, T]
+    x = torch.where(m, x, torch.zeros_like(x))  # inactive entries may hold anything; they must not count
+    mean = x.sum(1, keepdim=True) / count.clamp(min=1)
+    centred = torch.where(m, x - mean, torch.zeros_like(x))
+    if scale_by_std:
+        var = centred.square().sum(1, keepdim=True) / (count - 1).clamp(min=1)
+        # sqrt'(0) is inf: where every return is equal (centred all 0) take std 0 without a NaN gradient.
+        std = torch.where(var > 0, var, torch.ones_like(var)).sqrt() * (var > 0)
+        centred = centred / (std + eps)
+    centred = torch.where(count >= 2, centred, torch.zeros_like(centred))
+    return centred.view(num, turns)
+
+
+@STEP_ADVANTAGES.register("dr_grpo")
+def step_dr_grpo_advantages(
+    returns: torch.Tensor, active: torch.Tensor, group_size: int, *, scale_by_std: bool = False, eps: float = 1e-6
+) -> torch.Tensor:
+    """Dr. GRPO's step credit: each active turn's return-to-go minus the mean over the group's active worlds at that
+    turn, never scaled (`scale_by_std` is ignored, as in `dr_grpo_advantages`).
+
+    Returns:
+        `[R, T]`, 0 where `active` is False and where fewer than 2 group members are active.
+    """
+    return step_group_advantages(returns, active, group_size, scale_by_std=False, eps=eps)

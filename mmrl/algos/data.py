@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from rewards.text import length_penalty
+
 
 def _grouped(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     if group_size < 1 or rewards.ndim != 1 or rewards.numel() % group_size:
@@ -102,8 +104,7 @@ def soft_overlong_penalty(lengths: torch.Tensor, max_len: int, cache_len: int, f
     """
     if not 0 < cache_len <= max_len:
         raise ValueError(f"need 0 < cache_len <= max_len, got cache_len={cache_len}, max_len={max_len}")
-    from rewards.text import length_penalty  # one copy of the ramp, in the rewards library
-
+    # One copy of the ramp, in the rewards library.
     return factor * length_penalty(lengths.float(), target_length=max_len - cache_len, max_length=max_len)
 
 
@@ -132,40 +133,3 @@ def discounted_returns(step_rewards: torch.Tensor, dones: torch.Tensor, gamma: f
         running = rewards[:, t] + torch.where(ends[:, t], torch.zeros_like(running), gamma * running)
         returns[:, t] = running
     return returns
-
-
-def step_group_advantages(
-    returns: torch.Tensor, active: torch.Tensor, group_size: int, *, scale_by_std: bool = True, eps: float = 1e-6
-) -> torch.Tensor:
-    """Step-level GRPO credit: each turn's return normalised against the same turn of the other group members.
-
-    Episode-level credit gives every turn of an episode the episode's advantage. Step-level grouping compares, at
-    each turn t, the returns-to-go of the G worlds of a group that are still running at t (they started from the
-    same state, so turn t is comparable across them); a world that ended earlier takes no part.
-
-    Args:
-        returns: `[R, T]` returns-to-go of each turn (`discounted_returns`).
-        active: `[R, T]` bool, the world acted at turn t.
-        group_size: G.
-        scale_by_std: divide by the (unbiased) standard deviation of the turn's active returns in the group.
-        eps: keeps equal returns at zero advantage instead of 0/0.
-
-    Returns:
-        `[R, T]` advantages, 0 where `active` is False and where fewer than 2 group members are active.
-    """
-    num, turns = returns.shape
-    if group_size < 1 or num % group_size:
-        raise ValueError(f"{num} worlds do not split into groups of {group_size}")
-    x = returns.float().view(-1, group_size, turns)  # [B, G, T]
-    m = active.bool().view(-1, group_size, turns)
-    count = m.sum(1, keepdim=True)  # [B, 1, T]
-    x = torch.where(m, x, torch.zeros_like(x))  # inactive entries may hold anything; they must not count
-    mean = x.sum(1, keepdim=True) / count.clamp(min=1)
-    centred = torch.where(m, x - mean, torch.zeros_like(x))
-    if scale_by_std:
-        var = centred.square().sum(1, keepdim=True) / (count - 1).clamp(min=1)
-        # sqrt'(0) is inf: where every return is equal (centred all 0) take std 0 without a NaN gradient.
-        std = torch.where(var > 0, var, torch.ones_like(var)).sqrt() * (var > 0)
-        centred = centred / (std + eps)
-    centred = torch.where(count >= 2, centred, torch.zeros_like(centred))
-    return centred.view(num, turns)

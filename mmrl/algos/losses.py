@@ -7,25 +7,13 @@ them *before* any nonlinearity, so neither the value nor the gradient sees them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
-
 import torch
 
-from . import POLICY_LOSSES
+from .base import POLICY_LOSSES, Aggregation, KLEstimator, LossOutput
 
-Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
-KLEstimator = Literal["k1", "k2", "k3"]
+__all__ = ["Aggregation", "KLEstimator", "LossOutput"]  # re-exported: they were defined here
 
 _MAX_LOG_RATIO = 20.0  # exp(20) ~ 5e8: large enough to never bind in sane training, small enough not to overflow
-
-
-@dataclass(frozen=True)
-class LossOutput:
-    """A scalar loss to differentiate and detached diagnostics (synced once by the logger, never `.item()` here)."""
-
-    loss: torch.Tensor  # [] with grad
-    metrics: dict[str, torch.Tensor]  # name -> [] detached
 
 
 def aggregate(

@@ -18,7 +18,8 @@ import torch
 from mmrl.config import ConfigError
 from mmrl.policy import Sampling, VLMPolicy
 from mmrl.precision import MasterWeights, cast_parameters
-from mmrl.trainer import load_policy, train
+from mmrl.build import load_policy
+from mmrl.trainer import train
 
 LR = 1e-6
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import sim
-from mmrl.algos.data import step_group_advantages
+from mmrl.algos.advantages import step_group_advantages
 from mmrl.curriculum import Curriculum, CurriculumConfig
 from mmrl.policy import ActionCodec, Sampling, VLMPolicy, add_action_tokens
 from mmrl.rollout import collect_episodes

@@ -121,3 +121,19 @@ def test_rejects_rewards_that_do_not_split_into_groups(name):
 def test_rloo_needs_two_samples_per_group():
     with pytest.raises(ValueError, match="group_size >= 2"):
         rloo_advantages(torch.zeros(4), group_size=1)
+
+
+def test_step_credit_estimators_are_registered_under_the_episode_names():
+    from mmrl.algos import ADVANTAGES, STEP_ADVANTAGES
+
+    assert set(STEP_ADVANTAGES.names()) <= set(ADVANTAGES.names())  # algo.advantage names both kinds
+    # Two groups of G=2 over T=2 turns; world 3 ended after turn 0.
+    returns = torch.tensor([[1.0, 0.5], [0.0, 0.0], [2.0, 1.0], [0.0, 9.0]])
+    active = torch.tensor([[True, True], [True, True], [True, True], [True, False]])
+    dr = STEP_ADVANTAGES.get("dr_grpo")(returns, active, group_size=2)
+    # Turn 0: (1, 0) -> +-0.5, (2, 0) -> +-1. Turn 1: (0.5, 0) -> +-0.25; the second group has one active world: 0.
+    torch.testing.assert_close(dr, torch.tensor([[0.5, 0.25], [-0.5, -0.25], [1.0, 0.0], [-1.0, 0.0]]))
+    # Dr. GRPO never scales, whatever scale_by_std says; GRPO's step credit does.
+    torch.testing.assert_close(STEP_ADVANTAGES.get("dr_grpo")(returns, active, group_size=2, scale_by_std=True), dr)
+    grpo = STEP_ADVANTAGES.get("grpo")(returns, active, group_size=2, scale_by_std=True)
+    assert grpo[0, 0] == pytest.approx(0.5 / (0.5**0.5), rel=1e-4)  # unbiased std of (1, 0) is sqrt(0.5)

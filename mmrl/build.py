@@ -1,0 +1,202 @@
+"""Building a run: config -> policy, reference, env (the collector), optimiser, logger, resumed state.
+
+`build(cfg, ...)` returns a `Run` holding everything the trainer's loop touches; `load_policy` and
+`starting_policy` are the pieces the CLI and the tests also use. Under torchrun every process builds its own
+`Run` (the model sharded by FSDP2, see `mmrl.distributed`); only rank 0 prints and writes.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import sys
+from contextlib import ExitStack
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import distributed, precision
+from .checkpoint import latest_checkpoint, load_training_state, set_rng_state
+from .collect import Collector
+from .config import ModelConfig, TrainConfig, to_dict
+from .curriculum import Curriculum
+from .evaluate import held_out
+from .logging import MetricsLogger
+from .policy import VLMPolicy, add_action_tokens, apply_model_options, build_tiny
+from .report import report_before
+from .sft import collect_demonstrations, train_on_demonstrations
+from .types import Sampling
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class Run:
+    """Everything the training loop touches, built by `build`."""
+
+    cfg: TrainConfig  # as given, with this process's GPU as model.device under torchrun
+    world: distributed.World
+    out: Path  # the run's output folder
+    policy: VLMPolicy  # what trains (its `model` may be FSDP-sharded: see `model`)
+    model: torch.nn.Module  # the policy's module as trained (sharded under torchrun)
+    reference: VLMPolicy | None  # the frozen KL anchor (kl_coef > 0)
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    trainable: list[torch.nn.Parameter]  # what the optimiser steps (float32 masters with master_weights)
+    master: precision.MasterWeights | None  # float32 master weights (one process, master_weights=float32)
+    sampling: Sampling  # as configured; a VLA's max_new_tokens is its C*D action tokens
+    collector: Collector
+    curriculum: Curriculum
+    logger: MetricsLogger
+    start_step: int  # steps done before (a resumed run's)
+    state: dict[str, Any] = field(default_factory=dict)  # what checkpoints carry besides weights (eval_before...)
+
+
+def load_policy(cfg: ModelConfig, checkpoint: str | Path | None = None) -> VLMPolicy:
+    """The policy a config names: a checkpoint folder, a model folder, or a random "tiny:<arch>" model."""
+    kwargs = {"prompt_template": cfg.prompt_template}
+    if checkpoint is not None:
+        return VLMPolicy.from_pretrained(checkpoint, dtype=DTYPES[cfg.dtype], device=cfg.device, **kwargs)
+    if cfg.path.startswith("tiny:"):
+        policy = build_tiny(cfg.path.removeprefix("tiny:"), seed=cfg.seed, **kwargs)
+        policy.model.to(device=cfg.device, dtype=DTYPES[cfg.dtype])
+        return policy
+    path = Path(cfg.path)
+    if not path.is_absolute() and not path.exists():
+        # Presets name assets relative to the repository; let them run from any working directory.
+        candidate = Path(__file__).resolve().parents[1] / path
+        path = candidate if candidate.exists() else path
+    return VLMPolicy.from_pretrained(path, dtype=DTYPES[cfg.dtype], device=cfg.device, **kwargs)
+
+
+def starting_policy(
+    cfg: TrainConfig, policy: VLMPolicy | None, env, out: Path, world: distributed.World | None = None
+) -> VLMPolicy:
+    """The policy RL starts from: the configured model, given action tokens for a continuous env, and cold-started
+    on the env's scripted demonstrations when `sft.episodes > 0` (kept in `<output_dir>/cold_start`, so a resumed
+    run finds it instead of repeating it). Only rank 0 prints and writes `cold_start`."""
+    world = world or distributed.World()
+    cold_start = out / "cold_start"
+    if cfg.sft.episodes > 0 and (cold_start / "config.json").exists():
+        return apply_model_options(load_policy(cfg.model, checkpoint=cold_start), cfg.model)
+    policy = policy if policy is not None else load_policy(cfg.model, checkpoint=cfg.checkpoint)
+    if env.action_kind == "continuous" and policy.action_codec is None:
+        if cfg.model.action_bins < 2:
+            raise ValueError(f"env {cfg.env.name!r} takes continuous actions: set model.action_bins (e.g. 256)")
+        add_action_tokens(policy, env.action_low, env.action_high, cfg.model.action_bins, cfg.model.action_chunk)
+    # After the action tokens exist (LoRA keeps their rows trainable), before anything trains.
+    policy = apply_model_options(policy, cfg.model)
+    if cfg.sft.episodes <= 0:
+        return policy
+    if not hasattr(env, "expert_action"):
+        raise ValueError(f"sft.episodes > 0 needs an env with a scripted expert; {cfg.env.name!r} has none")
+    initial = held_out(policy, cfg, world)
+    sft = cfg.sft
+    images, instructions, labels, rate = collect_demonstrations(
+        env, policy.action_codec, sft.episodes, noise=sft.noise, seed=cfg.trainer.seed, label_noise=sft.label_noise
+    )
+    if world.is_main:
+        print(f"held-out {cfg.env.eval_metric} of the initial model: {initial.metrics[cfg.env.eval_metric]:.3f}\n"
+              f"{len(instructions)} demonstration steps from {sft.episodes} episodes "
+              f"(demonstrator success {rate:.2f}; noise {sft.noise}, label noise {sft.label_noise})",
+              file=sys.stderr)  # fmt: skip
+    # Every process runs the seeded cold start (no long wait at a barrier); shard_model gives all rank 0's.
+    train_on_demonstrations(
+        policy, images, instructions, labels, steps=sft.steps, batch_size=sft.batch_size, lr=sft.lr,
+        seed=cfg.trainer.seed,
+    )  # fmt: skip
+    if world.is_main:
+        tmp = out / "cold_start.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)  # a half-written one from a killed run
+        policy.save_pretrained(tmp)
+        (tmp / "initial_eval.json").write_text(json.dumps(initial.metrics, indent=2))
+        tmp.rename(cold_start)  # atomic: a folder named cold_start is always complete
+    return policy
+
+
+def build(cfg: TrainConfig, policy: VLMPolicy | None, generation_shards: int | None, live: ExitStack) -> Run:
+    """Everything a training run needs, resumed from `output_dir`'s last checkpoint when `cfg.resume` is set.
+
+    What holds processes (the env, rollout workers) is registered on `live` as soon as it exists, so it is closed
+    however the run ends, also when building fails half-way.
+    """
+    tc, ac = cfg.trainer, cfg.algo
+    world = distributed.init_world(cfg.model.device)
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if world.is_main:
+        (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
+    if world.device.startswith("cuda"):  # "cuda" or "cuda:0" in the config: under torchrun, this process's GPU
+        cfg = replace(cfg, model=replace(cfg.model, device=world.device))
+    if tc.threads > 0:
+        torch.set_num_threads(tc.threads)
+    compute_dtype = DTYPES[cfg.model.dtype]
+    use_masters = tc.master_weights == "float32"
+    # With float32 master weights the model loads in float32: those are the masters' starting values (a resumed
+    # run's, saved in float32); it computes in model.dtype from the sharding or MasterWeights on.
+    load_cfg = replace(cfg, model=replace(cfg.model, dtype="float32")) if use_masters else cfg
+
+    curriculum = Curriculum(cfg.curriculum)
+    resume_from = latest_checkpoint(out) if cfg.resume else None
+    state = load_training_state(resume_from)[0] if resume_from is not None else {}
+    if "curriculum" in state:
+        curriculum.load_state_dict(state["curriculum"])
+    collector = Collector(cfg, world, curriculum, cfg.sampling, generation_shards)
+    live.callback(collector.close)
+    # The starting policy is needed to train from, or as the KL anchor (also after a resume); load it only then.
+    if resume_from is None or ac.kl_coef > 0:
+        policy = starting_policy(load_cfg, policy, collector.env, out, world)
+    reference = None
+    if ac.kl_coef > 0:
+        reference = copy.deepcopy(policy)  # before sharding: an FSDP module cannot be copied
+        reference.model.requires_grad_(False).eval()
+        if use_masters:  # loaded in float32 for the masters; the reference needs none
+            precision.cast_parameters(reference.model, compute_dtype)
+        distributed.shard_model(
+            reference.model, world, frozen=True, compute_dtype=compute_dtype if use_masters else None
+        )
+    if resume_from is not None:
+        policy = apply_model_options(load_policy(load_cfg.model, checkpoint=resume_from), cfg.model)
+    if use_masters:
+        precision.cast_parameters(policy.model, torch.float32)  # no-op for a float32 load, not for a policy passed in
+    # Before the optimiser: it holds the sharded parameters. Under FSDP the float32 shards are the master weights.
+    model = distributed.shard_model(policy.model, world, compute_dtype=compute_dtype if use_masters else None)
+    model.train()
+    sampling = cfg.sampling
+    if policy.action_codec is not None:  # a VLA emits exactly C*D action tokens per generation
+        sampling = replace(sampling, max_new_tokens=policy.action_codec.tokens_per_generation)
+    collector.sampling = sampling
+
+    trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA adapters, or all but a frozen vision tower
+    master = precision.MasterWeights(model, compute_dtype) if use_masters and world.size == 1 else None
+    trainable = master.params if master is not None else trainable  # the optimiser steps the float32 copies
+    optimizer = torch.optim.AdamW(trainable, lr=tc.lr, weight_decay=tc.weight_decay)
+    warmup = max(tc.warmup_steps, 0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+    start_step = 0
+    if resume_from is not None:
+        _, states = load_training_state(resume_from)
+        distributed.load_optimizer_state(model, optimizer, states["optimizer"], world)
+        scheduler.load_state_dict(states["scheduler"])
+        set_rng_state(states["rng"])
+        start_step = state["step"]
+        if world.is_main:
+            print(f"resumed from {resume_from} (step {start_step})", file=sys.stderr)
+    collector.start_workers(policy)
+    # Rank 0 writes the metrics; the others log into the void (they still use the logged values).
+    metrics_path = out / "metrics.jsonl" if world.is_main else os.devnull
+    logger = MetricsLogger(metrics_path, resume_step=start_step if resume_from is not None else None)
+    if "eval_before" not in state:
+        before = held_out(policy, cfg, world)
+        state["eval_before"] = before.metrics
+        logger.log(0, {f"eval/{k}": v for k, v in before.metrics.items()})
+        if world.is_main:
+            report_before(cfg, before, out)
+    return Run(
+        cfg, world, out, policy, model, reference, optimizer, scheduler, trainable, master, sampling, collector,
+        curriculum, logger, start_step, state,
+    )  # fmt: skip

@@ -1,0 +1,218 @@
+"""One step's training episodes: seeds, shards, filters and refill, rollout workers, reward shaping.
+
+`Collector.collect(policy, model, step)` is the trainer's one call for data. Behind it:
+
+* **Seeds and shards.** Each step samples B prompts (seeds from `sim.seeds.train_seeds`), each reset G times (a
+  group). They are split into S separately seeded shards (`trainer.generation_shards`, default one per process), and
+  each process collects whole groups of its shards with whole weights (`distributed.full_weights`): generation runs
+  no collective, so processes may make different numbers of forward passes, and the samples depend on S, never on
+  the number of processes.
+* **Where episodes are played.** In this process (`mmrl.rollout.collect_episodes` on the env, whose worlds may live
+  in Ray env workers, `env.workers`), or by K rollout workers, Ray actors holding policy copies synced every step
+  (`trainer.rollout_workers`).
+* **Filters and refill.** Dynamic sampling and difficulty filtering drop groups; more batches of B prompts are
+  sampled until B groups pass or `algo.max_sample_batches` is spent. Nothing passing trains on the first batch
+  (zero advantages; only the KL and entropy terms act).
+* **Shaping.** DAPO's soft overlong penalty joins each turn's reward once, here, and is logged as the reward
+  component `overlong`; the overlong filter takes truncated completions out of the loss.
+
+A curriculum step rebuilds the env at the new level (`rebuild`).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, replace
+
+import torch
+
+from sim.seeds import TRAIN_SEED_STRIDE, train_seeds
+from sim.workers import make_vec_env
+
+from . import distributed
+from .algos.data import difficulty_filter_keep, dynamic_sampling_keep, overlong_mask, soft_overlong_penalty
+from .config import AlgoConfig, TrainConfig
+from .curriculum import Curriculum
+from .policy.vlm import VLMPolicy
+from .rollout import collect_episodes
+from .rollout_workers import RolloutWorkers
+from .types import Episodes, Sampling, cat_episodes
+
+
+@dataclass(frozen=True)
+class Collected:
+    """What one step collected."""
+
+    episodes: Episodes  # what trains: the kept groups (at most this process's share of rows), shaped
+    sampled: Episodes  # every episode sampled this step, before any filter, shaped (for the step's metrics)
+    kept_groups: int  # groups that passed the filters (over every batch sampled)
+    sampled_batches: int  # batches of B prompts sampled (more than 1 only with refill)
+
+
+def make_env(cfg: TrainConfig, num_envs: int, curriculum: Curriculum):
+    """The training env at the curriculum's level: in this process, or its worlds spread over `env.workers` Ray
+    actors."""
+    options = curriculum.options(cfg.env.options)
+    return make_vec_env(cfg.env.name, num_envs, cfg.env.workers, cfg.env.worker_timeout_s, **options)
+
+
+def check_rollout_workers(cfg: TrainConfig, generation_shards: int | None) -> None:
+    """Refuse `trainer.rollout_workers` settings that cannot work, naming the fields (before anything is loaded)."""
+    tc = cfg.trainer
+    k = tc.rollout_workers
+    if k < 0:
+        raise ValueError(f"trainer.rollout_workers must be >= 0 (0: generate in this process), got {k}")
+    if not k:
+        return
+    if tc.rollout_timeout_s <= 0:
+        raise ValueError(f"trainer.rollout_timeout_s must be > 0, got {tc.rollout_timeout_s}")
+    if cfg.env.workers:
+        raise ValueError("trainer.rollout_workers and env.workers cannot both be > 0: each rollout worker has its env")
+    if cfg.model.generation_backend == "vllm":
+        raise ValueError(
+            "trainer.rollout_workers runs CPU copies of the policy; it cannot use generation_backend vllm"
+        )
+    shards = generation_shards or tc.generation_shards or 1  # 0: one shard per process, and there is one
+    if shards % k:
+        raise ValueError(
+            f"trainer.rollout_workers={k} needs trainer.generation_shards set to a multiple of {k} (a step's shards "
+            f"are what the workers share); got {generation_shards or tc.generation_shards}"
+        )
+
+
+def keep_groups(episodes: Episodes, ac: AlgoConfig) -> torch.Tensor:
+    """`[B]` bool: the groups the data-side filters keep (all, when none is on); they read the unshaped returns."""
+    returns = episodes.returns(ac.gamma)
+    keep = torch.ones(returns.numel() // ac.group_size, dtype=torch.bool)
+    if ac.dynamic_sampling:
+        # Groups whose returns are all equal have zero advantage everywhere: no signal, only noise.
+        keep &= dynamic_sampling_keep(returns, ac.group_size)
+    if ac.difficulty_low is not None or ac.difficulty_high is not None:
+        accuracy = episodes.success.float() if episodes.success is not None else returns
+        low = ac.difficulty_low if ac.difficulty_low is not None else float("-inf")
+        high = ac.difficulty_high if ac.difficulty_high is not None else float("inf")
+        keep &= difficulty_filter_keep(accuracy, ac.group_size, low, high)
+    return keep
+
+
+def with_overlong_penalty(episodes: Episodes, ac: AlgoConfig, max_new_tokens: int) -> Episodes:
+    """The episodes with DAPO's soft overlong penalty added to each turn's reward and kept as component `overlong`."""
+    if ac.overlong_penalty <= 0:
+        return episodes
+    lengths = episodes.rollout.completion_mask.sum(-1)  # [M] generated tokens
+    penalty = soft_overlong_penalty(lengths, max_new_tokens, ac.overlong_cache_len, ac.overlong_penalty)  # [M]
+    step_rewards = episodes.step_rewards.index_put((episodes.world, episodes.turn), penalty, accumulate=True)
+    per_world = torch.zeros(episodes.num_worlds).index_add(0, episodes.world, penalty)  # [R]
+    return replace(episodes, step_rewards=step_rewards, components={**episodes.components, "overlong": per_world})
+
+
+class Collector:
+    """Collects each step's episodes (see the module docstring).
+
+    Args:
+        cfg: the run's config.
+        world: this process's place among the run's processes.
+        curriculum: the env's difficulty schedule (its level decides the env's options).
+        policy: the policy rollout workers copy (only read when `trainer.rollout_workers > 0`).
+        sampling: how completions are drawn during training.
+        generation_shards: S, overriding `trainer.generation_shards` (see `mmrl.trainer.train`).
+    """
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        world: distributed.World,
+        curriculum: Curriculum,
+        sampling: Sampling,
+        generation_shards: int | None = None,
+    ):
+        tc = cfg.trainer
+        if tc.rollout_workers and world.size > 1:
+            raise ValueError("trainer.rollout_workers > 0 under torchrun is not supported: use one trainer process")
+        self.cfg, self.world, self.curriculum, self.sampling = cfg, world, curriculum, sampling
+        self.num_shards = generation_shards or tc.generation_shards or world.size
+        self.my_shards = distributed.prompt_shards(tc.prompts_per_step, self.num_shards, world)
+        self.shard_rows = tc.prompts_per_step // self.num_shards * cfg.algo.group_size  # worlds of one shard
+        self.rows = len(self.my_shards) * self.shard_rows  # this process's R
+        self.env = make_env(cfg, self.shard_rows, curriculum)  # the env holds one shard at a time
+        self.workers: RolloutWorkers | None = None
+
+    def start_workers(self, policy: VLMPolicy) -> None:
+        """Start the rollout workers, copies of `policy` (with `trainer.rollout_workers > 0`; else nothing)."""
+        tc = self.cfg.trainer
+        if tc.rollout_workers > 0:
+            self.workers = RolloutWorkers(
+                policy, self.cfg.env.name, self.shard_rows, self.curriculum.options(self.cfg.env.options),
+                tc.rollout_workers, threads=max(tc.threads, 1), timeout_s=tc.rollout_timeout_s,
+            )  # fmt: skip
+
+    @torch.no_grad()
+    def collect(self, policy: VLMPolicy, model: torch.nn.Module, step: int) -> Collected:
+        """Step `step`'s episodes, played by `policy` (whose possibly sharded module is `model`)."""
+        tc, ac, group_size = self.cfg.trainer, self.cfg.algo, self.cfg.algo.group_size
+        pad = policy.pad_token_id or 0
+        sampled, kept, kept_groups = [], [], 0
+        with distributed.full_weights(model):
+            if self.workers is not None:
+                self.workers.sync(policy)
+            for attempt in range(max(ac.max_sample_batches, 1)):
+                base = tc.seed * TRAIN_SEED_STRIDE
+                seeds = train_seeds(step + attempt * tc.total_steps, tc.prompts_per_step, group_size, base=base)
+                jobs = [
+                    (seeds[shard * self.shard_rows : (shard + 1) * self.shard_rows], group_size, self.sampling,
+                     distributed.sampling_seed(tc.seed, step, shard, attempt))
+                    for shard in self.my_shards
+                ]  # fmt: skip
+                episodes = cat_episodes(self._play(policy, jobs), pad)
+                keep = keep_groups(episodes, ac)  # [B/K]
+                episodes = with_overlong_penalty(episodes, ac, self.sampling.max_new_tokens)
+                sampled.append(episodes)
+                if keep.any():
+                    kept.append(episodes.select_worlds(keep.repeat_interleave(group_size).nonzero().squeeze(-1)))
+                    kept_groups += int(keep.sum())
+                if kept_groups >= tc.prompts_per_step // self.world.size:
+                    break
+        episodes = cat_episodes(kept, pad) if kept else sampled[0]
+        if episodes.num_worlds > self.rows:
+            episodes = episodes.select_worlds(torch.arange(self.rows))
+        if ac.overlong_filter:
+            # Truncated = no EOS generated; such rows stay in the group statistics but leave the loss.
+            rollout = episodes.rollout
+            truncated = ~torch.isin(rollout.completion_ids, torch.tensor(policy.eos_token_ids)).any(-1)  # [M]
+            mask = overlong_mask(rollout.completion_mask, 0, truncated=truncated)
+            episodes = replace(episodes, rollout=replace(rollout, completion_mask=mask))
+        return Collected(episodes, cat_episodes(sampled, pad), kept_groups, len(sampled))
+
+    def _play(self, policy: VLMPolicy, jobs: list) -> list[Episodes]:
+        """Each job's episodes: by the rollout workers, or here, one seeded shard at a time."""
+        if self.workers is not None:
+            return self.workers.collect(jobs)
+        parts = []
+        for shard_seeds, group_size, sampling, sampling_seed in jobs:
+            torch.manual_seed(sampling_seed)
+            parts.append(collect_episodes(policy, self.env, shard_seeds, group_size, sampling))
+        return parts
+
+    def rebuild(self) -> None:
+        """Rebuild the env (and the rollout workers' envs) at the curriculum's current level."""
+        self.env.close()
+        self.env = make_env(self.cfg, self.shard_rows, self.curriculum)
+        if self.workers is not None:
+            self.workers.set_env(self.curriculum.options(self.cfg.env.options))
+        if self.world.is_main:
+            level = self.cfg.curriculum.levels[self.curriculum.level]
+            print(f"curriculum: {self.cfg.curriculum.option} = {level}", file=sys.stderr)
+
+    def close(self) -> None:
+        """Close the env and stop the rollout workers (idempotent). Errors are printed, not raised: the run's own
+        error, if any, is the one to see."""
+        for name in ("env", "workers"):
+            thing = getattr(self, name, None)
+            setattr(self, name, None)
+            if thing is None:
+                continue
+            try:
+                thing.close()
+            except Exception as error:  # noqa: BLE001
+                print(f"closing the {'rollout workers' if name == 'workers' else name} failed: {error!r}",
+                      file=sys.stderr)  # fmt: skip

@@ -1,0 +1,119 @@
+"""What a run tells its user: each step's metrics, the held-out lines, plots and episode media.
+
+The trainer calls `step_metrics` once per step and `report` once at the end; the CLI takes `METRIC_LABELS` from here.
+Pictures need the `plot` extra (matplotlib); without it they are skipped with a message, the numbers stay.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import plots
+from .collect import Collected
+from .config import TrainConfig
+from .curriculum import Curriculum
+from .distributed import World
+from .evaluate import EvalResult
+from .logging import read_metrics
+
+METRIC_LABELS = {"iou": "mean IoU", "reward": "mean reward", "success": "success"}
+
+
+def metric_label(cfg: TrainConfig) -> str:
+    """How the held-out score of `cfg`'s env is named in the printed lines."""
+    return METRIC_LABELS.get(cfg.env.eval_metric, cfg.env.eval_metric)
+
+
+def step_metrics(
+    cfg: TrainConfig,
+    collected: Collected,
+    losses: dict[str, torch.Tensor | float],
+    extra: dict[str, Any],
+    curriculum: Curriculum,
+    world: World,
+) -> dict[str, Any]:
+    """The step's metrics over every episode sampled (before any filter), alike in every process.
+
+    Args:
+        cfg: the run's config.
+        collected: what the step collected.
+        losses: the objective's metrics, each already this process's share of the batch's value (summed here).
+        extra: `grad_norm`, `lr` and the `perf/` timings and throughput (maxed or summed over processes).
+        curriculum: the env's difficulty schedule.
+        world: this process's place among the run's processes.
+    """
+    stats, ac = collected.sampled, cfg.algo
+    metrics = {
+        "reward/total": stats.step_rewards.sum(-1).mean(),
+        **{f"reward/{k}": v.mean() for k, v in stats.components.items()},
+        **losses,
+        "grad_norm": extra["grad_norm"],
+        "lr": extra["lr"],
+        "completion_len": stats.rollout.completion_mask.sum(-1).float().mean(),  # as generated
+        **{k: v for k, v in extra.items() if k.startswith("perf/")},
+    }
+    if stats.step_rewards.shape[1] > 1:
+        metrics["env/episode_steps"] = stats.env_steps.float().mean()
+    if ac.dynamic_sampling or ac.difficulty_low is not None or ac.difficulty_high is not None:
+        metrics["data/kept_groups"] = collected.kept_groups
+        metrics["data/sampled_batches"] = collected.sampled_batches
+    if stats.success is not None:
+        metrics["env/success_rate"] = stats.success.float().mean()
+    if curriculum.enabled:
+        metrics["curriculum/level"] = curriculum.level
+    return world.reduce_metrics(  # the whole batch's, alike in every process (the curriculum reads them)
+        metrics, weight=stats.num_worlds, weights={"completion_len": len(stats.rollout)},
+        summed=(*losses, "data/kept_groups", "perf/tokens_per_s"),
+        maxed=("grad_norm", "lr", "perf/step_s", "perf/generate_s", "data/sampled_batches", "curriculum/level"),
+    )  # fmt: skip
+
+
+def write_episode_media(result: EvalResult, stem: Path) -> None:
+    """An animated GIF and a frame strip of the held-out episodes that `result` recorded (multi-step tasks)."""
+    if result.frames is None:
+        return
+    try:
+        plots.episode_gif(result.frames, stem.with_suffix(".gif"), success=result.success)
+        plots.frame_strip(result.frames[0], stem.with_name(stem.name + "_strip.png"), title=result.instructions[0])
+    except ImportError as e:
+        print(f"skipped episode pictures: {e}", file=sys.stderr)
+
+
+def report_before(cfg: TrainConfig, before: EvalResult, out: Path) -> None:
+    """Print the held-out score before training and keep its episode media (rank 0)."""
+    print(f"held-out {metric_label(cfg)} before training: {before.metrics[cfg.env.eval_metric]:.3f}", file=sys.stderr)
+    write_episode_media(before, out / "episodes_before")
+
+
+def report(cfg: TrainConfig, before: dict, after: EvalResult, out: Path) -> None:
+    """Print the held-out line, write `eval.json` and draw the run's pictures (rank 0, at the end of a run)."""
+    write_episode_media(after, out / "episodes_after")
+    metric, label = cfg.env.eval_metric, metric_label(cfg)
+    metrics = read_metrics(out / "metrics.jsonl")
+    keys = tuple(dict.fromkeys(k for m in metrics for k in m if k.startswith("reward/")))  # every component, in order
+    try:
+        plots.reward_curve(metrics, out / "reward_curve.png", keys=keys or ("reward/total",))
+        if "target_box" in after.info and "pred_box" in after.info:
+            plots.box_grid(
+                after.images,
+                after.info["target_box"],
+                after.info["pred_box"],
+                after.instructions,
+                out / "predictions.png",
+            )
+    except ImportError as e:  # matplotlib is an extra; the run's numbers matter more than its pictures
+        print(f"skipped plots: {e}", file=sys.stderr)
+    scores = {"before": before, "after": after.metrics}
+    initial_file = out / "cold_start" / "initial_eval.json"
+    if cfg.sft.episodes > 0 and initial_file.exists():  # a cold start ran: "before" is the model before the demos
+        scores["initial"] = json.loads(initial_file.read_text())
+        print(f"held-out {label} (initial model -> after demonstrations -> after RL): {scores['initial'][metric]:.3f}"
+              f" -> {before[metric]:.3f} -> {after.metrics[metric]:.3f}")  # fmt: skip
+        before = scores["initial"]
+    (out / "eval.json").write_text(json.dumps(scores, indent=2))
+    print(f"held-out {label}: {before[metric]:.3f} -> {after.metrics[metric]:.3f}")
