@@ -15,10 +15,10 @@ import io
 import pytest
 import torch
 
+from mmrl.build import load_policy
 from mmrl.config import ConfigError
 from mmrl.policy import Sampling, VLMPolicy
 from mmrl.precision import MasterWeights, cast_parameters
-from mmrl.build import load_policy
 from mmrl.trainer import train
 
 LR = 1e-6
