@@ -46,8 +46,22 @@ def save_checkpoint(
     scheduler,
     trainer_state: dict[str, Any],
     keep: int = 2,
-) -> Path:
-    """Write the checkpoint of `step` atomically and keep only the newest `keep` checkpoints."""
+    *,
+    world: distributed.World | None = None,
+    master=None,
+) -> Path | None:
+    """Write the checkpoint of `step` atomically and keep only the newest `keep` checkpoints.
+
+    Under torchrun (`world` of K > 1 processes) every process must call this: the full weights and optimiser state
+    are gathered from the shards and rank 0 writes them (the others return None). With float32 master weights
+    (`master`, a `mmrl.precision.MasterWeights`), those are saved rather than the model's rounding of them.
+    """
+    world = world or distributed.World()
+    policy, optimizer = distributed.checkpoint_views(policy, optimizer, world)
+    if master is not None:
+        policy = distributed.with_weights(policy, master.state_dict())
+    if not world.is_main:
+        return None
     root = checkpoint_dir(output_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:08d}"
@@ -67,26 +81,6 @@ def save_checkpoint(
     for old in list_checkpoints(output_dir)[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
-
-
-def save_training_checkpoint(
-    output_dir: str | Path,
-    step: int,
-    policy,
-    optimizer: torch.optim.Optimizer,
-    scheduler,
-    trainer_state: dict[str, Any],
-    world: distributed.World,
-    master=None,
-    keep: int = 2,
-) -> None:
-    """A training run's checkpoint of `step`: full weights and optimiser state, gathered by every process (under FSDP
-    all must call this), written by rank 0; with float32 master weights (`master`), those rather than their rounding."""
-    saved_policy, saved_optimizer = distributed.checkpoint_views(policy, optimizer, world)
-    if master is not None:
-        saved_policy = distributed.with_weights(policy, master.state_dict())
-    if world.is_main:
-        save_checkpoint(output_dir, step, saved_policy, saved_optimizer, scheduler, trainer_state, keep)
 
 
 def list_checkpoints(output_dir: str | Path) -> list[Path]:

@@ -27,7 +27,7 @@ from . import algos, distributed, precision
 from .algos.data import discounted_returns
 from .batching import MicroBatch, micro_batches
 from .build import Run, build
-from .checkpoint import save_training_checkpoint
+from .checkpoint import save_checkpoint
 from .collect import check_rollout_workers
 from .config import AlgoConfig, TrainConfig
 from .evaluate import held_out
@@ -140,9 +140,9 @@ def train_step(run: Run, step: int, last: int) -> dict[str, float]:
 
     # ---- checkpoint (every process gathers, rank 0 writes)
     if (tc.save_every and (step + 1) % tc.save_every == 0) or step + 1 == last:
-        save_training_checkpoint(
-            run.out, step + 1, run.policy, run.optimizer, run.scheduler, run.state, world, run.master,
-            tc.keep_checkpoints,
+        save_checkpoint(
+            run.out, step + 1, run.policy, run.optimizer, run.scheduler, run.state, tc.keep_checkpoints,
+            world=world, master=run.master,
         )  # fmt: skip
     return logged
 
