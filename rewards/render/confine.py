@@ -11,8 +11,8 @@ The layers, from the outside in, are listed in `rewards.render.sandbox`; this mo
   order. Whatever fails to go up raises, and the child renders nothing (it fails closed).
 
 Imports only the standard library at the top (the worker program loads this file by path, without the `rewards`
-package); ctypes, resource and pwd are imported where the worker and its children use them, so the caller's process
-never loads them.
+package); ctypes, sysconfig, resource and pwd are imported where the worker and its children use them, so the
+caller's process never loads them.
 """
 
 from __future__ import annotations
