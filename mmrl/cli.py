@@ -7,6 +7,10 @@ import os
 import sys
 from pathlib import Path
 
+from rewards.score import EXAMPLES as SCORE_EXAMPLES
+from rewards.score import add_arguments as add_score_arguments
+from rewards.score import run as run_score
+
 EPILOG = """examples:
   mmrl train configs/grounding_tiny.yaml
   mmrl train configs/grounding_tiny.yaml trainer.total_steps=50 output_dir=runs/short
@@ -29,9 +33,6 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("config", help="a YAML preset from configs/")
         p.add_argument("overrides", nargs="*", help="section.field=value overrides, e.g. trainer.lr=1e-5")
     sub.add_parser("envs", help="list the registered environments")
-    from .score import EXAMPLES as SCORE_EXAMPLES
-    from .score import add_arguments as add_score_arguments
-
     score = sub.add_parser(
         "score",
         help="score predictions (images, SVG, chart code, text) against targets",
@@ -43,8 +44,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "score":
-        from .score import run as run_score
-
         return run_score(args)
 
     from .config import ConfigError, load_config
