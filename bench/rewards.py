@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 
 import torch  # noqa: E402
 
-from rewards.image import embedding_similarity, ssim  # noqa: E402
+from rewards.image import HFImageEncoder, embedding_similarity, ssim  # noqa: E402
 from rewards.render import RenderPool, stack_renders  # noqa: E402
 
 SIZE = 256
@@ -147,8 +147,6 @@ def mmrl_scores(pool: RenderPool, svgs: list[str], targets: torch.Tensor) -> tup
 def clip_rates(n: int, repeats: int) -> dict[str, float]:
     """Tiny random CLIP: batched `embedding_similarity` against one pair per call (pairs per second)."""
     from transformers import CLIPConfig, CLIPModel
-
-    from rewards.image import HFImageEncoder
 
     small = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2}
     config = CLIPConfig(

@@ -12,15 +12,15 @@ import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import sim  # noqa: E402
+from rewards.score import EXAMPLES as SCORE_EXAMPLES  # noqa: E402
+from rewards.score import add_arguments as add_score_arguments  # noqa: E402
+from rewards.score import run as run_score  # noqa: E402
 
 from .build import load_policy  # noqa: E402
 from .config import ConfigError, load_config  # noqa: E402
 from .distributed import close_world  # noqa: E402
 from .evaluate import held_out  # noqa: E402
 from .report import metric_label  # noqa: E402
-from .score import EXAMPLES as SCORE_EXAMPLES  # noqa: E402
-from .score import add_arguments as add_score_arguments  # noqa: E402
-from .score import run as run_score  # noqa: E402
 from .trainer import train  # noqa: E402
 
 EPILOG = """examples:
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     score = sub.add_parser(
         "score",
         help="score predictions (images, SVG, chart code, text) against targets",
-        description="Score predictions against targets with the reward library; see `mmrl.score` for the inputs.",
+        description="Score predictions against targets with the reward library; see `rewards.score` for the inputs.",
         epilog=SCORE_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

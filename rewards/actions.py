@@ -27,7 +27,8 @@ import torch
 
 from rewards.box import point_in_box
 from rewards.catalog import REWARDS
-from rewards.parse import MAX_BOX_CHARS, _box_token_content, _find_numbers, _find_point_numbers, answer_region
+from rewards.parse import MAX_BOX_CHARS, answer_region
+from rewards.parse.geometry import _box_token_content, _find_numbers, _find_point_numbers
 from rewards.text import normalize_answer
 
 ACTION_KINDS = ("click", "long_press", "type", "scroll", "press", "finish")

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from rewards.catalog import REWARDS
+from rewards.image import as_uint8_images
 
 _ENGINE: Any = None
 _WORD = re.compile(r"\w+")
@@ -41,8 +42,6 @@ def ocr_text(images: torch.Tensor) -> list[str]:
         R strings: the recognised pieces in RapidOCR's reading order (top to bottom, left to right), joined by
         spaces; "" where no text was found.
     """
-    from rewards.image import as_uint8_images
-
     engine = ocr_engine()
     batch = as_uint8_images(images).cpu().numpy()
     texts = []

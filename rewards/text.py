@@ -15,7 +15,9 @@ from collections.abc import Sequence
 import torch
 
 from rewards.catalog import REWARDS
-from rewards.parse import _ANSWER_TAG, _parse_region, answer_region, parse_box, parse_choice, parse_number, strip_think
+from rewards.parse import answer_region, parse_box, parse_choice, parse_number, strip_think
+from rewards.parse.answer import _ANSWER_TAG
+from rewards.parse.geometry import _parse_region
 
 
 @REWARDS.register("format")

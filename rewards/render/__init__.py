@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from rewards.catalog import REWARDS
-from rewards.render.sandbox import (
+from rewards.render.pool import (
     DEFAULT_WORKERS,
     KINDS,
     RenderPool,

@@ -12,7 +12,8 @@ import pytest
 pytest.importorskip("cairosvg")
 
 from mmrl.cli import main  # noqa: E402
-from mmrl.score import read_items, score_items  # noqa: E402
+from rewards.render import render  # noqa: E402
+from rewards.score import read_items, score_items  # noqa: E402
 
 NS = 'xmlns="http://www.w3.org/2000/svg"'
 RED = f'<svg {NS} width="8" height="8"><rect width="8" height="8" fill="red"/></svg>'
@@ -133,8 +134,6 @@ def test_score_cad_scripts(tmp_path):
     """A build123d `.py` prediction is rendered as CAD (not matplotlib) and compared with a target render."""
     pytest.importorskip("build123d")
     from PIL import Image
-
-    from rewards.render import render
 
     box = "from build123d import *\nresult = Box(10, 20, 5)\n"
     target = render("cad", box, size=(32, 32))

@@ -1,0 +1,441 @@
+"""Confinement of the sandbox's render children: the layers a child puts up before it looks at its input.
+
+The layers, from the outside in, are listed in `rewards.render.sandbox`; this module holds their mechanics:
+
+* network and secrets (layer 1, applied by the caller when it starts a worker): `network_namespace_available`
+  probes `unshare -n`, and `ENV_KEEP` is all of the caller's environment a worker inherits;
+* in the worker, once (`prepare`): the user to switch to, the scratch directory, the read-only roots, the Landlock
+  ABI the kernel offers;
+* in each render child (`confine_child`): descriptors, working and temporary directory, then the ruleset, the
+  switch to `nobody` (layer 2), the rlimits (layer 3), Landlock (layer 4) and the audit hook (layer 5), in that
+  order. Whatever fails to go up raises, and the child renders nothing (it fails closed).
+
+Imports only the standard library at the top (the worker program loads this file by path, without the `rewards`
+package); ctypes, sysconfig, resource and pwd are imported where the worker and its children use them, so the
+caller's process never loads them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+RESULT_FD = 3
+"""The render child's result pipe: after `confine_child`, the one descriptor open besides 0-2 (/dev/null)."""
+
+VIOLATION_EXIT = 3
+"""Exit status of a render child that the audit hook stopped (after it reported the refusal on `RESULT_FD`)."""
+
+_NOBODY = 65534
+
+
+# Landlock (linux/landlock.h). The three syscalls have the same numbers on every architecture.
+_LANDLOCK_CREATE_RULESET, _LANDLOCK_ADD_RULE, _LANDLOCK_RESTRICT_SELF = 444, 445, 446
+_LANDLOCK_CREATE_RULESET_VERSION = 1
+_LANDLOCK_RULE_PATH_BENEATH = 1
+_FS_EXECUTE, _FS_WRITE_FILE, _FS_READ_FILE, _FS_READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+_FS_TRUNCATE, _FS_IOCTL_DEV = 1 << 14, 1 << 15
+_FS_FILE_RIGHTS = _FS_EXECUTE | _FS_WRITE_FILE | _FS_READ_FILE | _FS_TRUNCATE | _FS_IOCTL_DEV
+_PR_SET_KEEPCAPS, _PR_SET_NO_NEW_PRIVS = 8, 38
+_CAP_DAC_READ_SEARCH = 2
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+# Read-only roots besides the Python installation and the renderer's own: shared libraries (a lazily imported
+# extension module may need one), fonts and their configuration. Nothing that holds user data.
+_SYSTEM_READ_ROOTS = (
+    "/usr/lib",
+    "/usr/lib64",
+    "/usr/lib32",
+    "/lib",
+    "/lib64",
+    "/usr/share",
+    "/usr/local/share/fonts",
+    "/etc/ld.so.cache",
+    "/etc/fonts",
+    "/var/cache/fontconfig",
+)
+
+# Environment variables the worker inherits; everything else (tokens, keys, proxies) stays behind.
+ENV_KEEP = ("PATH", "HOME", "LANG", "LC_ALL", "XDG_CACHE_HOME", "MPLCONFIGDIR", "FONTCONFIG_PATH", "FONTCONFIG_FILE")
+
+# Audit events refused outright, by exact name or by prefix.
+_DENY_EVENTS = frozenset(
+    {
+        "os.system",
+        "os.fork",
+        "os.forkpty",
+        "os.kill",
+        "os.killpg",
+        "os.chdir",
+        "os.fchdir",
+        "os.chroot",
+        "os.symlink",
+        "os.link",
+        "os.mknod",
+        "os.mkfifo",
+        "os.startfile",
+        "pty.spawn",
+        "signal.pthread_kill",
+        "sys.addaudithook",
+        "shutil.make_archive",
+        "shutil.unpack_archive",
+        "webbrowser.open",
+    }
+)
+_DENY_PREFIXES = (
+    "os.exec",
+    "os.posix_spawn",
+    "os.spawn",
+    "subprocess.",
+    "socket.",
+    "ctypes.",
+    "resource.",
+    "urllib.",
+    "http.",
+    "ftplib.",
+    "smtplib.",
+    "poplib.",
+    "imaplib.",
+    "nntplib.",
+    "telnetlib.",
+    "_winapi.",
+    "winreg.",
+    "msvcrt.",
+)
+# Modules untrusted code may not import (already-imported ones raise no import event: see "What it cannot do").
+_DENY_IMPORTS = frozenset(
+    {
+        "ctypes",
+        "_ctypes",
+        "cffi",
+        "_cffi_backend",
+        "multiprocessing",
+        "_multiprocessing",
+        "subprocess",
+        "_posixsubprocess",
+        "pty",
+        "socket",
+        "_socket",
+        "ssl",
+        "_ssl",
+        "resource",
+        "cv2",
+        "requests",
+        "urllib3",
+        "httpx",
+        "aiohttp",
+        "paramiko",
+        "webbrowser",
+    }
+)
+# Path-taking events: which arguments are paths, and whether the event reads or writes them.
+_WRITE_PATH_ARGS = {
+    "os.mkdir": (0,),
+    "os.remove": (0,),
+    "os.rmdir": (0,),
+    "os.rename": (0, 1),
+    "os.replace": (0, 1),
+    "os.chmod": (0,),
+    "os.chown": (0,),
+    "os.chflags": (0,),
+    "os.lchflags": (0,),
+    "os.utime": (0,),
+    "os.truncate": (0,),
+    "os.setxattr": (0,),
+    "os.removexattr": (0,),
+    "shutil.copyfile": (1,),
+    "shutil.copymode": (1,),
+    "shutil.copystat": (1,),
+    "shutil.copytree": (1,),
+    "shutil.rmtree": (0,),
+    "shutil.move": (0, 1),
+}
+_READ_PATH_ARGS = {
+    "os.listdir": (0,),
+    "os.scandir": (0,),
+    "os.listxattr": (0,),
+    "os.getxattr": (0,),
+    "glob.glob": (0,),
+    "glob.glob/2": (0,),
+    "shutil.copyfile": (0,),
+    "shutil.copytree": (0,),
+}
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+
+
+def network_namespace_available() -> bool:
+    """Whether `unshare -n` can start a process in a fresh network namespace here (needs root or CAP_SYS_ADMIN)."""
+    global _NETNS
+    if _NETNS is None:
+        unshare = shutil.which("unshare")
+        try:
+            ok = (
+                unshare is not None
+                and subprocess.run([unshare, "-n", "true"], capture_output=True, timeout=20).returncode == 0
+            )
+        except (OSError, subprocess.SubprocessError):
+            ok = False
+        _NETNS = ok
+    return _NETNS
+
+
+_NETNS: bool | None = None
+
+
+@dataclass
+class Confinement:
+    """What the worker prepares once for every render child (`prepare`), and each child applies (`confine_child`)."""
+
+    scratch: str
+    read_roots: list[str]
+    landlock_abi: int
+    uid: int | None  # switch to this user in the child (None: stay)
+    gid: int | None
+    audit_hook: bool
+    libc: Any
+
+
+def prepare(scratch: str, renderer_read_roots: Sequence[str], *, audit_hook: bool) -> Confinement:
+    """In the worker, once: the user to become, the scratch directory, what may be read, the Landlock ABI.
+
+    Args:
+        scratch: the worker's scratch directory, made empty by the caller; the children's only writable place.
+        renderer_read_roots: directories the renderer must read besides the Python installation (its `read_roots`).
+        audit_hook: whether children install the audit hook.
+
+    Returns:
+        The confinement every render child of this worker applies.
+    """
+    import ctypes
+    import sysconfig
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    uid = gid = None
+    if os.geteuid() == 0 and sys.platform == "linux":  # switching users keeps a capability: Linux only
+        import pwd
+
+        try:
+            entry = pwd.getpwnam("nobody")
+            uid, gid = entry.pw_uid, entry.pw_gid
+        except KeyError:
+            uid = gid = _NOBODY
+    scratch = os.path.realpath(scratch)
+    if not os.path.isdir(scratch) or os.listdir(scratch):
+        raise ValueError(f"scratch directory {scratch!r} is not an empty directory")
+    os.chmod(scratch, 0o700)
+    if uid is not None:
+        os.chown(scratch, uid, gid)
+    roots = {sys.prefix, sys.exec_prefix}
+    for paths in (
+        sysconfig.get_paths(),
+        sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix}),
+    ):
+        roots.update(paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib"))
+    roots.update(_SYSTEM_READ_ROOTS)
+    roots.update(renderer_read_roots)
+    read_roots = sorted(os.path.realpath(r) for r in roots if r and os.path.exists(r))
+    abi = 0
+    if sys.platform == "linux":  # the syscall numbers mean something else elsewhere
+        abi = libc.syscall(
+            ctypes.c_long(_LANDLOCK_CREATE_RULESET),
+            None,
+            ctypes.c_size_t(0),
+            ctypes.c_uint32(_LANDLOCK_CREATE_RULESET_VERSION),
+        )
+    return Confinement(scratch, read_roots, max(int(abi), 0), uid, gid, audit_hook, libc)
+
+
+def confine_child(conf: Confinement, request: dict[str, Any], write_fd: int, report: Callable[[str], None]) -> None:
+    """In a fresh render child, before it looks at its input: puts up every layer, or raises.
+
+    Args:
+        conf: from `prepare`, in the worker.
+        request: the render request (`memory_mb`, `cpu_seconds`, `file_mb` set the limits).
+        write_fd: the result pipe; it becomes `RESULT_FD`.
+        report: sends an audit-hook refusal's reason to the worker (the child then exits with `VIOLATION_EXIT`).
+    """
+    os.dup2(write_fd, RESULT_FD)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):  # the untrusted code's prints go nowhere
+        os.dup2(devnull, fd)
+    os.closerange(RESULT_FD + 1, 1 << 16)  # the protocol pipes, the spare /dev/null: only 0-3 stay open
+    os.chdir(conf.scratch)
+    tempfile.tempdir = conf.scratch
+    sys.dont_write_bytecode = True  # a lazy import must not try to write .pyc files next to the source
+    base = _address_space()  # 0 where /proc is missing: then no RLIMIT_AS (macOS does not enforce it anyway)
+    memory_limit = base + int(request["memory_mb"]) * (1 << 20) if base else 0
+    ruleset = _landlock_ruleset(conf) if conf.landlock_abi > 0 else -1
+    _drop_privileges(conf)
+    _set_limits(request, memory_limit)
+    if ruleset >= 0:
+        if conf.libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+        if conf.libc.syscall(_LANDLOCK_RESTRICT_SELF, ruleset, 0) != 0:
+            raise OSError(ctypes_errno(), "landlock_restrict_self failed")
+        os.close(ruleset)
+    if conf.audit_hook:
+        _install_audit_hook(conf.scratch, conf.read_roots, report)
+
+
+def ctypes_errno() -> int:
+    """`errno` of the last libc call made through ctypes."""
+    import ctypes
+
+    return ctypes.get_errno()
+
+
+def _address_space() -> int:
+    """This process's virtual memory size in bytes (0 if unknown)."""
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def _set_limits(request: dict[str, Any], memory_limit: int) -> None:
+    import resource
+
+    cpu = int(request["cpu_seconds"])
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # SIGXCPU at the soft limit, SIGKILL at the hard one
+    if memory_limit > 0:
+        resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (int(request["file_mb"]) << 20,) * 2)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+    # No fork, no thread. Root would be exempt: _drop_privileges has switched to another user by now.
+    resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
+
+
+def _drop_privileges(conf: Confinement) -> None:
+    """As root: become `nobody`, keeping only CAP_DAC_READ_SEARCH (Landlock still decides what may be read)."""
+    if conf.uid is None:
+        return
+    import ctypes
+
+    libc = conf.libc
+    if libc.prctl(_PR_SET_KEEPCAPS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_KEEPCAPS) failed")
+    os.setgroups([])
+    os.setgid(conf.gid)
+    os.setuid(conf.uid)  # real, effective and saved ids: there is no way back to root
+    header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
+    bit = 1 << _CAP_DAC_READ_SEARCH
+    data = (ctypes.c_uint32 * 6)(bit, bit, 0, 0, 0, 0)  # {effective, permitted, inheritable} x 2 words
+    if libc.capset(header, data) != 0:
+        raise OSError(ctypes.get_errno(), "capset failed")
+    if os.getuid() != conf.uid or os.geteuid() != conf.uid:
+        raise OSError("could not drop root")
+
+
+def _landlock_ruleset(conf: Confinement) -> int:
+    """Builds the Landlock ruleset: read-only roots, a read-write scratch dir, no exec, no TCP, scoped signals."""
+    import ctypes
+
+    abi = conf.landlock_abi
+    fs = (1 << 13) - 1  # ABI 1: execute .. make_sym
+    if abi >= 2:
+        fs |= 1 << 13  # refer
+    if abi >= 3:
+        fs |= _FS_TRUNCATE
+    if abi >= 5:
+        fs |= _FS_IOCTL_DEV
+    if abi >= 6:  # + net (bind and connect TCP), + scoped (abstract unix sockets, signals)
+        attr, size = struct.pack("<QQQ", fs, 0b11, 0b11), 24
+    elif abi >= 4:
+        attr, size = struct.pack("<QQ", fs, 0b11), 16
+    else:
+        attr, size = struct.pack("<Q", fs), 8
+    libc = conf.libc
+    buf = ctypes.create_string_buffer(attr, size)
+    ruleset = libc.syscall(ctypes.c_long(_LANDLOCK_CREATE_RULESET), buf, ctypes.c_size_t(size), ctypes.c_uint32(0))
+    if ruleset < 0:
+        raise OSError(ctypes.get_errno(), "landlock_create_ruleset failed")
+    read = _FS_READ_FILE | _FS_READ_DIR
+    rules = [(root, read) for root in conf.read_roots] + [(conf.scratch, fs & ~_FS_EXECUTE)]
+    for path, access in rules:
+        try:
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            if not os.path.isdir(path):
+                access &= _FS_FILE_RIGHTS
+            rule = ctypes.create_string_buffer(struct.pack("<Qi", access, fd), 12)
+            if libc.syscall(ctypes.c_long(_LANDLOCK_ADD_RULE), ruleset, _LANDLOCK_RULE_PATH_BENEATH, rule, 0) != 0:
+                raise OSError(ctypes.get_errno(), f"landlock_add_rule failed for {path}")
+        finally:
+            os.close(fd)
+    return ruleset
+
+
+def _install_audit_hook(scratch: str, read_roots: list[str], report: Callable[[str], None]) -> None:
+    """Refuses, and ends the render on, any audited operation the untrusted input should not need.
+
+    The refusal is handed to `report` (which sends it to the worker), then the child exits with `VIOLATION_EXIT`.
+    """
+
+    def within(path: str, roots: Sequence[str]) -> bool:
+        return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
+
+    scratch_roots = (scratch,)
+    readable = (scratch, *read_roots)
+
+    def resolve(path: object) -> str | None:
+        if isinstance(path, int):
+            return None  # an already-open descriptor: opening it was checked
+        return os.path.normpath(os.path.join(scratch, os.fsdecode(os.fspath(path))))  # type: ignore[arg-type]
+
+    def verdict(event: str, args: tuple[Any, ...]) -> str:
+        if event == "open":
+            path, mode, flags = (tuple(args) + (None, None, 0))[:3]
+            target = resolve(path)
+            if target is None:
+                return ""
+            write = (isinstance(mode, str) and any(c in mode for c in "wax+")) or bool((flags or 0) & _WRITE_FLAGS)
+            if within(target, scratch_roots) or (not write and within(target, readable)):
+                return ""
+            return f"open({path!r}) for {'writing' if write else 'reading'} outside the sandbox"
+        if event == "import":
+            name = str(args[0])
+            if name in _DENY_IMPORTS or name.split(".")[0] in _DENY_IMPORTS:
+                return f"import of {name!r}"
+            return ""
+        if event in _DENY_EVENTS or event.startswith(_DENY_PREFIXES):
+            return f"{event}{_short(args)}"
+        for index in _WRITE_PATH_ARGS.get(event, ()):
+            target = resolve(args[index]) if index < len(args) and args[index] is not None else scratch
+            if target is not None and not within(target, scratch_roots):
+                return f"{event}({args[index]!r}) outside the scratch directory"
+        for index in _READ_PATH_ARGS.get(event, ()):
+            target = resolve(args[index]) if index < len(args) and args[index] is not None else scratch
+            if target is not None and not within(target, readable):
+                return f"{event}({args[index]!r}) outside the sandbox"
+        return ""
+
+    def hook(event: str, args: tuple[Any, ...]) -> None:
+        try:
+            refused = verdict(event, args)
+        except BaseException:  # arguments we cannot make sense of: fail closed
+            refused = f"{event} (arguments not understood)"
+        if refused:
+            report(f"sandbox refused {refused}")
+            os._exit(VIOLATION_EXIT)
+
+    sys.addaudithook(hook)
+
+
+def _short(args: tuple[Any, ...]) -> str:
+    try:
+        text = repr(tuple(a for a in args if isinstance(a, str | bytes | int | float | tuple | list)))
+    except Exception:
+        return ""
+    return text if len(text) <= 120 else text[:117] + "..."

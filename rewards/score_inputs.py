@@ -1,0 +1,266 @@
+"""Reading the pairs `rewards.score` scores: a JSON-lines file or a `pred/` + `target/` folder into `Item`s.
+
+Reading never raises for a bad row: an unreadable prediction or target is an `Item` with `pred_error` or
+`target_error` set, which scoring reports as the row's reason. The accepted kinds are listed in `rewards.score`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+
+CODE_KINDS = ("svg", "chart", "cad")  # sources rendered in the sandbox (rewards.render kinds)
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+MAX_TEXT_FILE = 1 << 20
+
+
+@dataclass
+class Item:
+    """One prediction/target pair as read, before scoring.
+
+    Attributes:
+        id: the row's id (the line's `id`, else its line number; the stem in folder mode).
+        prediction: what the prediction was given as (a path, or inline text), for the output file.
+        target: what the target was given as.
+        pred_kind: "svg", "chart", "image", "text", or "" if unreadable.
+        pred_value: SVG/chart source, an image path, or the text.
+        target_kind: "image", "box", "text", or "".
+        target_value: an image path, 4 floats, or the text.
+        reference_length: for `code_length`.
+        pred_error: why the prediction could not be read or rendered ("" if it could): its metrics score 0.0.
+        target_error: why the target could not be read ("" if it could): metrics that need it are NaN.
+        scores: metric -> score (NaN where the metric does not apply).
+        render_seconds: the sandbox's time for this prediction, if it was rendered.
+    """
+
+    id: str
+    prediction: str = ""
+    target: str = ""
+    pred_kind: str = ""
+    pred_value: Any = None
+    target_kind: str = ""
+    target_value: Any = None
+    reference_length: float | None = None
+    pred_error: str = ""
+    target_error: str = ""
+    scores: dict[str, float] = field(default_factory=dict)
+    render_seconds: float | None = None
+
+    @property
+    def reason(self) -> str:
+        """Everything wrong with the row, "" if nothing."""
+        return "; ".join(r for r in (self.pred_error, self.target_error) if r)
+
+
+# =========================================================================================================== READING
+
+
+def read_items(source: Path, render: str = "auto") -> list[Item]:
+    """Reads a JSON-lines file or a `pred/` + `target/` folder into items (never raises for bad rows).
+
+    Args:
+        source: the file or folder.
+        render: how inline prediction strings are read: "svg", "chart", "none" (text), or "auto".
+
+    Returns:
+        One item per line (or per stem), in file order (sorted stems).
+    """
+    if source.is_dir():
+        return _read_folder(source)
+    return _read_jsonl(source, render)
+
+
+def _read_jsonl(path: Path, render: str) -> list[Item]:
+    items = []
+    base = path.parent
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            item = Item(id=str(number))
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                item.pred_error = f"line {number} is not JSON ({e.msg})"
+                items.append(item)
+                continue
+            if not isinstance(row, dict):
+                item.pred_error = f"line {number} is not a JSON object"
+                items.append(item)
+                continue
+            item.id = str(row.get("id", number))
+            if isinstance(row.get("reference_length"), int | float):
+                item.reference_length = float(row["reference_length"])
+            _read_prediction(item, row.get("prediction"), base, render)
+            _read_target(item, row.get("target"), base)
+            items.append(item)
+    return items
+
+
+def _read_folder(root: Path) -> list[Item]:
+    pred_dir, target_dir = root / "pred", root / "target"
+    if not pred_dir.is_dir() or not target_dir.is_dir():
+        raise FileNotFoundError(f"{root} must hold pred/ and target/ folders (pairs matched by file stem)")
+
+    def by_stem(folder: Path) -> dict[str, list[Path]]:
+        files: dict[str, list[Path]] = {}
+        for p in sorted(folder.iterdir()):
+            if p.is_file() and not p.name.startswith("."):
+                files.setdefault(p.stem, []).append(p)
+        return files
+
+    preds, targets = by_stem(pred_dir), by_stem(target_dir)
+    items = []
+    for stem in sorted(set(preds) | set(targets)):
+        item = Item(id=stem)
+        pred_files, target_files = preds.get(stem, []), targets.get(stem, [])
+        if len(pred_files) != 1 or len(target_files) != 1:
+            side = "pred" if len(pred_files) != 1 else "target"
+            count = len(pred_files) if side == "pred" else len(target_files)
+            problem = f"{count} files named {stem}.* in {side}/ (need exactly one)"
+            if side == "pred":
+                item.pred_error = problem
+            else:
+                item.target_error = problem
+            item.prediction = ", ".join(p.name for p in pred_files)
+            item.target = ", ".join(p.name for p in target_files)
+            items.append(item)
+            continue
+        # Paths relative to `root`, which is also the base they are resolved against.
+        _read_prediction(item, str(pred_files[0].relative_to(root)), root, "none")
+        target_path = target_files[0]
+        if target_path.suffix.lower() == ".json":
+            try:
+                _read_target(item, json.loads(target_path.read_text(encoding="utf-8")), root)
+            except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+                item.target = str(target_path)
+                item.target_error = f"target {target_path.name}: {e}"
+        else:
+            _read_target(item, str(target_path.relative_to(root)), root)
+        items.append(item)
+    return items
+
+
+def _read_prediction(item: Item, value: Any, base: Path, render: str) -> None:
+    if not isinstance(value, str):
+        item.pred_error = f"prediction is {type(value).__name__}, not a string"
+        return
+    path = _as_path(value, base)
+    item.prediction = value if path is None else str(path)
+    if path is not None:
+        suffix = path.suffix.lower()
+        if suffix in IMAGE_EXTENSIONS:
+            item.pred_kind, item.pred_value = "image", path
+            return
+        kind = {".svg": "svg", ".py": "chart", ".txt": "text"}.get(suffix)
+        if kind is not None:
+            text = _read_text(path)
+            if text is None:
+                item.pred_error = f"cannot read prediction file {path.name}"
+                item.pred_kind = kind
+                return
+            if kind == "chart" and (render == "cad" or (render == "auto" and "build123d" in text)):
+                kind = "cad"  # a build123d script, not matplotlib code
+            item.pred_kind, item.pred_value = kind, text
+            return
+    item.prediction = _shorten(value)
+    if render in CODE_KINDS:
+        item.pred_kind = render
+    elif render == "auto" and value.lstrip()[:5].lower().startswith(("<svg", "<?xml")):
+        item.pred_kind = "svg"
+    else:
+        item.pred_kind = "text"
+    item.pred_value = value
+
+
+def _read_target(item: Item, value: Any, base: Path) -> None:
+    if isinstance(value, dict):
+        if "box" in value:
+            value = value["box"]
+        elif "text" in value:
+            value = {"text": value["text"]}
+        elif "image" in value:
+            value = str(value["image"])
+            path = _as_path(value, base)
+            item.target = value
+            if path is None:
+                item.target_error = f"target image {value!r} not found"
+                item.target_kind = "image"
+            else:
+                item.target_kind, item.target_value = "image", path
+            return
+    if isinstance(value, dict) and isinstance(value.get("text"), str):
+        item.target, item.target_kind, item.target_value = _shorten(value["text"]), "text", value["text"]
+        return
+    if isinstance(value, list):
+        item.target = json.dumps(value)
+        if len(value) == 4 and all(isinstance(v, int | float) and math.isfinite(v) for v in value):
+            item.target_kind, item.target_value = "box", [float(v) for v in value]
+        else:
+            item.target_error = "target box must be 4 finite numbers"
+            item.target_kind = "box"
+        return
+    if isinstance(value, str):
+        path = _as_path(value, base)
+        if path is not None and path.suffix.lower() in IMAGE_EXTENSIONS:
+            item.target, item.target_kind, item.target_value = str(path), "image", path
+            return
+        if path is not None and path.suffix.lower() == ".txt":
+            text = _read_text(path)
+            item.target, item.target_kind, item.target_value = str(path), "text", text
+            if text is None:
+                item.target_error = f"cannot read target file {path.name}"
+            return
+        if value.lower().endswith(IMAGE_EXTENSIONS):
+            item.target, item.target_kind = value, "image"
+            item.target_error = f"target image {value!r} not found"
+            return
+        item.target, item.target_kind, item.target_value = _shorten(value), "text", value
+        return
+    item.target = json.dumps(value) if value is not None else ""
+    item.target_error = "no target (need an image path, a box or a text)"
+
+
+def _as_path(value: str, base: Path) -> Path | None:
+    """`value` as an existing file (relative to `base`), or None if it is not one."""
+    if not value or len(value) > 4096 or "\n" in value or "\x00" in value:
+        return None
+    path = Path(value)
+    if not path.is_absolute():
+        path = base / path
+    try:
+        return path if path.is_file() else None
+    except OSError:
+        return None
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        if path.stat().st_size > MAX_TEXT_FILE:
+            return None
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+
+
+def _shorten(text: str, limit: int = 80) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def load_image(path: Path, size: tuple[int, int]) -> torch.Tensor:
+    """An image file as `[H, W, 3]` uint8 at `size = (W, H)` (bicubic; transparency composited on white)."""
+    with Image.open(path) as image:
+        image.load()
+        rgba = image.convert("RGBA")
+    canvas = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+    rgb = Image.alpha_composite(canvas, rgba).convert("RGB")
+    if rgb.size != size:
+        rgb = rgb.resize(size, Image.Resampling.BICUBIC)
+    return torch.frombuffer(bytearray(rgb.tobytes()), dtype=torch.uint8).view(size[1], size[0], 3)
