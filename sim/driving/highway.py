@@ -91,7 +91,14 @@ from PIL import Image
 
 from rewards.clip import clip_contrast_reward, load_clip
 from rewards.parse import answer_region
-from sim.base import Observation, StepResult, check_continuous_actions, check_text_actions, resolve_env_ids, resolve_seeds
+from sim.base import (
+    Observation,
+    StepResult,
+    check_continuous_actions,
+    check_text_actions,
+    resolve_env_ids,
+    resolve_seeds,
+)
 from sim.registry import ENVS
 
 META_ACTIONS = ("LANE_LEFT", "IDLE", "LANE_RIGHT", "FASTER", "SLOWER")

@@ -65,9 +65,9 @@ from PIL import Image
 
 from rewards import REWARDS, answer_region, parse_box, parse_choice, parse_number, parse_point
 from rewards.combine import BoundReward
-from sim.seeds import EVAL_SEED_BASE
 from sim.base import Observation, StepResult, check_text_actions, resolve_env_ids, resolve_seeds
 from sim.registry import ENVS
+from sim.seeds import EVAL_SEED_BASE
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_PATH = REPO / "assets" / "datasets" / "shapes_qa" / "data.jsonl"
