@@ -231,7 +231,7 @@ def run_mmrl(run: Run, steps: int, warmup: int, workdir: Path, threads: int) -> 
         model=ModelConfig(device=SPEC.device, dtype=SPEC.dtype),
         env=EnvConfig(name="grounding", options={"image_size": IMAGE_SIZE}),
         sampling=SamplingConfig(max_new_tokens=NEW_TOKENS, temperature=1.0),
-        algo=AlgoConfig(group_size=GROUP_SIZE, kl_coef=run.beta),  # ppo_clip, token_mean, clip 0.2, std-scaled
+        algo=AlgoConfig(group_size=GROUP_SIZE, kl_coef=run.beta, clip_high=0.2),  # as TRL: clip 0.2 both sides
         trainer=TrainerConfig(
             total_steps=steps,
             prompts_per_step=PROMPTS,

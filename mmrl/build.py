@@ -138,7 +138,10 @@ def build(cfg: TrainConfig, policy: VLMPolicy | None, generation_shards: int | N
     use_masters = tc.master_weights == "float32"
     # With float32 master weights the model loads in float32: those are the masters' starting values (a resumed
     # run's, saved in float32); it computes in model.dtype from the sharding or MasterWeights on.
-    load_cfg = replace(cfg, model=replace(cfg.model, dtype="float32")) if use_masters else cfg
+    # (As a config of its own that is a float32 model, which has no masters.)
+    load_cfg = cfg
+    if use_masters:
+        load_cfg = replace(cfg, model=replace(cfg.model, dtype="float32"), trainer=replace(tc, master_weights="model"))
 
     curriculum = Curriculum(cfg.curriculum)
     resume_from = latest_checkpoint(out) if cfg.resume else None

@@ -56,27 +56,15 @@ def make_env(cfg: TrainConfig, num_envs: int, curriculum: Curriculum):
     return make_vec_env(cfg.env.name, num_envs, cfg.env.workers, cfg.env.worker_timeout_s, **options)
 
 
-def check_rollout_workers(cfg: TrainConfig, generation_shards: int | None) -> None:
-    """Refuse `trainer.rollout_workers` settings that cannot work, naming the fields (before anything is loaded)."""
-    tc = cfg.trainer
-    k = tc.rollout_workers
-    if k < 0:
-        raise ValueError(f"trainer.rollout_workers must be >= 0 (0: generate in this process), got {k}")
-    if not k:
-        return
-    if tc.rollout_timeout_s <= 0:
-        raise ValueError(f"trainer.rollout_timeout_s must be > 0, got {tc.rollout_timeout_s}")
-    if cfg.env.workers:
-        raise ValueError("trainer.rollout_workers and env.workers cannot both be > 0: each rollout worker has its env")
-    if cfg.model.generation_backend == "vllm":
-        raise ValueError(
-            "trainer.rollout_workers runs CPU copies of the policy; it cannot use generation_backend vllm"
-        )
-    shards = generation_shards or tc.generation_shards or 1  # 0: one shard per process, and there is one
-    if shards % k:
+def check_generation_shards(cfg: TrainConfig, generation_shards: int | None) -> None:
+    """Refuse a shard count the rollout workers cannot share. The config checks the rest of `trainer.rollout_workers`
+    at load; this one also depends on `train`'s `generation_shards` argument."""
+    k = cfg.trainer.rollout_workers
+    shards = generation_shards or cfg.trainer.generation_shards or 1  # 0: one shard per process, and there is one
+    if k and shards % k:
         raise ValueError(
             f"trainer.rollout_workers={k} needs trainer.generation_shards set to a multiple of {k} (a step's shards "
-            f"are what the workers share); got {generation_shards or tc.generation_shards}"
+            f"are what the workers share); got {generation_shards or cfg.trainer.generation_shards}"
         )
 
 

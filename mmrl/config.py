@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import yaml
 
-from .curriculum import CurriculumConfig
+from .algos import ADVANTAGES, POLICY_LOSSES, STEP_ADVANTAGES
 from .types import Sampling
 
 
@@ -21,7 +21,7 @@ from .types import Sampling
 class ModelConfig:
     # A checkpoint folder (or a hub id where a hub is reachable), or "tiny:<arch>" for a random tiny model
     # built from assets/ (arch: qwen2_vl, qwen2_5_vl, qwen3_vl).
-    path: str = "assets/tiny_models/qwen3_vl_grounding"
+    path: str = "assets/tiny_models/qwen3_vl_warm_start"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = "cpu"
     # How an env instruction becomes the user turn of the chat; `{instruction}` is replaced.
@@ -43,6 +43,14 @@ class ModelConfig:
     generation_backend: Literal["hf", "static", "vllm"] = "hf"
     vllm_gpu_memory_utilization: float = 0.3  # share of GPU memory the colocated vLLM engine may take
 
+    def __post_init__(self):
+        _require(
+            self.action_bins == 0 or self.action_bins >= 2, "model.action_bins", "must be 0 (a text policy) or >= 2"
+        )
+        _require(self.action_chunk >= 1, "model.action_chunk", "must be >= 1")
+        _require(self.lora_r >= 0, "model.lora_r", "must be >= 0 (0: no LoRA)")
+        _require(0 < self.vllm_gpu_memory_utilization <= 1, "model.vllm_gpu_memory_utilization", "must be in (0, 1]")
+
 
 @dataclass(frozen=True)
 class EnvConfig:
@@ -52,6 +60,10 @@ class EnvConfig:
     # > 0 runs the worlds in this many Ray actors (sim.workers.RayVecEnv); 0 keeps them in this process.
     workers: int = 0
     worker_timeout_s: float = 120.0  # a worker that does not answer a call in this time is named, restarted, retried
+
+    def __post_init__(self):
+        _require(self.workers >= 0, "env.workers", "must be >= 0 (0: the worlds live in this process)")
+        _require(self.worker_timeout_s > 0, "env.worker_timeout_s", "must be > 0")
 
 
 # How completions are drawn: the policy's own dataclass, so config and policy cannot drift apart.
@@ -65,7 +77,7 @@ class AlgoConfig:
     scale_by_std: bool = True
     loss: str = "ppo_clip"  # a name in mmrl.algos.POLICY_LOSSES: ppo_clip, dual_clip, gspo
     clip_low: float = 0.2
-    clip_high: float = 0.2
+    clip_high: float = 0.28  # DAPO clip-higher (https://arxiv.org/abs/2503.14476): room for unlikely tokens to rise
     aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
     kl_coef: float = 0.0  # > 0 loads a frozen reference copy of the initial policy
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
@@ -96,6 +108,33 @@ class AlgoConfig:
     # "step" compares each turn's return-to-go with the same turn of the other group members.
     credit: Literal["episode", "step"] = "episode"
     gamma: float = 1.0  # discount over turns
+
+    def __post_init__(self):
+        _require(self.group_size >= 1, "algo.group_size", "must be >= 1")
+        _require(
+            self.advantage in ADVANTAGES, "algo.advantage", f"{self.advantage!r} is not one of {ADVANTAGES.names()}"
+        )
+        _require(self.loss in POLICY_LOSSES, "algo.loss", f"{self.loss!r} is not one of {POLICY_LOSSES.names()}")
+        _require(
+            self.credit != "step" or self.advantage in STEP_ADVANTAGES,
+            "algo.credit",
+            f"'step' works with algo.advantage {' or '.join(STEP_ADVANTAGES.names())}, not {self.advantage!r} (use "
+            "algo.credit=episode with it)",
+        )
+        _require(self.advantage != "rloo" or self.group_size >= 2, "algo.advantage", "rloo needs algo.group_size >= 2")
+        for name in ("clip_low", "clip_high", "kl_coef", "entropy_coef", "overlong_penalty", "papo_gamma", "papo_eta"):
+            _require(getattr(self, name) >= 0, f"algo.{name}", f"must be >= 0, got {getattr(self, name)}")
+        _require(self.overlong_cache_len >= 1, "algo.overlong_cache_len", "must be >= 1")
+        _require(0 <= self.papo_mask_ratio <= 1, "algo.papo_mask_ratio", "must be in [0, 1]")
+        _require(self.papo_kl_bound is None or self.papo_kl_bound > 0, "algo.papo_kl_bound", "must be > 0 or null")
+        _require(self.max_sample_batches >= 1, "algo.max_sample_batches", "must be >= 1")
+        low, high = self.difficulty_low, self.difficulty_high
+        _require(
+            low is None or high is None or low < high,
+            "algo.difficulty_low",
+            f"must be below algo.difficulty_high, got {low} and {high}",
+        )
+        _require(0 <= self.gamma <= 1, "algo.gamma", "must be in [0, 1]")
 
 
 @dataclass(frozen=True)
@@ -131,6 +170,22 @@ class TrainerConfig:
     rollout_workers: int = 0
     rollout_timeout_s: float = 600.0  # a worker that does not return a shard in this time is replaced, and it reruns
 
+    def __post_init__(self):
+        for name in ("prompts_per_step", "micro_batch_size", "eval_episodes", "eval_batch_size", "keep_checkpoints"):
+            _require(getattr(self, name) >= 1, f"trainer.{name}", f"must be >= 1, got {getattr(self, name)}")
+        for name in ("total_steps", "warmup_steps", "eval_every", "save_every", "threads", "token_budget",
+                     "generation_shards"):  # fmt: skip
+            _require(getattr(self, name) >= 0, f"trainer.{name}", f"must be >= 0, got {getattr(self, name)}")
+        _require(self.lr >= 0, "trainer.lr", "must be >= 0")
+        _require(self.max_grad_norm > 0, "trainer.max_grad_norm", "must be > 0")
+        k = self.rollout_workers
+        _require(k >= 0, "trainer.rollout_workers", f"must be >= 0 (0: generate in this process), got {k}")
+        _require(
+            not k or self.rollout_timeout_s > 0,
+            "trainer.rollout_timeout_s",
+            f"must be > 0, got {self.rollout_timeout_s}",
+        )
+
 
 @dataclass(frozen=True)
 class SFTConfig:
@@ -147,6 +202,31 @@ class SFTConfig:
     # > 0 labels with the expert's noisy answers instead: a sloppy demonstrator whose errors RL then corrects.
     label_noise: float = 0.0
 
+    def __post_init__(self):
+        _require(self.episodes >= 0, "sft.episodes", "must be >= 0 (0: no cold start)")
+        for name in ("steps", "batch_size"):
+            _require(getattr(self, name) >= 1, f"sft.{name}", f"must be >= 1, got {getattr(self, name)}")
+        _require(self.noise >= 0 and self.label_noise >= 0, "sft.noise", "and sft.label_noise must be >= 0")
+
+
+@dataclass(frozen=True)
+class CurriculumConfig:
+    option: str | None = None  # the env option to vary; None turns the curriculum off
+    levels: list[Any] = field(default_factory=list)  # its values, easiest first
+    promote_at: float | None = None  # advance when the recent success rate (or reward) reaches this
+    window: int = 10  # steps averaged for promote_at
+    steps_per_level: int = 0  # advance every this many steps (when promote_at is None)
+
+    def __post_init__(self):
+        if self.option is not None:
+            _require(bool(self.levels), "curriculum.levels", f"is empty but curriculum.option is {self.option!r}")
+            _require(
+                self.promote_at is not None or self.steps_per_level >= 1,
+                "curriculum.promote_at",
+                "or curriculum.steps_per_level >= 1 is needed by a curriculum",
+            )
+        _require(self.window >= 1, "curriculum.window", "must be >= 1")
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -161,9 +241,45 @@ class TrainConfig:
     resume: bool = False  # continue from the last complete checkpoint in output_dir
     checkpoint: str | None = None  # a checkpoint folder to evaluate (mmrl eval) or to start from
 
+    def __post_init__(self):
+        """Checks that read more than one section; each section checks its own fields when it is built."""
+        tc, model = self.trainer, self.model
+        if tc.master_weights == "float32":
+            _require(
+                model.dtype != "float32",
+                "trainer.master_weights",
+                "='float32' needs model.dtype bfloat16 or float16: with model.dtype='float32' the weights are float32 "
+                "already",
+                sep="",
+            )
+            _require(
+                model.lora_r == 0,
+                "trainer.master_weights",
+                "='float32' is for full fine-tuning: with model.lora_r > 0 only the LoRA adapters train, and they are "
+                "float32 already",
+                sep="",
+            )
+        if tc.rollout_workers:
+            _require(
+                not self.env.workers,
+                "trainer.rollout_workers",
+                "and env.workers cannot both be > 0: each rollout worker has its env",
+            )
+            _require(
+                model.generation_backend != "vllm",
+                "trainer.rollout_workers",
+                "runs CPU copies of the policy; it cannot use model.generation_backend vllm",
+            )
+
 
 class ConfigError(ValueError):
     """A config file or override that does not fit the schema; the message names the offending key."""
+
+
+def _require(ok: bool, field: str, message: str, sep: str = " ") -> None:
+    """Raise a ConfigError naming `field` unless `ok`."""
+    if not ok:
+        raise ConfigError(f"{field}{sep}{message}")
 
 
 def _field_types(cls) -> dict[str, Any]:
@@ -249,7 +365,12 @@ def from_dict(cls, data: dict[str, Any], prefix: str = ""):
             kwargs[name] = from_dict(tp, value or {}, f"{prefix}{name}.")
         else:
             kwargs[name] = _coerce(value, tp, f"{prefix}{name}")
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except ValueError as e:  # a check of a dataclass that cannot import ConfigError (mmrl.types.Sampling)
+        raise ConfigError(str(e)) from None
 
 
 def to_dict(cfg) -> dict[str, Any]:
@@ -263,7 +384,10 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], cls=None) -> dic
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form section.field=value")
         key, raw = item.split("=", 1)
-        value = yaml.safe_load(raw) if raw != "" else ""
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError as e:
+            raise ConfigError(f"override {item!r}: the value is not valid YAML ({_yaml_problem(e)})") from None
         parts = key.split(".")
         node, node_cls = data, cls
         for depth, part in enumerate(parts):
@@ -292,8 +416,19 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     data: dict[str, Any] = {}
     if path is not None:
         text = Path(path).read_text()
-        data = yaml.safe_load(text) or {}
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as e:  # one line naming the file, line and column, not a traceback
+            raise ConfigError(f"{path}:{_yaml_problem(e)}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of sections")
     data = apply_overrides(data, list(overrides or []), cls)
     return from_dict(cls, data)
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """`line:column: problem` of a YAML parse error (1-based, where the parser stopped)."""
+    mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    where = f"{mark.line + 1}:{mark.column + 1}: " if mark is not None else ""
+    return f"{where}{problem}"

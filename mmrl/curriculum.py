@@ -8,27 +8,15 @@ the env options of the config, the final difficulty, so scores before and after 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
-
-@dataclass(frozen=True)
-class CurriculumConfig:
-    option: str | None = None  # the env option to vary; None turns the curriculum off
-    levels: list[Any] = field(default_factory=list)  # its values, easiest first
-    promote_at: float | None = None  # advance when the recent success rate (or reward) reaches this
-    window: int = 10  # steps averaged for promote_at
-    steps_per_level: int = 0  # advance every this many steps (when promote_at is None)
+from .config import CurriculumConfig
 
 
 class Curriculum:
     """The current level of a `CurriculumConfig`, with a state dict for checkpoints."""
 
     def __init__(self, cfg: CurriculumConfig):
-        if cfg.option is not None and not cfg.levels:
-            raise ValueError(f"curriculum.option is {cfg.option!r} but curriculum.levels is empty")
-        if cfg.option is not None and cfg.promote_at is None and cfg.steps_per_level < 1:
-            raise ValueError("a curriculum needs curriculum.promote_at or curriculum.steps_per_level >= 1")
         self.cfg = cfg
         self.level = 0
         self.history: list[float] = []

@@ -32,28 +32,6 @@ from __future__ import annotations
 
 import torch
 
-from .config import TrainConfig
-
-
-def check_master_weights(cfg: TrainConfig) -> None:
-    """Refuse `trainer.master_weights` settings that would do nothing or cannot apply.
-
-    Raises:
-        ValueError: naming the field, for float32 master weights of a float32 model or of LoRA adapters.
-    """
-    if cfg.trainer.master_weights != "float32":
-        return
-    if cfg.model.dtype == "float32":
-        raise ValueError(
-            "trainer.master_weights='float32' needs model.dtype bfloat16 or float16: with model.dtype='float32' the "
-            "weights are float32 already"
-        )
-    if cfg.model.lora_r > 0:
-        raise ValueError(
-            "trainer.master_weights='float32' is for full fine-tuning: with model.lora_r > 0 only the LoRA adapters "
-            "train, and they are float32 already"
-        )
-
 
 def cast_parameters(model: torch.nn.Module, dtype: torch.dtype) -> None:
     """Cast `model`'s parameters (not its buffers) to `dtype` in place: what `from_pretrained(dtype=...)` gives,

@@ -35,6 +35,10 @@ from typing import Any
 
 import torch
 
+import sim
+from sim.registry import ENVS
+from sim.workers import init_ray, kill_actor
+
 from .policy.vlm import VLMPolicy
 from .rollout import collect_episodes
 from .types import Episodes, Sampling
@@ -71,9 +75,6 @@ class _RolloutWorker:
             self.env.close()
         self.env, self._error = None, None
         try:
-            import sim
-            from sim.registry import ENVS
-
             if env_name not in ENVS:
                 ENVS.register(env_name)(env_cls)
             self.env = sim.make(env_name, num_envs=num_envs, **env_options)
@@ -126,9 +127,6 @@ class RolloutWorkers:
         if timeout_s <= 0 or max_restarts < 0 or threads < 1:
             raise ValueError(f"need timeout_s > 0, max_restarts >= 0, threads >= 1; got {timeout_s}, {max_restarts}, "
                              f"{threads}")  # fmt: skip
-        import sim
-        from sim.workers import init_ray
-
         env_cls = sim.ENVS.get(env_name)  # fails here, naming the registered envs, rather than in every worker
         self._ray = ray = init_ray(address, max(workers * threads, 1), user="trainer.rollout_workers")
         self.workers, self.threads, self.timeout_s, self.max_restarts = workers, threads, timeout_s, max_restarts
@@ -199,8 +197,6 @@ class RolloutWorkers:
 
     def close(self) -> None:
         """End the workers' actors (Ray itself keeps running: `ray.shutdown()` is the application's)."""
-        from sim.workers import kill_actor
-
         for actor in self._actors:
             kill_actor(self._ray, actor)
         self._actors = []
@@ -217,8 +213,6 @@ class RolloutWorkers:
 
     def _restart(self, k: int, cause: BaseException, attempt: int) -> None:
         """Replace worker k's actor by a fresh one with the last synced weights and the current env."""
-        from sim.workers import kill_actor
-
         if attempt > self.max_restarts:
             kill_actor(self._ray, self._actors[k])
             raise RuntimeError(

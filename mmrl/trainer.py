@@ -23,16 +23,17 @@ from contextlib import ExitStack
 import torch
 from tqdm.auto import tqdm
 
-from . import algos, distributed, precision
+from . import algos, distributed
 from .algos.data import discounted_returns
+from .algos.papo import masked_images
 from .batching import MicroBatch, micro_batches
 from .build import Run, build
 from .checkpoint import save_checkpoint
-from .collect import check_rollout_workers
+from .collect import check_generation_shards
 from .config import AlgoConfig, TrainConfig
 from .evaluate import held_out
 from .logging import read_metrics
-from .policy import VLMPolicy, masked_images
+from .policy import VLMPolicy
 from .report import report, step_metrics
 from .types import Episodes
 
@@ -53,8 +54,7 @@ def train(
             (default: one per process, K). Samples then depend on S, never on K: one process with S = K draws
             exactly what a K-process torchrun run draws.
     """
-    precision.check_master_weights(cfg)
-    check_rollout_workers(cfg, generation_shards)
+    check_generation_shards(cfg, generation_shards)  # before anything is loaded
     with ExitStack() as live:  # what holds processes (env, rollout workers): closed however the run ends
         run = build(cfg, policy, generation_shards, live)
         last = min(stop_after or cfg.trainer.total_steps, cfg.trainer.total_steps)
@@ -93,7 +93,8 @@ def train_step(run: Run, step: int, last: int) -> dict[str, float]:
     masked = None
     if ac.papo_gamma > 0:  # PAPO: the same rows with part of each image hidden
         mask_rng = torch.Generator().manual_seed(tc.seed * 1_000_003 + step + (world.rank << 32))
-        masked = masked_images(run.policy, episodes.rollout, ac.papo_mask, ac.papo_mask_ratio, mask_rng)
+        image_processor = run.policy.processor.image_processor
+        masked = masked_images(episodes.rollout, ac.papo_mask, ac.papo_mask_ratio, mask_rng, image_processor)
 
     # ---- update: one pass over micro-batches (gradient accumulation), then one optimiser step
     run.optimizer.zero_grad(set_to_none=True)

@@ -26,6 +26,17 @@ class Sampling:
     top_p: float = 1.0
     top_k: int = 0
 
+    def __post_init__(self):
+        # Checked here, not in mmrl.config, because this leaf imports nothing: the config's `sampling` section is this.
+        if self.max_new_tokens < 1:
+            raise ValueError(f"sampling.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"sampling.temperature must be >= 0 (0: greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"sampling.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"sampling.top_k must be >= 0 (0: off), got {self.top_k}")
+
 
 @dataclass(frozen=True)
 class Rollout:

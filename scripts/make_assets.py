@@ -9,7 +9,7 @@ What it writes:
   tokens and the Qwen2-VL chat template.
 - assets/tiny_models/<arch>/: config.json + preprocessor_config.json for tiny Qwen2-VL, Qwen2.5-VL and Qwen3-VL
   (hidden 128, 2 layers, about 1 M parameters). Weights are drawn from a seed by `mmrl.policy.tiny.build_tiny`.
-- assets/tiny_models/qwen3_vl_grounding/: the demo's warm start, a tiny Qwen3-VL (4 language layers) after a
+- assets/tiny_models/qwen3_vl_warm_start/: the shared warm start every tiny preset starts from, a tiny Qwen3-VL (4 language layers) after a
   supervised cold start on the grounding task (as the RL papers do before RL) that ends by imitating a sloppy
   demonstrator whose boxes are 40% too large on every side; saved in float16 to stay small.
 """
@@ -195,7 +195,7 @@ def main() -> None:
         # steps, then distractors up to step 1750, exact boxes; then 150 steps imitating a sloppy demonstrator whose
         # boxes are padded by 40% of their size on every side. About 12 minutes on one thread.
         make_warm_start(
-            ASSETS / "tiny_models" / "qwen3_vl_grounding",
+            ASSETS / "tiny_models" / "qwen3_vl_warm_start",
             text_layers=4,
             single_shape_steps=600,
             exact_steps=1750,

@@ -30,8 +30,12 @@ processor, as the official code does with PIL images) or on processor output `pi
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
 import torch
 
+from ..types import Rollout
 from .losses import Aggregation, KLEstimator, LossOutput, aggregate, kl_estimate
 
 
@@ -251,3 +255,38 @@ def papo_loss_terms(
             "papo/masked_entropy": aggregate(masked_entropy, mask, aggregation, max_len=max_len),
         }
     return LossOutput(loss=loss, metrics=metrics)
+
+
+def masked_images(
+    batch: Rollout, domain: str, ratio: float, generator: torch.Generator, image_processor: Any = None
+) -> Rollout:
+    """A copy of `batch` whose images are partly masked, for PAPO's perception loss.
+
+    `domain="patches"` blackens whole vision patches (each `pixel_values` row is one patch) with probability
+    `ratio`, as the official PAPO code does with 14 px patches; `domain="pixels"` zeroes single entries of the
+    normalised pixel tensor (TRL's variant).
+
+    Args:
+        batch: the rollout whose `pixel_values` rows are masked.
+        domain: `patches` or `pixels`.
+        ratio: the share of patches (or entries) masked.
+        generator: draws which.
+        image_processor: the policy's image processor (`policy.processor.image_processor`), whose normalisation and
+            patch sizes give the black patch; needed for `patches`.
+    """
+    if domain == "patches":
+        ip = image_processor
+        fill = black_patch_row(
+            ip.image_mean,
+            ip.image_std,
+            temporal_patch_size=int(getattr(ip, "temporal_patch_size", 2)),
+            patch_size=int(ip.patch_size),
+        ).to(batch.pixel_values)
+        if fill.numel() != batch.pixel_values.shape[-1]:
+            raise ValueError(f"patch rows hold {batch.pixel_values.shape[-1]} values, expected {fill.numel()}")
+        pixels = mask_patches(batch.pixel_values, ratio=ratio, generator=generator, fill=fill)
+    elif domain == "pixels":
+        pixels = mask_pixels(batch.pixel_values, ratio=ratio, generator=generator)
+    else:
+        raise ValueError(f"unknown masking domain {domain!r}; use patches or pixels")
+    return replace(batch, pixel_values=pixels)

@@ -14,13 +14,16 @@ from .options import (
 )
 from .processing import VisionTextProcessor
 from .tiny import TINY_ARCHS, build_tiny
-from .vlm import VLMPolicy, completion_mask_from_ids, masked_images, token_logprobs
+from .tokens import GenerationTarget, ModelHolder, completion_mask_from_ids, token_logprobs
+from .vlm import VLMPolicy
 
 __all__ = [
     "BACKENDS",
     "ActionCodec",
     "Completions",
     "GenerationBackend",
+    "GenerationTarget",
+    "ModelHolder",
     "TINY_ARCHS",
     "Rollout",
     "Sampling",
@@ -36,7 +39,6 @@ __all__ = [
     "find_vision_modules",
     "freeze_vision",
     "is_lora",
-    "masked_images",
     "merge_lora",
     "token_logprobs",
 ]

@@ -28,7 +28,7 @@ reads off the sampled token's entry one step later, when the token appears in `i
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
@@ -36,9 +36,8 @@ from transformers import LogitsProcessor, LogitsProcessorList
 from sim.base import Observation
 
 from ..types import Completions, Sampling
-
-if TYPE_CHECKING:
-    from .vlm import VLMPolicy
+from .tokens import GenerationTarget, _AllowOnly, completion_mask_from_ids
+from .vllm_backend import VLLMBackend
 
 BACKENDS = ("hf", "static", "vllm")
 STATIC_CACHE_BUCKET = 256  # static KV caches are sized in multiples of this many tokens (one compiled shape each)
@@ -59,7 +58,7 @@ class GenerationBackend(Protocol):
 
     def sample(
         self,
-        policy: VLMPolicy,
+        policy: GenerationTarget,
         prompts: Observation,
         inputs: dict[str, torch.Tensor],
         group_size: int,
@@ -74,8 +73,6 @@ def make_backend(name: str, **options) -> GenerationBackend:
     elif name == "static":
         backend = StaticCacheBackend()
     elif name == "vllm":
-        from .vllm_backend import VLLMBackend
-
         return VLLMBackend(**options)
     else:
         raise ValueError(f"unknown generation backend {name!r}; choose one of {', '.join(BACKENDS)}")
@@ -102,12 +99,10 @@ class _SamplingLogprobs(LogitsProcessor):
             temperature warper that follows in transformers' list does the sampling side.
         allowed: `[K]` action token ids of a VLA, or None.
         suppress: token ids never to sample (ignored when `allowed` is given).
-        token_index: maps completion ids to columns of the restricted logits (`VLMPolicy._token_index`).
+        token_index: maps completion ids to columns of the restricted logits (`GenerationTarget.token_index`).
     """
 
     def __init__(self, temperature: float, allowed: torch.Tensor | None, suppress: list[int], token_index):
-        from .vlm import _AllowOnly
-
         self.temperature = temperature
         self.allowed = allowed
         self.allow_only = _AllowOnly(allowed) if allowed is not None else None
@@ -150,21 +145,19 @@ class HFBackend:
 
     name = "hf"
 
-    def generate_kwargs(self, policy: VLMPolicy, prompt_len: int, max_new_tokens: int) -> dict:
+    def generate_kwargs(self, policy: GenerationTarget, prompt_len: int, max_new_tokens: int) -> dict:
         """Extra `generate` arguments of this backend (none: transformers' defaults)."""
         return {}
 
     @torch.no_grad()
     def sample(
         self,
-        policy: VLMPolicy,
+        policy: GenerationTarget,
         prompts: Observation,
         inputs: dict[str, torch.Tensor],
         group_size: int,
         sampling: Sampling,
     ) -> Completions:
-        from .vlm import completion_mask_from_ids
-
         greedy = sampling.temperature <= 0
         # Greedy samples of one prompt are all the same: decode each prompt once and repeat its row G times
         # (transformers also refuses num_return_sequences > 1 without sampling).
@@ -175,7 +168,7 @@ class HFBackend:
             temperature=1.0 if greedy else sampling.temperature,
             allowed=codec.token_ids if codec is not None else None,
             suppress=policy.suppress_token_ids,
-            token_index=policy._token_index,
+            token_index=policy.token_index,
         )
         prompt_len = inputs["input_ids"].shape[1]
         model = policy.model
@@ -223,7 +216,7 @@ class StaticCacheBackend(HFBackend):
 
     name = "static"
 
-    def generate_kwargs(self, policy: VLMPolicy, prompt_len: int, max_new_tokens: int) -> dict:
+    def generate_kwargs(self, policy: GenerationTarget, prompt_len: int, max_new_tokens: int) -> dict:
         length = math.ceil((prompt_len + max_new_tokens) / STATIC_CACHE_BUCKET) * STATIC_CACHE_BUCKET
         return {
             "cache_implementation": "static",

@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from ..config import ModelConfig
-    from .vlm import VLMPolicy
+from ..config import ModelConfig
+from .tokens import ModelHolder
+
+LORA_DIR = "lora"  # a LoRA checkpoint's adapters live in this subfolder (see VLMPolicy.save_pretrained)
 
 # Attribute names under which transformers' VLMs keep their vision encoder, and their vision-to-text projector
 # when it is not inside the encoder (Qwen2-VL / 2.5-VL / 3-VL: `model.visual`, which holds `merger` and, for
@@ -60,7 +60,7 @@ def is_lora_model(model) -> bool:
     return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
 
 
-def is_lora(policy: VLMPolicy) -> bool:
+def is_lora(policy: ModelHolder) -> bool:
     """Whether the policy's model carries PEFT adapters."""
     return is_lora_model(policy.model)
 
@@ -93,7 +93,7 @@ def find_vision_modules(model) -> dict[str, torch.nn.Module]:
     return found
 
 
-def freeze_vision(policy: VLMPolicy) -> list[str]:
+def freeze_vision(policy: ModelHolder) -> list[str]:
     """Freeze the vision tower and its projector (`requires_grad=False`); returns their qualified names."""
     modules = find_vision_modules(policy.model)
     for module in modules.values():
@@ -102,7 +102,7 @@ def freeze_vision(policy: VLMPolicy) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------- checkpointing
-def enable_gradient_checkpointing(policy: VLMPolicy) -> None:
+def enable_gradient_checkpointing(policy: ModelHolder) -> None:
     """Recompute each block's activations in the backward pass (non-reentrant checkpoints).
 
     Non-reentrant checkpointing needs no input that requires grad, so frozen embeddings (LoRA) need no
@@ -123,14 +123,14 @@ def _module_name(model, module: torch.nn.Module) -> str | None:
 
 
 def apply_lora(
-    policy: VLMPolicy,
+    policy: ModelHolder,
     r: int,
     alpha: int = 32,
     dropout: float = 0.0,
     target_modules: str | list[str] = "all-linear",
     vision: bool = False,
     seed: int = 0,
-) -> VLMPolicy:
+) -> ModelHolder:
     """Wrap `policy.model` in PEFT LoRA adapters; only they (and a VLA's action-token rows) stay trainable.
 
     Args:
@@ -185,7 +185,7 @@ def apply_lora(
     return policy
 
 
-def merge_lora(policy: VLMPolicy) -> VLMPolicy:
+def merge_lora(policy: ModelHolder) -> ModelHolder:
     """Fold the adapters into the base weights (for export): `policy.model` becomes a plain transformers model.
 
     After this `save_pretrained` writes a standalone checkpoint that `from_pretrained` (ours or transformers')
@@ -225,17 +225,15 @@ def base_state_dict(model) -> dict[str, torch.Tensor]:
     return plain
 
 
-def save_lora(policy: VLMPolicy, path: str | Path) -> None:
+def save_lora(policy: ModelHolder, path: str | Path) -> None:
     """Base weights as a plain checkpoint in `path`, adapters (and action-token rows) in `path/lora/`."""
-    from .vlm import LORA_DIR
-
     plain = _plain_model(policy.model)
     plain.save_pretrained(path, state_dict=base_state_dict(policy.model))
     # The base weights (with any resized embedding) are saved above; PEFT need not copy whole embedding layers.
     policy.model.save_pretrained(Path(path) / LORA_DIR, save_embedding_layers=False)
 
 
-def load_lora(policy: VLMPolicy, folder: str | Path) -> VLMPolicy:
+def load_lora(policy: ModelHolder, folder: str | Path) -> ModelHolder:
     """Attach the adapters saved in `folder` (by `save_lora`) to the policy's model, trainable."""
     peft = require_peft()
     policy.model = peft.PeftModel.from_pretrained(policy.model, str(folder), is_trainable=True)
@@ -243,7 +241,7 @@ def load_lora(policy: VLMPolicy, folder: str | Path) -> VLMPolicy:
 
 
 # ---------------------------------------------------------------------------------------------- all at once
-def apply_model_options(policy: VLMPolicy, cfg: ModelConfig) -> VLMPolicy:
+def apply_model_options(policy: ModelHolder, cfg: ModelConfig) -> ModelHolder:
     """Apply a `ModelConfig`'s real-size options to a loaded policy (see the module docstring for the order)."""
     options = {"gpu_memory_utilization": cfg.vllm_gpu_memory_utilization} if cfg.generation_backend == "vllm" else {}
     if cfg.generation_backend != policy.generation_backend or options:
@@ -264,7 +262,7 @@ def apply_model_options(policy: VLMPolicy, cfg: ModelConfig) -> VLMPolicy:
     return policy
 
 
-def trainable_parameters(policy: VLMPolicy) -> dict[str, int]:
+def trainable_parameters(policy: ModelHolder) -> dict[str, int]:
     """`{"trainable": n, "total": n}` parameter counts, for a log line."""
     params = list(policy.model.parameters())
     return {"trainable": sum(p.numel() for p in params if p.requires_grad), "total": sum(p.numel() for p in params)}

@@ -45,17 +45,16 @@ import os
 import socket
 import tempfile
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from sim.base import Observation
 
 from ..types import Completions, Sampling
+from .options import _ADAPTER_KEYS, _WRAPPER_PARTS, _plain_model, is_lora_model
+from .tokens import GenerationTarget
 from .vision import to_pil
-
-if TYPE_CHECKING:
-    from .vlm import VLMPolicy
 
 BANNED_LOGIT_BIAS = -100.0  # vLLM's logit_bias for tokens never to sample (the OpenAI API's floor)
 
@@ -73,13 +72,15 @@ def require_vllm():
 
 
 # ---------------------------------------------------------------------------------------------- pure parts
-def vllm_requests(policy: VLMPolicy, prompts: Observation) -> list[dict[str, Any]]:
+def vllm_requests(policy: GenerationTarget, prompts: Observation) -> list[dict[str, Any]]:
     """vLLM multimodal prompts for each world of `prompts`: chat text with an image placeholder, plus the image."""
     texts = [policy.processor.prompt_text(s, template=policy.prompt_template) for s in prompts.instruction]
     return [{"prompt": t, "multi_modal_data": {"image": to_pil(img)}} for t, img in zip(texts, prompts.image)]
 
 
-def sampling_params_kwargs(policy: VLMPolicy, group_size: int, sampling: Sampling, seed: int | None = None) -> dict:
+def sampling_params_kwargs(
+    policy: GenerationTarget, group_size: int, sampling: Sampling, seed: int | None = None
+) -> dict:
     """Keyword arguments of `vllm.SamplingParams` equivalent to the `hf` backend's `generate` call.
 
     Greedy asks for one completion per prompt (the caller repeats it G times); `top_k <= 0` is -1 (off) in vLLM.
@@ -94,7 +95,7 @@ def sampling_params_kwargs(policy: VLMPolicy, group_size: int, sampling: Samplin
         "top_k": -1 if greedy or sampling.top_k <= 0 else sampling.top_k,
         "repetition_penalty": 1.0,
         "logprobs": 0,  # the sampled token's log-prob only
-        "detokenize": False,  # VLMPolicy decodes the ids itself
+        "detokenize": False,  # GenerationTarget decodes the ids itself
         "seed": seed,
     }
     codec = policy.action_codec
@@ -149,8 +150,6 @@ def merged_named_weights(model) -> Iterator[tuple[str, torch.Tensor]]:
     `get_delta_weight` added (a new tensor, the model untouched), trainable-token layers give their merged rows,
     and PEFT's own tensors are skipped. These are the names vLLM's `load_weights` maps to its own modules.
     """
-    from .options import _ADAPTER_KEYS, _WRAPPER_PARTS, is_lora_model
-
     if not is_lora_model(model):
         yield from model.named_parameters()
         return
@@ -224,10 +223,8 @@ class VLLMBackend:
         return clone
 
     # ------------------------------------------------------------------ lifecycle
-    def _start(self, policy: VLMPolicy):
+    def _start(self, policy: GenerationTarget):
         vllm = require_vllm()
-        from .options import _plain_model
-
         plain = _plain_model(policy.model)
         self._folder = tempfile.TemporaryDirectory(prefix="mmrl-vllm-")
         config = copy.deepcopy(plain.config)
@@ -255,7 +252,7 @@ class VLLMBackend:
         )
         self._synced = None
 
-    def sync_weights(self, policy: VLMPolicy) -> None:
+    def sync_weights(self, policy: GenerationTarget) -> None:
         """Copy the policy's current weights (LoRA merged) into the engine and drop its prefix cache."""
         model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
         model.load_weights(weights=((name, tensor.detach()) for name, tensor in merged_named_weights(policy.model)))
@@ -268,7 +265,7 @@ class VLLMBackend:
             self.llm.sleep(level=2)
             self._asleep, self._synced = True, None  # level 2 discards the weights: re-sync on waking
 
-    def _wake_up(self, policy: VLMPolicy) -> None:
+    def _wake_up(self, policy: GenerationTarget) -> None:
         if not self._asleep:
             return
         torch.cuda.empty_cache()
@@ -285,7 +282,7 @@ class VLLMBackend:
     @torch.no_grad()
     def sample(
         self,
-        policy: VLMPolicy,
+        policy: GenerationTarget,
         prompts: Observation,
         inputs: dict[str, torch.Tensor],
         group_size: int,

@@ -7,64 +7,21 @@ per-token log-probs; `logprobs(batch)` recomputes them under the current weights
 from __future__ import annotations
 
 import inspect
-from dataclasses import replace
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForImageTextToText, LogitsProcessor
+from transformers import AutoModelForImageTextToText
 
 from sim.base import Observation
 
+from ..algos.losses import entropy_from_logits
 from ..types import Rollout, Sampling
+from .action_codec import load_action_codec
+from .backends import make_backend
+from .options import LORA_DIR, is_lora, load_lora, save_lora
 from .processing import VisionTextProcessor
+from .tokens import _AllowOnly, completion_mask_from_ids, token_logprobs  # noqa: F401  (re-exported)
 from .vision import to_pil
-
-LORA_DIR = "lora"  # a LoRA checkpoint's adapters live in this subfolder (see VLMPolicy.save_pretrained)
-
-
-class _AllowOnly(LogitsProcessor):
-    """Bans every token but `allowed` (the action tokens of a VLA) at every generation step."""
-
-    def __init__(self, allowed: torch.Tensor):
-        self.allowed = allowed
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        banned = torch.ones(scores.shape[-1], dtype=torch.bool, device=scores.device)
-        banned[self.allowed.to(scores.device)] = False
-        return scores.masked_fill(banned, float("-inf"))
-
-
-def completion_mask_from_ids(completion_ids: torch.Tensor, eos_token_ids: list[int]) -> torch.Tensor:
-    """True for every token up to and including the first EOS of each row.
-
-    Args:
-        completion_ids: `[R, L]` generated tokens.
-        eos_token_ids: ids that end a completion.
-
-    Returns:
-        `[R, L]` bool.
-    """
-    is_eos = torch.isin(completion_ids, torch.tensor(eos_token_ids, device=completion_ids.device))
-    # A token is kept if no EOS came strictly before it.
-    eos_before = is_eos.int().cumsum(-1) - is_eos.int()
-    return eos_before == 0
-
-
-def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """log p(token) under softmax(logits / temperature).
-
-    Args:
-        logits: `[R, L, V]`.
-        tokens: `[R, L]`.
-
-    Returns:
-        `[R, L]` per token.
-    """
-    if temperature > 0 and temperature != 1.0:
-        logits = logits / temperature
-    # logsumexp + gather avoids materialising a second [R, L, V] tensor of log-probs.
-    chosen = logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-    return chosen - torch.logsumexp(logits, dim=-1)
 
 
 class VLMPolicy:
@@ -115,14 +72,10 @@ class VLMPolicy:
         cls, path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu", **kwargs
     ) -> VLMPolicy:
         """Load a checkpoint folder (or a hub id where a hub is reachable) with its processor."""
-        from .action_codec import load_action_codec
-
         model = AutoModelForImageTextToText.from_pretrained(str(path), dtype=dtype).to(device)
         policy = cls(model, VisionTextProcessor.from_pretrained(path), **kwargs)
         load_action_codec(policy, path)  # a VLA carries its codec next to its weights
         if (Path(path) / LORA_DIR).is_dir():  # a LoRA checkpoint: base weights here, trainable adapters beside
-            from .options import load_lora
-
             load_lora(policy, Path(path) / LORA_DIR)
         return policy
 
@@ -135,8 +88,6 @@ class VLMPolicy:
         left. Loading the folder with plain `transformers` gives the base model WITHOUT the adapters: for a
         standalone model call `mmrl.policy.options.merge_lora(policy)` first (export).
         """
-        from .options import is_lora, save_lora
-
         if is_lora(self):
             save_lora(self, path)
         else:
@@ -161,8 +112,6 @@ class VLMPolicy:
         Raises a ValueError naming the choices for an unknown name, and an ImportError naming the `vllm` extra
         when "vllm" is asked for without vLLM installed.
         """
-        from .backends import make_backend
-
         self._backend = make_backend(name, **options)
 
     @property
@@ -176,8 +125,8 @@ class VLMPolicy:
             return logits
         return logits[..., self.action_codec.token_ids.to(logits.device)]
 
-    def _token_index(self, completion_ids: torch.Tensor) -> torch.Tensor:
-        """Completion ids as indices into `_restrict`'s last dimension."""
+    def token_index(self, completion_ids: torch.Tensor) -> torch.Tensor:
+        """Completion ids as indices into the restricted logits' last dimension (`_restrict`)."""
         if self.action_codec is None:
             return completion_ids
         lookup = self.action_codec._bin_of.to(completion_ids.device)
@@ -259,39 +208,10 @@ class VLMPolicy:
         )
         logits = self._restrict(out.logits[:, :-1].float())  # [R, L, V]
         temperature = temperature if temperature > 0 else 1.0
-        logprobs = token_logprobs(logits, self._token_index(batch.completion_ids), temperature)
+        logprobs = token_logprobs(logits, self.token_index(batch.completion_ids), temperature)
         if not with_entropy:
             return logprobs
-        from ..algos import entropy_from_logits
-
         return logprobs, entropy_from_logits(logits / temperature)
-
-
-def masked_images(policy: VLMPolicy, batch: Rollout, domain: str, ratio: float, generator: torch.Generator) -> Rollout:
-    """A copy of `batch` whose images are partly masked, for PAPO's perception loss.
-
-    `domain="patches"` blackens whole vision patches (each `pixel_values` row is one patch) with probability
-    `ratio`, as the official PAPO code does with 14 px patches; `domain="pixels"` zeroes single entries of the
-    normalised pixel tensor (TRL's variant).
-    """
-    from ..algos.papo import black_patch_row, mask_patches, mask_pixels
-
-    if domain == "patches":
-        ip = policy.processor.image_processor
-        fill = black_patch_row(
-            ip.image_mean,
-            ip.image_std,
-            temporal_patch_size=int(getattr(ip, "temporal_patch_size", 2)),
-            patch_size=int(ip.patch_size),
-        ).to(batch.pixel_values)
-        if fill.numel() != batch.pixel_values.shape[-1]:
-            raise ValueError(f"patch rows hold {batch.pixel_values.shape[-1]} values, expected {fill.numel()}")
-        pixels = mask_patches(batch.pixel_values, ratio=ratio, generator=generator, fill=fill)
-    elif domain == "pixels":
-        pixels = mask_pixels(batch.pixel_values, ratio=ratio, generator=generator)
-    else:
-        raise ValueError(f"unknown masking domain {domain!r}; use patches or pixels")
-    return replace(batch, pixel_values=pixels)
 
 
 def _repeat_images(pixel_values: torch.Tensor, grid_thw: torch.Tensor, times: int) -> torch.Tensor:

@@ -164,3 +164,68 @@ def test_defaults_need_no_file():
     cfg = load_config()
     assert cfg == TrainConfig()
     assert cfg.trainer == TrainerConfig()
+
+
+# ---------------------------------------------------------------------------------------------- cross-field checks
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["algo.group_size=0"], "algo.group_size must be >= 1"),
+        (["algo.advantage=ppo"], "algo.advantage 'ppo' is not one of"),
+        (["algo.loss=clip"], "algo.loss 'clip' is not one of"),
+        (["algo.credit=step", "algo.advantage=rloo"], r"algo.credit 'step' works with algo.advantage .*not 'rloo'"),
+        (["algo.advantage=rloo", "algo.group_size=1"], "algo.advantage rloo needs algo.group_size >= 2"),
+        (["algo.clip_high=-0.1"], "algo.clip_high must be >= 0"),
+        (["algo.kl_coef=-1"], "algo.kl_coef must be >= 0"),
+        (["algo.entropy_coef=-0.01"], "algo.entropy_coef must be >= 0"),
+        (["algo.papo_mask_ratio=1.5"], r"algo.papo_mask_ratio must be in \[0, 1\]"),
+        (["algo.difficulty_low=0.8", "algo.difficulty_high=0.2"], "algo.difficulty_low must be below"),
+        (["algo.max_sample_batches=0"], "algo.max_sample_batches must be >= 1"),
+        (["trainer.prompts_per_step=0"], "trainer.prompts_per_step must be >= 1"),
+        (["trainer.micro_batch_size=0"], "trainer.micro_batch_size must be >= 1"),
+        (["trainer.rollout_workers=-1"], "trainer.rollout_workers must be >= 0"),
+        (["trainer.rollout_workers=1", "env.workers=1"], "trainer.rollout_workers and env.workers"),
+        (["trainer.rollout_workers=1", "model.generation_backend=vllm"], "trainer.rollout_workers runs CPU copies"),
+        (["trainer.master_weights=float32"], "trainer.master_weights='float32' needs model.dtype"),
+        (["trainer.master_weights=float32", "model.dtype=bfloat16", "model.lora_r=8"], "model.lora_r > 0"),
+        (["model.action_bins=1"], "model.action_bins must be 0"),
+        (["env.workers=-2"], "env.workers must be >= 0"),
+        (["sft.steps=0"], "sft.steps must be >= 1"),
+        (["sampling.max_new_tokens=0"], "sampling.max_new_tokens must be >= 1"),
+        (["sampling.top_p=0"], r"sampling.top_p must be in \(0, 1\]"),
+        (["curriculum.option=max_shapes"], "curriculum.levels is empty"),
+        (["curriculum.option=max_shapes", "curriculum.levels=[1, 2]"], "curriculum.promote_at or"),
+    ],
+)
+def test_cross_field_mistakes_are_refused_at_load_naming_the_fields(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)
+
+
+def test_configs_built_in_python_are_checked_too():
+    from dataclasses import replace
+
+    cfg = TrainConfig()
+    with pytest.raises(ConfigError, match="algo.credit"):
+        replace(cfg, algo=replace(cfg.algo, credit="step", advantage="reinforce_pp"))
+    with pytest.raises(ConfigError, match="trainer.master_weights"):
+        replace(cfg, trainer=replace(cfg.trainer, master_weights="float32"))
+
+
+def test_step_credit_takes_each_estimator_it_has():
+    for name in algos.STEP_ADVANTAGES.names():
+        assert load_config(None, ["algo.credit=step", f"algo.advantage={name}"]).algo.advantage == name
+
+
+def test_malformed_yaml_is_one_line_naming_file_line_and_column(tmp_path, capsys):
+    from mmrl.cli import main
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  path: x\nenv: {name: grounding, options: [1, 2\ntrainer:\n  lr: 1\n")
+    with pytest.raises(ConfigError, match=rf"^{bad}:4:8: expected ',' or '\]'"):
+        load_config(bad)
+    assert main(["train", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"mmrl: config error: {bad}:4:8:") and "\n" not in err and "Traceback" not in err
+    with pytest.raises(ConfigError, match=r"override 'env.options=\{a: \[1,': the value is not valid YAML \(1:"):
+        load_config(None, ["env.options={a: [1,"])

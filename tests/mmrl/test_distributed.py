@@ -28,7 +28,7 @@ import yaml
 from safetensors.torch import load_file
 
 REPO = Path(__file__).resolve().parents[2]
-ASSET = "assets/tiny_models/qwen3_vl_grounding"
+ASSET = "assets/tiny_models/qwen3_vl_warm_start"
 RUN = {
     "model": {"path": ASSET, "prompt_template": "{instruction} {image} Answer as <answer>[x1,y1,x2,y2]</answer>."},
     "env": {"name": "grounding", "options": {"image_size": 64, "giou_weight": 1.0}},

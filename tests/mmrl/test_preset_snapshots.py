@@ -1,0 +1,37 @@
+"""Every preset resolves to exactly the config it resolved to before the presets were trimmed to what differs from
+the defaults (snapshots in preset_snapshots/, written from the untrimmed presets). A default that changes under a
+preset shows up here, so moving a default is a deliberate act."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mmrl.config import TrainConfig, load_config, to_dict
+
+REPO = Path(__file__).resolve().parents[2]
+SNAPSHOTS = Path(__file__).with_name("preset_snapshots")
+
+
+@pytest.mark.parametrize("preset", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.stem)
+def test_preset_resolves_to_its_snapshot(preset):
+    snapshot = SNAPSHOTS / f"{preset.stem}.json"
+    assert snapshot.exists(), f"no snapshot for {preset.name}: add one deliberately"
+    assert to_dict(load_config(preset)) == json.loads(snapshot.read_text())
+
+
+@pytest.mark.parametrize("preset", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.stem)
+def test_preset_states_only_what_differs_from_the_defaults(preset):
+    import yaml
+
+    defaults = to_dict(TrainConfig())
+    restated = [
+        f"{section}.{key}"
+        for section, values in (yaml.safe_load(preset.read_text()) or {}).items()
+        if isinstance(values, dict) and isinstance(defaults.get(section), dict)
+        for key, value in values.items()
+        if defaults[section].get(key, object()) == value
+    ]
+    assert not restated, f"{preset.name} restates defaults: {restated}"
