@@ -43,7 +43,7 @@ import torch  # noqa: E402
 
 import sim  # noqa: E402
 import sim.robotics  # noqa: E402, F401  (registers the MuJoCo envs)
-from sim.robotics.mujoco_tasks import MJCF_DIR, import_mujoco  # noqa: E402
+from sim.robotics.planar import MJCF_DIR, import_mujoco  # noqa: E402
 
 
 # -------------------------------------------------------------------------------------------------------- THE SIDES

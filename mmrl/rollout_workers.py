@@ -37,7 +37,7 @@ import torch
 
 import sim
 from sim.registry import ENVS
-from sim.workers import init_ray, kill_actor
+from sim.ray_workers import init_ray, kill_actor
 
 from .policy.vlm import VLMPolicy
 from .rollout import collect_episodes

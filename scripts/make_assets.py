@@ -21,6 +21,8 @@ import random
 import shutil
 from pathlib import Path
 
+from warmstart import make_warm_start  # scripts/warmstart.py: this script's folder is on sys.path when it runs
+
 ROOT = Path(__file__).resolve().parents[1]
 ASSETS = ROOT / "assets"
 
@@ -189,9 +191,7 @@ def main() -> None:
     build_tiny_configs(ASSETS / "tiny_models")
     print(f"wrote {ASSETS / 'tokenizer'} and tiny configs for qwen2_vl, qwen2_5_vl, qwen3_vl")
     if not args.no_warm:
-        from mmrl.warmstart import make_warm_start
-
-        # The settings of the committed checkpoint (see mmrl/warmstart.py): 4 language layers; 600 single-shape
+        # The settings of the committed checkpoint (see scripts/warmstart.py): 4 language layers; 600 single-shape
         # steps, then distractors up to step 1750, exact boxes; then 150 steps imitating a sloppy demonstrator whose
         # boxes are padded by 40% of their size on every side. About 12 minutes on one thread.
         make_warm_start(

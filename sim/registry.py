@@ -1,11 +1,49 @@
-"""The env registry, in its own tiny module so that task modules can register without importing `sim` itself.
+"""The env registry and `make`, in their own tiny module so that task modules can register without importing `sim`.
 
 `sim/__init__.py` imports `sim.tasks`, whose modules import `ENVS` from here; keeping `ENVS` out of
-`sim/__init__.py` is what avoids the import cycle.
+`sim/__init__.py` is what avoids the import cycle. `make` builds what is registered (`sim.make` is this one); the
+built-in envs are registered once `sim` is imported, which any `sim.*` import does first.
 """
 
 from __future__ import annotations
 
+import inspect
+from typing import Any
+
 from rewards.registry import Registry
 
 ENVS: Registry[type] = Registry("env")
+
+
+def make(name: str, num_envs: int, **options) -> Any:
+    """Build the registered env `name` with `num_envs` worlds.
+
+    Options are checked against the env's constructor before anything is built, so a typo fails at once and
+    names the valid options instead of surfacing later as a confusing `TypeError`.
+
+    Args:
+        name: A name registered in `ENVS`, e.g. `"grounding"`.
+        num_envs: N, the number of independent worlds.
+        **options: Keyword arguments of the env's constructor (`image_size=64`, `device="cuda"`, ...).
+
+    Returns:
+        The env, holding N worlds; call `reset(seed=...)` before stepping it.
+
+    Raises:
+        KeyError: `name` is not registered.
+        ValueError: An option is not a parameter of the env's constructor.
+    """
+    cls = ENVS.get(name)
+    params = inspect.signature(cls.__init__).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    valid = [
+        p_name
+        for p_name, p in params.items()
+        if p_name not in ("self", "num_envs")
+        and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    ]
+    if not takes_any:
+        for key in options:
+            if key not in valid:
+                raise ValueError(f"unknown option {key!r} for env {name!r}; valid: {', '.join(valid)}")
+    return cls(num_envs=num_envs, **options)

@@ -1,6 +1,6 @@
 """Robotics simulators behind the `VecEnv` contract. Importing this package registers their envs in `sim.ENVS`.
 
-* `mujoco_tasks`: our own planar MuJoCo tasks, `reach` and `push` (scenes in `sim/robotics/mjcf/`).
+* `planar` (the shared base), `reach`, `push`: our own planar MuJoCo tasks (scenes in `sim/robotics/mjcf/`).
 * `maniskill`: ManiSkill 3 tasks that need no asset download (`make setup-maniskill` installs it and a Vulkan driver).
 * `gym_mujoco`: Gymnasium's MuJoCo envs (`Reacher-v5`, `Pusher-v5`, ...) as one batched env, `gym_mujoco`.
 
@@ -10,6 +10,7 @@ Nothing here imports `mujoco` or `gymnasium` at module level: they are imported 
 
 from sim.robotics.gym_mujoco import GymMujocoEnv
 from sim.robotics.maniskill import ManiSkillEnv
-from sim.robotics.mujoco_tasks import PushEnv, ReachEnv
+from sim.robotics.push import PushEnv
+from sim.robotics.reach import ReachEnv
 
 __all__ = ["GymMujocoEnv", "ManiSkillEnv", "PushEnv", "ReachEnv"]

@@ -35,7 +35,7 @@ it is computed once from the model's initial pose, so every world and every inst
 target xy, joint velocities, fingertip minus target xy; Pusher S = 23: joint angles and velocities, fingertip,
 object and goal positions).
 
-**Finished worlds** (as in `sim.robotics.mujoco_tasks`): a world whose episode ended is frozen until reset; `step`
+**Finished worlds** (as in `sim.robotics.planar`): a world whose episode ended is frozen until reset; `step`
 ignores its action, returns its last image and state, reward 0, components 0, and repeats its final flags.
 """
 
@@ -49,7 +49,7 @@ import torch
 
 from sim.base import Observation, StepResult, check_continuous_actions, resolve_env_ids, resolve_seeds
 from sim.registry import ENVS
-from sim.robotics.mujoco_tasks import import_mujoco, offscreen_renderer
+from sim.robotics.planar import import_mujoco, offscreen_renderer
 
 INSTRUCTIONS = {
     "Reacher": "Move the fingertip to the red target.",

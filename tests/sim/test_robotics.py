@@ -16,7 +16,9 @@ pytest.importorskip("gymnasium")
 import sim  # noqa: E402
 import sim.robotics  # noqa: E402, F401  (registers the envs even before sim/__init__ imports the package)
 from sim import check_vec_env  # noqa: E402
-from sim.robotics.mujoco_tasks import COLOURS, PushEnv, ReachEnv  # noqa: E402
+from sim.robotics.planar import COLOURS  # noqa: E402
+from sim.robotics.push import PushEnv  # noqa: E402
+from sim.robotics.reach import ReachEnv  # noqa: E402
 
 
 def _success_rate(env, policy, seed: int) -> float:

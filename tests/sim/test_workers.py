@@ -19,7 +19,8 @@ import torch
 import sim
 from sim import check_vec_env
 from sim.base import Observation, StepResult, resolve_env_ids, resolve_seeds
-from sim.workers import RayVecEnv, _merge, _merge_dict
+from sim.ray_workers import _merge, _merge_dict
+from sim.workers import RayVecEnv
 
 ray = pytest.importorskip("ray", reason="RayVecEnv needs Ray (the `ray` extra); the in-process path does not")
 

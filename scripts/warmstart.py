@@ -20,13 +20,15 @@ from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
+from transformers import AutoConfig, AutoModelForImageTextToText
 
 import sim
+from mmrl.policy import Sampling
+from mmrl.policy.tiny import ASSETS, tiny_processor
+from mmrl.policy.vlm import VLMPolicy
+from mmrl.sft import sft_loss, supervised_batch
 from sim.seeds import DEMO_SEED_BASE as VAL_SEED_BASE
 from sim.seeds import SFT_SEED_BASE
-
-from .policy import Sampling
-from .sft import sft_loss, supervised_batch
 
 # Instruction before the image: image tokens can then attend to the named shape, which a tiny model learns much
 # faster than building a query from an instruction that comes after the image (measured: 0.11 vs 0.02 IoU at step
@@ -59,11 +61,6 @@ def validation_iou(policy, image_size: int, episodes: int = 200) -> float:
 
 def build_warm_model(arch: str, text_layers: int, seed: int, prompt_template: str):
     """A tiny `arch` model with `text_layers` language layers (the tests' tiny models have 2)."""
-    from transformers import AutoConfig, AutoModelForImageTextToText
-
-    from .policy.tiny import ASSETS, tiny_processor
-    from .policy.vlm import VLMPolicy
-
     config = AutoConfig.from_pretrained(ASSETS / "tiny_models" / arch)
     config.text_config.num_hidden_layers = text_layers
     config.text_config.layer_types = ["full_attention"] * text_layers
@@ -116,8 +113,6 @@ def make_warm_start(
     if resume_from is not None:
         if resume_step != exact_steps:
             raise ValueError(f"resume only where the sloppy phase begins (step {exact_steps}), not {resume_step}")
-        from .policy.vlm import VLMPolicy
-
         policy = VLMPolicy.from_pretrained(resume_from, prompt_template=prompt_template)
     else:
         policy = build_warm_model(arch, text_layers, seed, prompt_template)
