@@ -36,8 +36,8 @@ from typing import Any
 import torch
 
 import sim
-from sim.registry import ENVS
 from sim.ray_workers import init_ray, kill_actor
+from sim.registry import ENVS
 
 from .policy.vlm import VLMPolicy
 from .rollout import collect_episodes
