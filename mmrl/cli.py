@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
                 return params[key].default if key in params else getattr(cls, key, fallback)
 
             size = default("image_size")
+            size = getattr(cls, "image_size", "?") if size is None else size  # the render envs' per-kind default
             image = f"{size}x{size}" if isinstance(size, int) else "?"
             kind = getattr(cls, "action_kind", "?")
             kind = kind if isinstance(kind, str) else "?"

@@ -132,3 +132,132 @@ def check_continuous_actions(
         raise ValueError(f"actions must be [N={num_envs}, D={action_dim}], got {list(array.shape)}")
     array[np.isnan(array)] = 0.0  # (np.nan_to_num costs more than the rest of the action handling)
     return np.clip(array, low, high)
+
+
+class SingleStepImageEnv:
+    """The base of the image envs whose worlds are drawn, shown once and scored: one answer per world, then done.
+
+    grounding, gui_click and dataset are single-step; the render envs (svg, chart, cad) share its buffers and reset
+    and add their own multi-turn `step` (self-correction over `turns`). In the manner of ManiSkill3's task hooks, a
+    subclass calls `super().__init__(num_envs, image_size, device)` and implements:
+
+    * `draw_worlds(ids, seeds) -> (images, instructions, boxes)`: draw the worlds `ids` (`[K]` indices), each from
+      its own seed only: `images` `[K, H, W, 3]` uint8 (NumPy or torch), K instruction strings, and `boxes` `[K, 4]`
+      float target boxes (x1, y1, x2, y2, pixels of the image; NaN rows for targets without one) or None. Per-world
+      state beyond these (scenes, screens, records) is the subclass's to keep.
+    * `score(texts) -> (reward, info)`: score one answer per world (all N live): reward `[N]` float and the info
+      dict of the contract (`reward_components`, `reasons`, `success`, ...), tensors on any device.
+
+    The base owns the rest: `reset` (seeds and ids resolved as the contract says, unreset worlds untouched), `step`
+    (checked actions; stepping a world whose episode ended, or that was never reset, raises; every episode ends:
+    terminated True, truncated False), `target_boxes`, and returning fresh copies on `device`. Buffers live on the
+    CPU: `_images` `[N, H, W, 3]` uint8, `_instructions` (N strings), `_target_boxes` `[N, 4]` float32,
+    `_ended` and `_was_reset` `[N]` bool.
+    """
+
+    action_kind: ActionKind = "text"
+    max_episode_steps: int = 1
+    has_boxes: bool = True  # whether `target_boxes` means anything for this env
+
+    def __init__(self, num_envs: int, image_size: int, device: str | torch.device = "cpu"):
+        if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
+            raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
+        self.num_envs = num_envs
+        self.image_size = image_size
+        self.device = torch.device(device)
+        self._images = torch.zeros(num_envs, image_size, image_size, 3, dtype=torch.uint8)  # [N, H, W, 3]
+        self._instructions = [""] * num_envs
+        self._target_boxes = torch.full((num_envs, 4), float("nan"))  # [N, 4]
+        self._ended = torch.ones(num_envs, dtype=torch.bool)  # [N]; worlds never reset count as ended
+        self._was_reset = torch.zeros(num_envs, dtype=torch.bool)  # [N]
+
+    # ------------------------------------------------------------------------------------------------ hooks
+    def draw_worlds(
+        self, ids: list[int], seeds: list[int]
+    ) -> tuple[np.ndarray | torch.Tensor, list[str], np.ndarray | torch.Tensor | None]:
+        raise NotImplementedError
+
+    def score(self, texts: list[str]) -> tuple[torch.Tensor, dict[str, Any]]:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------------------------------------ contract
+    @property
+    def target_boxes(self) -> torch.Tensor:
+        """The target boxes `[N, 4]` float32 (x1, y1, x2, y2; x2/y2 exclusive; NaN rows without one), a copy."""
+        if not self.has_boxes:
+            raise AttributeError(f"{type(self).__name__} has no target boxes")
+        return self._out(self._target_boxes)
+
+    def reset(self, seed: int | Sequence[int], env_ids: Sequence[int] | None = None) -> Observation:
+        """Draw new worlds for `env_ids` (all when None).
+
+        Args:
+            seed: One seed per reset world, or an int from which world k of `env_ids` gets `seed + k`.
+            env_ids: Indices of the worlds to reset; None resets all N.
+
+        Returns:
+            The observation of all N worlds (copies): image `[N, H, W, 3]` uint8 and N instructions.
+        """
+        ids = resolve_env_ids(env_ids, self.num_envs)
+        seeds = resolve_seeds(seed, len(ids))
+        if not ids:
+            return self._observation()
+        images, instructions, boxes = self.draw_worlds(ids, seeds)
+        index = torch.tensor(ids, dtype=torch.long)
+        self._images[index] = torch.as_tensor(images, dtype=torch.uint8).cpu()
+        self._target_boxes[index] = (
+            float("nan") if boxes is None else torch.as_tensor(boxes, dtype=torch.float32).cpu()
+        )
+        for i, instruction in zip(ids, instructions):
+            self._instructions[i] = instruction
+        self._ended[index] = False
+        self._was_reset[index] = True
+        return self._observation()
+
+    def step(self, actions: list[str]) -> StepResult:
+        """Score one answer per world; every episode then ends.
+
+        Args:
+            actions: N answer strings.
+
+        Returns:
+            A StepResult with the unchanged observation, reward `[N]` float32, terminated all True, truncated all
+            False, and the info of `score`.
+
+        Raises:
+            ValueError: `actions` is not a list of N strings.
+            RuntimeError: Some worlds already ended their episode and were not reset since.
+        """
+        texts = check_text_actions(actions, self.num_envs, type(self).__name__)
+        ended = self._ended.nonzero().flatten().tolist()
+        if ended:
+            raise RuntimeError(f"worlds {ended} have ended their episode (or were never reset); reset them first")
+        reward, info = self.score(texts)
+        self._ended[:] = True
+        n, device = self.num_envs, self.device
+        return StepResult(
+            obs=self._observation(),
+            reward=reward.to(device=device, dtype=torch.float32),
+            terminated=torch.ones(n, dtype=torch.bool, device=device),
+            truncated=torch.zeros(n, dtype=torch.bool, device=device),
+            info=_on_device(info, device),
+        )
+
+    def close(self) -> None:
+        """Nothing to release by default: worlds are drawn in-process."""
+
+    def _observation(self) -> Observation:
+        return Observation(image=self._out(self._images), instruction=list(self._instructions))
+
+    def _out(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A fresh copy on the env's device (never a view of the env's buffers)."""
+        return tensor.to(self.device, copy=True)
+
+
+def _on_device(value: Any, device: torch.device) -> Any:
+    """`value` with every tensor (in dicts and lists too) moved to `device`."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {k: _on_device(v, device) for k, v in value.items()}
+    return value

@@ -34,16 +34,30 @@ def make(name: str, num_envs: int, **options) -> Any:
         ValueError: An option is not a parameter of the env's constructor.
     """
     cls = ENVS.get(name)
-    params = inspect.signature(cls.__init__).parameters
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    valid = [
-        p_name
-        for p_name, p in params.items()
-        if p_name not in ("self", "num_envs")
-        and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    ]
+    valid, takes_any = constructor_options(cls)
     if not takes_any:
         for key in options:
             if key not in valid:
                 raise ValueError(f"unknown option {key!r} for env {name!r}; valid: {', '.join(valid)}")
     return cls(num_envs=num_envs, **options)
+
+
+def constructor_options(cls: type) -> tuple[list[str], bool]:
+    """The option names an env class takes, and whether it takes any name at all.
+
+    A constructor that passes `**options` on to its parent's (the render envs) takes the parent's options too: the
+    classes are walked up the MRO until a constructor without `**` ends the chain. Names starting with `_` are for
+    subclasses, not users.
+    """
+    valid: list[str] = []
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        params = inspect.signature(vars(klass)["__init__"]).parameters
+        for p_name, p in params.items():
+            named = p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+            if named and p_name not in ("self", "num_envs") and not p_name.startswith("_") and p_name not in valid:
+                valid.append(p_name)
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            return valid, False
+    return valid, True

@@ -101,7 +101,7 @@ from rewards import (
     parse_point,
     point_in_box,
 )
-from sim.base import Observation, StepResult, check_text_actions, resolve_env_ids, resolve_seeds
+from sim.base import Observation, SingleStepImageEnv, StepResult, check_text_actions, resolve_env_ids, resolve_seeds
 from sim.gui.screens import (
     KINDS,
     LAYOUTS,
@@ -201,7 +201,7 @@ def _draw_rows(screens: list[Screen]) -> torch.Tensor:
 
 
 @ENVS.register("gui_click")
-class GUIClickEnv:
+class GUIClickEnv(SingleStepImageEnv):
     """N worlds of single-step GUI grounding: click the element the instruction names (see the module docstring).
 
     >>> env = GUIClickEnv(num_envs=2)
@@ -222,9 +222,6 @@ class GUIClickEnv:
         device: Where the returned tensors live. Screens are always drawn on the CPU.
     """
 
-    action_kind = "text"
-    max_episode_steps = 1
-
     def __init__(
         self,
         num_envs: int,
@@ -238,8 +235,7 @@ class GUIClickEnv:
         max_area_ratio: float = 4.0,
         device: str = "cpu",
     ):
-        self.num_envs = _check_num_envs(num_envs)
-        self.image_size = _check_size(image_size)
+        super().__init__(_check_num_envs(num_envs), _check_size(image_size), device)
         self.layouts = _check_choices("layouts", layouts, LAYOUTS)
         self.themes = _check_choices("themes", themes, THEME_NAMES)
         if answer not in ("point", "box"):
@@ -251,36 +247,11 @@ class GUIClickEnv:
         if _check_weight("max_area_ratio", max_area_ratio) < 1:
             raise ValueError(f"max_area_ratio must be >= 1, got {max_area_ratio!r}")
         self.max_area_ratio = float(max_area_ratio)
-        self.device = torch.device(device)
-
-        size = self.image_size
-        self._images = torch.zeros(num_envs, size, size, 3, dtype=torch.uint8, device=self.device)
-        self._target_boxes = torch.zeros(num_envs, 4, dtype=torch.float32, device=self.device)  # [N, 4]
-        self._instructions = [""] * num_envs
         self.screens: list[Screen | None] = [None] * num_envs
         self.targets: list[Element | None] = [None] * num_envs
-        # A world may be stepped once after each reset; worlds never reset count as ended.
-        self._ended = torch.ones(num_envs, dtype=torch.bool)  # [N], on CPU: only read by Python checks
 
-    @property
-    def target_boxes(self) -> torch.Tensor:
-        """The target elements' boxes `[N, 4]` float32 (x1, y1, x2, y2; x2/y2 exclusive), a copy."""
-        return self._target_boxes.clone()
-
-    def reset(self, seed: int | Sequence[int], env_ids: Sequence[int] | None = None) -> Observation:
-        """Draw new screens and targets for the worlds `env_ids` (all when None).
-
-        Args:
-            seed: One seed per reset world, or an int from which world k of `env_ids` gets `seed + k`.
-            env_ids: Indices of the worlds to reset; None resets all N.
-
-        Returns:
-            The observation of all N worlds (copies): image `[N, H, W, 3]` uint8 and N instructions.
-        """
-        ids = resolve_env_ids(env_ids, self.num_envs)
-        seeds = resolve_seeds(seed, len(ids))
-        if not ids:
-            return self._observation()
+    def draw_worlds(self, ids: list[int], seeds: list[int]) -> tuple[torch.Tensor, list[str], torch.Tensor]:
+        """Draw new screens and targets for the worlds `ids`, each from its own seed (the `SingleStepImageEnv` hook)."""
         for i, world_seed in zip(ids, seeds):
             rng = np.random.default_rng(world_seed)
             layout = self.layouts[int(rng.integers(len(self.layouts)))]
@@ -290,37 +261,23 @@ class GUIClickEnv:
             kinds = [k for k in KINDS if any(e.kind == k for e in screen.elements)]
             kind = kinds[int(rng.integers(len(kinds)))]
             candidates = [e for e in screen.elements if e.kind == kind]
-            target = candidates[int(rng.integers(len(candidates)))]
-            self.screens[i], self.targets[i] = screen, target
-            self._instructions[i] = target.instruction
-        index = torch.tensor(ids, dtype=torch.long, device=self.device)
-        self._images[index] = _draw_rows([self.screens[i] for i in ids]).to(self.device)
+            self.screens[i], self.targets[i] = screen, candidates[int(rng.integers(len(candidates)))]
+        images = _draw_rows([self.screens[i] for i in ids])  # [K, H, W, 3]
         boxes = torch.tensor([self.targets[i].box for i in ids], dtype=torch.float32)  # [K, 4]
-        self._target_boxes[index] = boxes.to(self.device)
-        self._ended[ids] = False
-        return self._observation()
+        return images, [self.targets[i].instruction for i in ids], boxes
 
-    def step(self, actions: list[str]) -> StepResult:
-        """Score one answer per world; every episode then ends.
+    def score(self, texts: list[str]) -> tuple[torch.Tensor, dict]:
+        """Score one answer per world (the `SingleStepImageEnv` hook; `step` ends every episode after it).
 
         Args:
-            actions: N answer strings: a click (`answer="point"`) or a box (`answer="box"`).
+            texts: N answer strings: a click (`answer="point"`) or a box (`answer="box"`).
 
         Returns:
-            A StepResult with the unchanged observation, reward `[N]` float32, terminated all True, truncated all
-            False, and info: `reward_components` (`hit`, `format`, and `size` for box answers: `[N]`), `reasons`
-            (N strings, "" where an answer parsed), `target_box` `[N, 4]`, `pred_point` `[N, 2]` (the click point
-            or box centre, NaN rows where nothing parsed), `pred_box` `[N, 4]` (box answers; NaN rows otherwise)
-            and `success` (`[N]` bool: a hit).
-
-        Raises:
-            ValueError: `actions` is not a list of N strings.
-            RuntimeError: Some worlds already ended their episode and were not reset since.
+            Reward `[N]` and info: `reward_components` (`hit`, `format`, and `size` for box answers: `[N]`), `reasons`
+            (N strings, "" where an answer parsed), `target_box` `[N, 4]`, `pred_point` `[N, 2]` (the click point or
+            box centre, NaN rows where nothing parsed), `pred_box` `[N, 4]` (box answers; NaN rows otherwise) and
+            `success` (`[N]` bool: a hit).
         """
-        texts = check_text_actions(actions, self.num_envs, type(self).__name__)
-        ended = self._ended.nonzero().flatten().tolist()
-        if ended:
-            raise RuntimeError(f"worlds {ended} have ended their episode (or were never reset); reset them first")
         target = self._target_boxes.detach().to("cpu", torch.float32).clone()  # [N, 4], never the buffer itself
         nan2 = (math.nan, math.nan)
         if self.answer == "point":
@@ -358,22 +315,15 @@ class GUIClickEnv:
             components = {"hit": hit, "format": fmt, "size": size}
             reward = self.hit_weight * hit + self.format_weight * fmt + self.size_weight * size
             success = centre_hit > 0
-        self._ended[:] = True
-        dev = self.device
-        return StepResult(
-            obs=self._observation(),
-            reward=reward.to(device=dev, dtype=torch.float32),
-            terminated=torch.ones(self.num_envs, dtype=torch.bool, device=dev),
-            truncated=torch.zeros(self.num_envs, dtype=torch.bool, device=dev),
-            info={
-                "reward_components": {k: v.to(dev) for k, v in components.items()},
-                "reasons": list(reasons),
-                "target_box": target.to(dev),
-                "pred_point": pred_point.to(dev),
-                "pred_box": pred_box.to(dev),
-                "success": success.to(dev),
-            },
-        )
+        info = {
+            "reward_components": components,
+            "reasons": list(reasons),
+            "target_box": target,
+            "pred_point": pred_point,
+            "pred_box": pred_box,
+            "success": success,
+        }
+        return reward, info
 
     def expert_action(self, noise: float = 0.0, generator: torch.Generator | None = None) -> list[str]:
         """The scripted answer for every world: the target's centre (`click(x, y)`) or its box (`[x1, y1, x2, y2]`).
@@ -402,12 +352,6 @@ class GUIClickEnv:
             ys = [min(max(v, 0), self.image_size) for v in ys]
             answers.append(f"[{xs[0]}, {ys[0]}, {xs[1]}, {ys[1]}]")
         return answers
-
-    def close(self) -> None:
-        """Nothing to release: screens are drawn in-process."""
-
-    def _observation(self) -> Observation:
-        return Observation(image=self._images.clone(), instruction=list(self._instructions))
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -73,8 +73,14 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
+import rewards.image  # noqa: F401  (registers the image metrics in REWARDS)
+from rewards.catalog import REWARDS
+from rewards.image import code_length_reward
+from rewards.ocr import ocr_text, text_f1, words
 from rewards.parse import answer_region, extract_code
-from sim.base import Observation, StepResult, check_text_actions, resolve_env_ids, resolve_seeds
+from rewards.render import render_batch
+from rewards.render.cad import VIEWS
+from sim.base import SingleStepImageEnv, StepResult, check_text_actions
 from sim.registry import ENVS
 from sim.render.targets import (
     CAD_MAX_COMPLEXITY,
@@ -113,32 +119,44 @@ _CHART_LINE = re.compile(r"(<chart>, line )(\d+)")
 _NUMBER_WORD = re.compile(r"^\d+$")
 
 
-class _RenderEnv:
-    """The shared loop of the rendering envs; subclasses set the kind, targets, instructions and extra terms."""
+class _RenderEnv(SingleStepImageEnv):
+    """The shared loop of the rendering envs; subclasses set the kind, targets, instructions and extra terms.
 
-    action_kind = "text"
+    Buffers and `reset` come from `SingleStepImageEnv` (`draw_worlds` renders the targets); `step` is this env's own:
+    with `turns > 1` an episode is several attempts (module docstring).
+    """
+
+    has_boxes = False
     kind: ClassVar[str]  # render kind of rewards.render
     language: ClassVar[str]  # extract_code language
     max_complexity: ClassVar[int]
     task: ClassVar[str]  # first-turn instruction
     make_target: ClassVar[Callable[[int, int], Target]]
 
+    # Per-kind defaults of the options below (a subclass sets its own), read where an option is left as None.
+    image_size: int = 64
+    render_timeout: float = 5.0
+
     def __init__(
         self,
         num_envs: int,
-        *,
-        image_size: int,
-        complexity: int,
-        turns: int,
-        success_threshold: float,
-        improvement_bonus: float,
-        similarity_weight: float,
-        length_weight: float,
-        metrics: Mapping[str, float] | str | None,
-        render_timeout: float,
-        device: str,
-        weights: Mapping[str, float] | None = None,
+        image_size: int | None = None,
+        complexity: int = 1,
+        turns: int = 1,
+        success_threshold: float = 0.9,
+        improvement_bonus: float = 0.5,
+        similarity_weight: float = 1.0,
+        length_weight: float = 0.1,
+        metrics: Mapping[str, float] | str | None = None,
+        render_timeout: float | None = None,
+        device: str = "cpu",
+        _weights: Mapping[str, float] | None = None,
     ):
+        """The options every render env takes (each kind's docstring lists them); `_weights` holds a subclass's
+        extra score terms (`{"ocr_weight": 0.5}`), which `sim.make` does not offer as options."""
+        image_size = type(self).image_size if image_size is None else image_size
+        render_timeout = type(self).render_timeout if render_timeout is None else render_timeout
+        weights = _weights
         if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
             raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
         if isinstance(image_size, bool) or not isinstance(image_size, int) or not 16 <= image_size <= 1024:
@@ -164,8 +182,7 @@ class _RenderEnv:
         for name, value in all_weights.items():
             if not _is_number(value) or value < 0:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-        self.num_envs = num_envs
-        self.image_size = image_size
+        super().__init__(num_envs, image_size, device)
         self.complexity = complexity
         self.turns = turns
         self.max_episode_steps = turns
@@ -176,12 +193,9 @@ class _RenderEnv:
         # Term name -> weight in the score; subclasses add theirs (ocr, executable) through `weights`.
         self.weights = {"similarity": float(similarity_weight), "length": float(length_weight)}
         self.weights.update({name.removesuffix("_weight"): float(w) for name, w in (weights or {}).items()})
-        self.device = torch.device(device)
 
         size = (num_envs, image_size, image_size, 3)
         self._target_images = torch.zeros(size, dtype=torch.uint8)  # [N, H, W, 3], CPU like all state
-        self._images = torch.zeros(size, dtype=torch.uint8)  # [N, H, W, 3] current observation
-        self._instructions = [""] * num_envs
         self.targets: list[Target | None] = [None] * num_envs
         self._reference_lengths = torch.ones(num_envs)  # [N] characters of each world's expert source
         self._turn = torch.zeros(num_envs, dtype=torch.long)  # [N] attempts made since reset
@@ -189,34 +203,22 @@ class _RenderEnv:
         self._score = torch.zeros(num_envs)  # [N] latest attempt's score
         self._similarity = torch.zeros(num_envs)  # [N]
         self._success = torch.zeros(num_envs, dtype=torch.bool)  # [N]
-        self._ended = torch.ones(num_envs, dtype=torch.bool)  # [N]; worlds never reset count as ended
-        self._was_reset = torch.zeros(num_envs, dtype=torch.bool)  # [N]
         self._cache: OrderedDict[int, tuple[Target, torch.Tensor]] = OrderedDict()
 
     # ------------------------------------------------------------------------------------------------ the contract
 
-    def reset(self, seed: int | Sequence[int], env_ids: Sequence[int] | None = None) -> Observation:
-        """Draw new targets for the worlds `env_ids` (all when None); all their targets render in one batch.
-
-        Args:
-            seed: One seed per reset world, or an int from which world k of `env_ids` gets `seed + k`.
-            env_ids: Indices of the worlds to reset; None resets all N.
-
-        Returns:
-            The observation of all N worlds (copies): image `[N, H, W, 3]` uint8 and N instructions.
+    def draw_worlds(self, ids: list[int], seeds: list[int]) -> tuple[torch.Tensor, list[str], None]:
+        """Draw new targets for the worlds `ids` and start their episodes (the `SingleStepImageEnv` hook); all their
+        targets render in one batch.
 
         Raises:
             RuntimeError: A target failed to render (a bug or a broken renderer install, never the policy's doing).
         """
-        ids = resolve_env_ids(env_ids, self.num_envs)
-        seeds = resolve_seeds(seed, len(ids))
-        if not ids:
-            return self._observation()
-        for i, (target, image) in zip(ids, self._render_targets(seeds)):
+        images = torch.zeros(len(ids), self.image_size, self.image_size, 3, dtype=torch.uint8)  # [K, H, W, 3]
+        for row, (i, (target, image)) in enumerate(zip(ids, self._render_targets(seeds))):
             self.targets[i] = target
             self._target_images[i] = image
-            self._images[i] = image
-            self._instructions[i] = self.instruction()
+            images[row] = image
             self._reference_lengths[i] = max(len(target.source), 1)
         index = torch.tensor(ids, dtype=torch.long)
         self._turn[index] = 0
@@ -225,9 +227,7 @@ class _RenderEnv:
         for value in self._terms.values():
             value[index] = 0.0
         self._success[index] = False
-        self._ended[index] = False
-        self._was_reset[index] = True
-        return self._observation()
+        return images, [self.instruction() for _ in ids], None
 
     def step(self, actions: list[str]) -> StepResult:
         """Render and score one answer per running world; finished worlds are left as they are.
@@ -428,13 +428,6 @@ class _RenderEnv:
         shown = code if len(code) <= _MAX_SHOWN_CODE else code[:_MAX_SHOWN_CODE] + "\n..."
         return f"{head}\nYour code:\n{shown}"
 
-    def _observation(self) -> Observation:
-        return Observation(image=self._out(self._images), instruction=list(self._instructions))
-
-    def _out(self, tensor: torch.Tensor) -> torch.Tensor:
-        """A fresh copy on the env's device (never a view of the env's buffers)."""
-        return tensor.to(self.device, copy=True)
-
 
 # ============================================================================================================ SVG
 
@@ -468,34 +461,8 @@ class SvgEnv(_RenderEnv):
     task = "Write SVG code that draws this image."
     make_target = staticmethod(svg_target)
     missing_reason = "no <svg>...</svg> element in the answer"
-
-    def __init__(
-        self,
-        num_envs: int,
-        image_size: int = 64,
-        complexity: int = 1,
-        turns: int = 1,
-        success_threshold: float = 0.9,
-        improvement_bonus: float = 0.5,
-        similarity_weight: float = 1.0,
-        length_weight: float = 0.1,
-        metrics: Mapping[str, float] | str | None = None,
-        render_timeout: float = 5.0,
-        device: str = "cpu",
-    ):
-        super().__init__(
-            num_envs,
-            image_size=image_size,
-            complexity=complexity,
-            turns=turns,
-            success_threshold=success_threshold,
-            improvement_bonus=improvement_bonus,
-            similarity_weight=similarity_weight,
-            length_weight=length_weight,
-            metrics=metrics,
-            render_timeout=render_timeout,
-            device=device,
-        )
+    image_size = 64
+    render_timeout = 5.0
 
     def extract(self, text: str) -> str | None:
         """The `<svg>...</svg>` of an answer: fenced, inside `<answer>` tags, or bare."""
@@ -532,36 +499,12 @@ class ChartEnv(_RenderEnv):
     max_complexity = CHART_MAX_COMPLEXITY
     task = "Write matplotlib code that draws this chart."
     make_target = staticmethod(chart_target)
+    image_size = 192
+    render_timeout = 10.0
 
-    def __init__(
-        self,
-        num_envs: int,
-        image_size: int = 192,
-        complexity: int = 1,
-        turns: int = 1,
-        success_threshold: float = 0.9,
-        improvement_bonus: float = 0.5,
-        similarity_weight: float = 1.0,
-        ocr_weight: float = 0.5,
-        length_weight: float = 0.1,
-        metrics: Mapping[str, float] | str | None = None,
-        render_timeout: float = 10.0,
-        device: str = "cpu",
-    ):
-        super().__init__(
-            num_envs,
-            image_size=image_size,
-            complexity=complexity,
-            turns=turns,
-            success_threshold=success_threshold,
-            improvement_bonus=improvement_bonus,
-            similarity_weight=similarity_weight,
-            length_weight=length_weight,
-            metrics=metrics,
-            render_timeout=render_timeout,
-            device=device,
-            weights={"ocr_weight": ocr_weight},
-        )
+    def __init__(self, num_envs: int, ocr_weight: float = 0.5, **options: Any):
+        """See the class docstring for `options`; `sim.make` checks their names against `_RenderEnv.__init__`."""
+        super().__init__(num_envs, **options, _weights={"ocr_weight": ocr_weight})
         if self.weights["ocr"] > 0 and importlib.util.find_spec("rapidocr_onnxruntime") is None:
             raise ValueError(
                 "ocr_weight > 0 needs rapidocr-onnxruntime (the `ocr` extra); install it or set ocr_weight=0"
@@ -582,8 +525,6 @@ class ChartEnv(_RenderEnv):
     ) -> None:
         if self.weights["ocr"] == 0:
             return  # no OCR engine, no cost
-        from rewards.ocr import ocr_text, text_f1
-
         read = [_drop_numbers(text) for text in ocr_text(images[rows])]
         expected = [self.targets[i].text for i in rows.tolist()]  # type: ignore[union-attr]
         terms["ocr"][rows] = text_f1(read, expected)
@@ -617,43 +558,22 @@ class CadEnv(_RenderEnv):
     max_complexity = CAD_MAX_COMPLEXITY
     task = "Write a build123d script that builds this part."
     make_target = staticmethod(cad_target)
+    image_size = 128
+    render_timeout = 10.0
 
     def __init__(
         self,
         num_envs: int,
-        image_size: int = 128,
-        complexity: int = 1,
-        turns: int = 1,
-        success_threshold: float = 0.9,
-        improvement_bonus: float = 0.5,
         executable_weight: float = 0.2,
-        similarity_weight: float = 1.0,
-        length_weight: float = 0.1,
         views: Sequence[str] = ("front", "right", "top", "iso"),
-        metrics: Mapping[str, float] | str | None = None,
-        render_timeout: float = 10.0,
-        device: str = "cpu",
+        **options: Any,
     ):
-        from rewards.render.cad import VIEWS
-
+        """See the class docstring for `options`; `sim.make` checks their names against `_RenderEnv.__init__`."""
         names = [views] if isinstance(views, str) else list(views)
         if not names or any(v not in VIEWS for v in names):
             raise ValueError(f"views must be a non-empty list of {sorted(VIEWS)}, got {views!r}")
         self.views = tuple(names)
-        super().__init__(
-            num_envs,
-            image_size=image_size,
-            complexity=complexity,
-            turns=turns,
-            success_threshold=success_threshold,
-            improvement_bonus=improvement_bonus,
-            similarity_weight=similarity_weight,
-            length_weight=length_weight,
-            metrics=metrics,
-            render_timeout=render_timeout,
-            device=device,
-            weights={"executable_weight": executable_weight},
-        )
+        super().__init__(num_envs, **options, _weights={"executable_weight": executable_weight})
 
     def instruction(self) -> str:
         return f"Write a build123d script that builds this part (views: {', '.join(self.views)})."
@@ -681,9 +601,6 @@ def image_similarity(images: torch.Tensor, targets: torch.Tensor, metrics: Mappi
     Returns:
         `[R]` float32 in [0, 1].
     """
-    import rewards.image  # noqa: F401  (registers the image metrics)
-    from rewards.catalog import REWARDS
-
     blank = torch.full_like(targets, _BLANK_VALUE)
     total = torch.zeros(images.shape[0])
     for name, weight in metrics.items():
@@ -724,20 +641,14 @@ def side_by_side(left: torch.Tensor, right: torch.Tensor, right_ok: torch.Tensor
 
 
 def _code_length_reward(lengths: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
-    from rewards.image import code_length_reward
-
     return code_length_reward(lengths, reference, free_fraction=1.0)
 
 
 def _render_batch(kind: str, sources: list[str], size: int, timeout: float, options: dict[str, Any]) -> list:
-    from rewards.render import render_batch
-
     return render_batch(kind, sources, size, timeout=timeout, **options)
 
 
 def _drop_numbers(text: str) -> str:
-    from rewards.ocr import words
-
     return " ".join(w for w in words(text) if not _NUMBER_WORD.match(w))
 
 

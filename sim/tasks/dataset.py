@@ -54,7 +54,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -65,7 +65,7 @@ from PIL import Image
 
 from rewards import REWARDS, answer_region, parse_box, parse_choice, parse_number, parse_point
 from rewards.combine import BoundReward
-from sim.base import Observation, StepResult, check_text_actions, resolve_env_ids, resolve_seeds
+from sim.base import SingleStepImageEnv
 from sim.registry import ENVS
 from sim.seeds import EVAL_SEED_BASE
 
@@ -92,7 +92,7 @@ class Record:
 
 
 @ENVS.register("dataset")
-class DatasetEnv:
+class DatasetEnv(SingleStepImageEnv):
     """N worlds of single-step questions about images read from disk (see the module docstring).
 
     >>> env = DatasetEnv(num_envs=2)  # the sample dataset assets/datasets/shapes_qa
@@ -116,9 +116,6 @@ class DatasetEnv:
         cache_size: Prepared (decoded, letterboxed) images kept in memory.
         device: Where the returned tensors live.
     """
-
-    action_kind = "text"
-    max_episode_steps = 1
 
     def __init__(
         self,
@@ -149,14 +146,12 @@ class DatasetEnv:
             raise ValueError(f"point_tolerance must be > 0, got {point_tolerance}")
         if reward is not None and reward not in REWARDS:
             raise ValueError(f"unknown reward {reward!r}; registered: {', '.join(REWARDS.names())}")
-        self.num_envs = num_envs
-        self.image_size = image_size
+        super().__init__(num_envs, image_size, device)
         self.split = split
         self.shuffle = shuffle
         self.shuffle_seed = shuffle_seed
         self.point_tolerance = float(point_tolerance)
         self.answer_hint = answer_hint
-        self.device = torch.device(device)
 
         self.path = Path(path)
         if not self.path.is_absolute() and not self.path.exists() and (REPO / self.path).exists():
@@ -180,11 +175,7 @@ class DatasetEnv:
         self._has_success = any(name in _SUCCESS_AT or name in ("box_giou", "point_in_box") for name in used)
 
         self._prepared = functools.lru_cache(maxsize=cache_size)(self._prepare)
-        self._images = torch.zeros(num_envs, image_size, image_size, 3, dtype=torch.uint8)  # [N, S, S, 3]
-        self._target_boxes = torch.full((num_envs, 4), math.nan)  # [N, 4] in pixels of the shown image
-        self._record_ids = [-1] * num_envs
-        self._instructions = [""] * num_envs
-        self._ended = torch.ones(num_envs, dtype=torch.bool)  # [N]; never-reset worlds count as ended
+        self._record_ids = [-1] * num_envs  # target boxes are in pixels of the shown image, NaN for text targets
 
     # ------------------------------------------------------------------------------------------------ contract
     def record_index(self, seed: int) -> int:
@@ -203,52 +194,31 @@ class DatasetEnv:
         epoch, position = divmod(int(offset), len(part))
         return part[int(self._order(held_out, epoch, len(part))[position])]
 
-    def reset(self, seed: int | Sequence[int], env_ids: Sequence[int] | None = None) -> Observation:
-        """Show new records in the worlds `env_ids` (all when None).
-
-        Args:
-            seed: One seed per reset world, or an int from which world k of `env_ids` gets `seed + k`.
-            env_ids: Indices of the worlds to reset; None resets all N.
-
-        Returns:
-            The observation of all N worlds (copies): image `[N, S, S, 3]` uint8 and N instructions.
-        """
-        ids = resolve_env_ids(env_ids, self.num_envs)
-        seeds = resolve_seeds(seed, len(ids))
+    def draw_worlds(self, ids: list[int], seeds: list[int]) -> tuple[torch.Tensor, list[str], torch.Tensor]:
+        """Show new records in the worlds `ids` (the `SingleStepImageEnv` hook; `record_index` maps seeds to them)."""
+        images, boxes, instructions = [], [], []
         for k, world_seed in zip(ids, seeds):
             index = self.record_index(world_seed)
             image, box = self._prepared(index)
-            self._images[k] = image
-            self._target_boxes[k] = box
+            images.append(image)
+            boxes.append(box)
             self._record_ids[k] = index
-            self._instructions[k] = self._instruction(self.records[index])
-        self._ended[ids] = False
-        return self._observation()
+            instructions.append(self._instruction(self.records[index]))
+        return torch.stack(images), instructions, torch.stack(boxes)
 
-    def step(self, actions: list[str]) -> StepResult:
-        """Score one answer per world; every episode then ends.
+    def score(self, texts: list[str]) -> tuple[torch.Tensor, dict[str, Any]]:
+        """Score one answer per world (the `SingleStepImageEnv` hook; `step` ends every episode after it).
 
         Args:
-            actions: N answer strings.
+            texts: N answer strings.
 
         Returns:
-            A StepResult with the unchanged observation, reward `[N]` float32, terminated all True, truncated all
-            False, and info: `reward_components` (one `[N]` entry per reward in use, 0 where it does not score the
-            row), `reasons` (N strings, "" for a correct answer), `target_box` (`[N, 4]` float32 in pixels of the
+            Reward `[N]` and info: `reward_components` (one `[N]` entry per reward in use, 0 where it does not score
+            the row), `reasons` (N strings, "" for a correct answer), `target_box` (`[N, 4]` float32 in pixels of the
             shown image, NaN rows for text targets), `record` (`[N]` int64 record indices) and, when a reward in use
             has a notion of it, `success` (`[N]` bool).
-
-        Raises:
-            ValueError: `actions` is not a list of N strings.
-            RuntimeError: Some worlds already ended their episode and were not reset since.
         """
         n = self.num_envs
-        actions = check_text_actions(actions, n, "DatasetEnv")
-        ended = self._ended.nonzero().flatten().tolist()
-        if ended:
-            raise RuntimeError(f"worlds {ended} have ended their episode (or were never reset); reset them first")
-
-        texts = list(actions)
         records = [self.records[i] for i in self._record_ids]
         reward = torch.zeros(n)
         success = torch.zeros(n, dtype=torch.bool)
@@ -273,7 +243,6 @@ class DatasetEnv:
                     reasons[k] = _reason(name, texts[k], float(scores[row]), None if hit is None else bool(hit[row]))
             components[name] = component
             reward += component
-        self._ended[:] = True
         info: dict[str, Any] = {
             "reward_components": components,
             "reasons": reasons,
@@ -282,13 +251,7 @@ class DatasetEnv:
         }
         if self._has_success:
             info["success"] = success
-        return StepResult(
-            obs=self._observation(),
-            reward=reward.to(self.device),
-            terminated=torch.ones(n, dtype=torch.bool, device=self.device),
-            truncated=torch.zeros(n, dtype=torch.bool, device=self.device),
-            info={key: _to(value, self.device) for key, value in info.items()},
-        )
+        return reward, info
 
     def close(self) -> None:
         """Drop the cached images."""
@@ -385,9 +348,6 @@ class DatasetEnv:
             kwargs = {k: v for k, v in self._fns[name].kwargs.items() if k != "iou_threshold"}
             return REWARDS.get("box_iou")(texts, targets["target_box"], **kwargs) >= 0.5
         return None
-
-    def _observation(self) -> Observation:
-        return Observation(image=self._images.clone().to(self.device), instruction=list(self._instructions))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -600,11 +560,3 @@ def _reason(name: str, text: str, score: float, hit: bool | None) -> str:
     if hit is True or (hit is None and score > 0):
         return ""
     return f"wrong answer ({name} = {score:.2f})"
-
-
-def _to(value: Any, device: torch.device) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, dict):
-        return {k: _to(v, device) for k, v in value.items()}
-    return value

@@ -21,7 +21,6 @@ shape covering columns 10..19 has x1=10, x2=20), as floats.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,7 +28,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from rewards import box_giou, box_iou, format_reward, parse_boxes
-from sim.base import Observation, StepResult, check_text_actions, resolve_env_ids, resolve_seeds
+from sim.base import SingleStepImageEnv
 from sim.registry import ENVS
 
 KINDS = ("circle", "square", "triangle", "diamond")
@@ -68,7 +67,7 @@ class Scene:
 
 
 @ENVS.register("grounding")
-class GroundingEnv:
+class GroundingEnv(SingleStepImageEnv):
     """N worlds of single-step visual grounding with text answers (see the module docstring for the task).
 
     >>> env = GroundingEnv(num_envs=2, image_size=64)
@@ -91,9 +90,6 @@ class GroundingEnv:
         device: Where the returned tensors live. Scenes are always drawn on the CPU.
     """
 
-    action_kind = "text"
-    max_episode_steps = 1
-
     def __init__(
         self,
         num_envs: int,
@@ -107,14 +103,11 @@ class GroundingEnv:
         giou_weight: float = 0.0,
         device: str = "cpu",
     ):
-        if num_envs < 1:
-            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
         if not 1 <= min_shapes <= max_shapes:
             raise ValueError(f"need 1 <= min_shapes <= max_shapes, got {min_shapes}, {max_shapes}")
         if not 3 <= min_size <= max_size <= image_size:
             raise ValueError(f"need 3 <= min_size <= max_size <= image_size, got {min_size}, {max_size}, {image_size}")
-        self.num_envs = num_envs
-        self.image_size = image_size
+        super().__init__(num_envs, image_size, device)
         self.min_shapes = min_shapes
         self.max_shapes = max_shapes
         self.min_size = min_size
@@ -122,100 +115,49 @@ class GroundingEnv:
         self.iou_weight = iou_weight
         self.format_weight = format_weight
         self.giou_weight = giou_weight
-        self.device = torch.device(device)
-
-        self._images = torch.zeros(num_envs, image_size, image_size, 3, dtype=torch.uint8, device=self.device)
-        self._target_boxes = torch.zeros(num_envs, 4, dtype=torch.float32, device=self.device)  # [N, 4]
-        self._instructions = [""] * num_envs
         self.scenes: list[Scene | None] = [None] * num_envs
-        # A world may be stepped once after each reset; worlds never reset count as ended.
-        self._ended = torch.ones(num_envs, dtype=torch.bool)  # [N], on CPU: only read by Python checks
 
-    @property
-    def target_boxes(self) -> torch.Tensor:
-        """The target boxes `[N, 4]` float32 (x1, y1, x2, y2; x2/y2 exclusive), a copy."""
-        return self._target_boxes.clone()
-
-    def reset(self, seed: int | Sequence[int], env_ids: Sequence[int] | None = None) -> Observation:
-        """Draw new scenes for the worlds `env_ids` (all when None).
-
-        Args:
-            seed: One seed per reset world, or an int from which world k of `env_ids` gets `seed + k`.
-            env_ids: Indices of the worlds to reset; None resets all N.
-
-        Returns:
-            The observation of all N worlds (copies): image `[N, H, W, 3]` uint8 and N instructions.
-        """
-        ids = resolve_env_ids(env_ids, self.num_envs)
-        seeds = resolve_seeds(seed, len(ids))
-        if not ids:
-            return self._observation()
-
+    def draw_worlds(self, ids: list[int], seeds: list[int]) -> tuple[np.ndarray, list[str], np.ndarray]:
+        """Draw new scenes for the worlds `ids`, each from its own seed (the `SingleStepImageEnv` hook)."""
         images = np.empty((len(ids), self.image_size, self.image_size, 3), dtype=np.uint8)  # [K, H, W, 3]
         boxes = np.empty((len(ids), 4), dtype=np.float32)  # [K, 4]
+        instructions = []
         for row, (i, world_seed) in enumerate(zip(ids, seeds)):
-            image, scene = self._draw_world(world_seed)
-            images[row] = image
+            images[row], scene = self._draw_world(world_seed)
             boxes[row] = scene.target_shape.box
             self.scenes[i] = scene
-            self._instructions[i] = f"Find the {scene.target_shape.colour} {scene.target_shape.kind}."
-        index = torch.tensor(ids, dtype=torch.long, device=self.device)
-        self._images[index] = torch.from_numpy(images).to(self.device)
-        self._target_boxes[index] = torch.from_numpy(boxes).to(self.device)
-        self._ended[ids] = False
-        return self._observation()
+            instructions.append(f"Find the {scene.target_shape.colour} {scene.target_shape.kind}.")
+        return images, instructions, boxes
 
-    def step(self, actions: list[str]) -> StepResult:
-        """Score one answer per world; every episode then ends.
+    def score(self, texts: list[str]) -> tuple[torch.Tensor, dict]:
+        """Score one answer per world (the `SingleStepImageEnv` hook; `step` ends every episode after it).
 
         Args:
-            actions: N answer strings, ideally `<answer>[x1, y1, x2, y2]</answer>`.
+            texts: N answer strings, ideally `<answer>[x1, y1, x2, y2]</answer>`.
 
         Returns:
-            A StepResult with the unchanged observation, reward `[N]` float32, terminated all True, truncated all
-            False, and info: `reward_components` (`iou`, `format`: `[N]`), `reasons` (N strings, "" where the
+            Reward `[N]` and info: `reward_components` (`iou`, `format`: `[N]`), `reasons` (N strings, "" where the
             answer parsed), `target_box` and `pred_box` (`[N, 4]` float32, NaN rows where nothing parsed) and
             `success` (`[N]` bool, IoU >= 0.5).
-
-        Raises:
-            ValueError: `actions` is not a list of N strings.
-            RuntimeError: Some worlds already ended their episode and were not reset since.
         """
-        texts = check_text_actions(actions, self.num_envs, "GroundingEnv")
-        ended = self._ended.nonzero().flatten().tolist()
-        if ended:
-            raise RuntimeError(f"worlds {ended} have ended their episode (or were never reset); reset them first")
-
         pred, reasons = parse_boxes(texts)
-        pred = pred.to(device=self.device, dtype=torch.float32)  # [N, 4], NaN rows where unparsed
+        pred = pred.to(torch.float32)  # [N, 4], NaN rows where unparsed
         target = self._target_boxes.clone()  # [N, 4]
         iou = box_iou(pred, target).to(torch.float32)  # [N]
-        fmt = format_reward(texts).to(device=self.device, dtype=torch.float32)  # [N]
+        fmt = format_reward(texts).to(torch.float32)  # [N]
         reward = self.iou_weight * iou + self.format_weight * fmt  # [N]
         components = {"iou": iou, "format": fmt}
         if self.giou_weight:
             components["giou"] = (box_giou(pred, target).to(torch.float32) + 1) / 2  # [N] in [0, 1]
             reward = reward + self.giou_weight * components["giou"]
-        self._ended[:] = True
-        return StepResult(
-            obs=self._observation(),
-            reward=reward.to(torch.float32),
-            terminated=torch.ones(self.num_envs, dtype=torch.bool, device=self.device),
-            truncated=torch.zeros(self.num_envs, dtype=torch.bool, device=self.device),
-            info={
-                "reward_components": components,
-                "reasons": list(reasons),
-                "target_box": target,
-                "pred_box": pred.clone(),
-                "success": iou >= 0.5,
-            },
-        )
-
-    def close(self) -> None:
-        """Nothing to release: scenes are drawn in-process."""
-
-    def _observation(self) -> Observation:
-        return Observation(image=self._images.clone(), instruction=list(self._instructions))
+        info = {
+            "reward_components": components,
+            "reasons": list(reasons),
+            "target_box": target,
+            "pred_box": pred.clone(),
+            "success": iou >= 0.5,
+        }
+        return reward, info
 
     def _draw_world(self, seed: int) -> tuple[np.ndarray, Scene]:
         """Draw one world from its own seed.

@@ -1,0 +1,235 @@
+"""The import structure: `rewards <- sim <- mmrl`, no circle, and no function-local import of the project's own modules.
+
+Every `.py` file of the three packages is read with `ast` (function bodies and `if TYPE_CHECKING:` blocks included),
+relative imports are resolved, and the graph of the project's modules is checked:
+
+* direction: `rewards` imports neither `sim` nor `mmrl`; `sim` does not import `mmrl`;
+* no cycle: no two modules reach each other (a package's `__init__` counts as the package, so a submodule that imports
+  a name from its own package's `__init__` while that `__init__` imports the submodule is a cycle too);
+* no function-local import of a project module: those hide cycles and import-time costs (function-local imports are
+  for optional heavy dependencies only).
+
+An edge `a -> b` is what `a` makes Python execute: `import x.y` and `from x import y` reach module `x.y` when it is
+one, else the names of package or module `x`. Ancestor packages are not counted as targets of a submodule's import
+(Python is already importing them when the submodule runs).
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("rewards", "sim", "mmrl")  # lowest first: each may import only those before it
+LAYER = {name: k for k, name in enumerate(PACKAGES)}
+
+
+@dataclass(frozen=True)
+class Edge:
+    source: str  # importing module
+    target: str  # imported module (of the project)
+    where: str  # file:line
+    local: bool  # inside a function body
+    structural: bool = True  # False: an import of an ancestor package (reported only when function-local)
+
+
+def module_files(root: Path, packages: tuple[str, ...]) -> dict[str, Path]:
+    """`{dotted module name: file}` of every module of `packages` under `root` (a package is its `__init__`)."""
+    modules = {}
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            modules[".".join(parts)] = path
+    return modules
+
+
+def _local_import_nodes(tree: ast.AST) -> set[int]:
+    """ids of the import nodes that sit inside a function or lambda."""
+    local: set[int] = set()
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            inside = in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
+            if isinstance(child, ast.Import | ast.ImportFrom) and in_function:
+                local.add(id(child))
+            visit(child, inside)
+
+    visit(tree, False)
+    return local
+
+
+def import_edges(root: Path, packages: tuple[str, ...]) -> list[Edge]:
+    """Every import of a project module by a project module, resolved to the module it executes."""
+    modules = module_files(root, packages)
+    edges = []
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        local = _local_import_nodes(tree)
+        is_package = path.name == "__init__.py"
+        ancestors = {".".join(name.split(".")[:k]) for k in range(1, name.count(".") + 1)}
+        if is_package:
+            ancestors.add(name)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = name.split(".") if is_package else name.split(".")[:-1]
+                    base = base[: len(base) - (node.level - 1)]
+                    where_from = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    where_from = node.module or ""
+                targets = [f"{where_from}.{a.name}" if f"{where_from}.{a.name}" in modules else where_from
+                           for a in node.names]  # fmt: skip
+            else:
+                continue
+            for target in dict.fromkeys(targets):
+                while target and target not in modules and "." in target:  # `import a.b.c` of a non-module name
+                    target = target.rsplit(".", 1)[0]
+                if target not in modules or target == name:
+                    continue
+                structural = not (
+                    target in ancestors
+                    and (isinstance(node, ast.Import) or all(f"{target}.{a.name}" in modules for a in node.names))
+                )
+                where = f"{path.relative_to(root)}:{node.lineno}"
+                edges.append(Edge(name, target, where, id(node) in local, structural))
+    return edges
+
+
+def cycles(edges: list[Edge]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each as a list of modules."""
+    graph: dict[str, list[str]] = {}
+    for e in edges:
+        if not e.structural:
+            continue
+        graph.setdefault(e.source, []).append(e.target)
+        graph.setdefault(e.target, [])
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+
+    def strongconnect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                strongconnect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in list(graph):
+        if v not in index:
+            strongconnect(v)
+    return found
+
+
+def describe(component: list[str], edges: list[Edge]) -> str:
+    inside = set(component)
+    return "\n".join(
+        f"  {e.source} -> {e.target}  ({e.where})" for e in edges if e.source in inside and e.target in inside
+    )
+
+
+def check(root: Path, packages: tuple[str, ...]) -> list[str]:
+    """Every violation, one message each (empty: the structure is sound)."""
+    layer = {name: k for k, name in enumerate(packages)}
+    edges = import_edges(root, packages)
+    problems = []
+    for e in edges:
+        src, dst = e.source.split(".")[0], e.target.split(".")[0]
+        if layer[dst] > layer[src]:
+            problems.append(f"{e.where}: {e.source} imports {e.target}, against the direction {' <- '.join(packages)}")
+        if e.local:
+            problems.append(f"{e.where}: function-local import of {e.target} (keep those for optional dependencies)")
+    for component in cycles(edges):
+        problems.append("import cycle:\n" + describe(component, edges))
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------- the project
+
+
+def test_the_project_imports_in_one_direction_without_cycles_or_hidden_imports():
+    problems = check(REPO, PACKAGES)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_checker_sees_the_whole_project():
+    edges = import_edges(REPO, PACKAGES)
+    assert {"mmrl.trainer", "sim.base", "rewards.box"} <= {e.source for e in edges} | {e.target for e in edges}
+    assert any(e.source == "mmrl.trainer" and e.target == "mmrl.algos.papo" for e in edges)
+    assert any(e.source == "mmrl.algos.objective" and e.target == "mmrl.algos.papo" for e in edges)
+
+
+# ---------------------------------------------------------------------------------------------- the checker itself
+
+
+def _write(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def test_checker_passes_a_clean_tree(tmp_path):
+    root = _write(tmp_path, {
+        "low/__init__.py": "from .a import f\n",
+        "low/a.py": "import os\n\ndef f():\n    import json  # an outside module may be local\n",
+        "high/__init__.py": "",
+        "high/b.py": "from low import f\nfrom . import c\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from low.a import f\n",
+        "high/c.py": "import low.a\nimport high\n",
+    })  # fmt: skip
+    assert check(root, ("low", "high")) == []
+
+
+def test_checker_catches_a_cycle_through_a_function_and_type_checking(tmp_path):
+    root = _write(tmp_path, {
+        "low/__init__.py": "",
+        "low/a.py": "from .b import g\n",
+        "low/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import x\ndef g():\n    pass\n",
+    })  # fmt: skip
+    problems = check(root, ("low",))
+    assert len(problems) == 1 and "import cycle" in problems[0]
+    assert "low.a -> low.b" in problems[0] and "low.b -> low.a" in problems[0] and "low/b.py:3" in problems[0]
+
+
+def test_checker_catches_a_package_and_its_submodule_importing_each_other(tmp_path):
+    root = _write(tmp_path, {
+        "low/__init__.py": "REGISTRY = {}\nfrom .a import f\n",
+        "low/a.py": "from . import REGISTRY\n\ndef f():\n    pass\n",
+    })  # fmt: skip
+    problems = check(root, ("low",))
+    assert any("import cycle" in p and "low.a -> low" in p for p in problems)
+
+
+def test_checker_catches_a_function_local_import_and_the_wrong_direction(tmp_path):
+    root = _write(tmp_path, {
+        "low/__init__.py": "",
+        "low/a.py": "def f():\n    from high import b\n",
+        "high/__init__.py": "",
+        "high/b.py": "def g():\n    import low.a\n    import high\n",
+    })  # fmt: skip
+    problems = check(root, ("low", "high"))
+    assert any("low/a.py:2" in p and "against the direction" in p for p in problems)
+    assert any("low/a.py:2" in p and "function-local" in p for p in problems)
+    assert any("high/b.py:2" in p and "function-local import of low.a" in p for p in problems)
+    assert any("high/b.py:3" in p and "function-local import of high" in p for p in problems)  # its own package
