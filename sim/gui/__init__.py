@@ -1,6 +1,6 @@
 """GUI agent envs on procedurally drawn screens: `gui_click` (single-step grounding) and `gui_task` (multi-step).
 
-Importing this package registers both in `sim.ENVS`. Screens are drawn with PIL only (`sim.gui.screens`), so the
+Importing this package registers both in `sim.ENVS`. Screens are drawn with PIL only (`sim.gui.screen`, `sim.gui.layouts`, `sim.gui.paint`), so the
 package needs nothing beyond `import sim`'s own dependencies.
 
 Real pages would plug in behind the same two pieces: a `Screen` is just elements with kinds, labels and pixel boxes
@@ -12,6 +12,7 @@ and `page.go_back()`; the rewards would stay the same, and the goal checks would
 """
 
 from sim.gui.envs import TASKS, GUIClickEnv, GUITaskEnv
-from sim.gui.screens import LAYOUTS, THEMES, Element, Screen, draw
+from sim.gui.paint import draw
+from sim.gui.screen import LAYOUTS, THEMES, Element, Screen
 
 __all__ = ["LAYOUTS", "TASKS", "THEMES", "Element", "GUIClickEnv", "GUITaskEnv", "Screen", "draw"]

@@ -11,7 +11,9 @@ import sim
 import sim.gui  # registers gui_click and gui_task (sim/__init__.py may not import it)
 from sim import check_vec_env
 from sim.gui.envs import TASKS, GUIClickEnv, GUITaskEnv
-from sim.gui.screens import LAYOUTS, THEMES, Screen, draw, random_screen
+from sim.gui.layouts import random_screen
+from sim.gui.paint import draw
+from sim.gui.screen import LAYOUTS, THEMES, Screen
 
 SIZE = 96  # the smallest legal screen: the tightest layouts, and the cheapest to draw
 
