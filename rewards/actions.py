@@ -28,7 +28,7 @@ import torch
 from rewards.box import point_in_box
 from rewards.catalog import REWARDS
 from rewards.parse import MAX_BOX_CHARS, answer_region
-from rewards.parse.geometry import _box_token_content, _find_numbers, _find_point_numbers
+from rewards.parse.geometry import box_token_content, find_numbers, find_point_numbers
 from rewards.text import normalize_answer
 
 ACTION_KINDS = ("click", "long_press", "type", "scroll", "press", "finish")
@@ -200,10 +200,10 @@ def _number(value: str) -> float | None:
 
 def _point_from_text(value: str) -> tuple[float, float] | None:
     """A point written as `(x, y)`, `[x, y]`, `x, y` or a box token; a box's centre; None if neither."""
-    region = _box_token_content(_unquote(value))
-    numbers, _ = _find_point_numbers(region)
+    region = box_token_content(_unquote(value))
+    numbers, _ = find_point_numbers(region)
     if numbers is None:
-        box, _ = _find_numbers(region)
+        box, _ = find_numbers(region)
         if box is None:
             return None
         numbers = ((box[0] + box[2]) / 2, (box[1] + box[3]) / 2)

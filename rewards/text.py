@@ -16,8 +16,8 @@ import torch
 
 from rewards.catalog import REWARDS
 from rewards.parse import answer_region, parse_box, parse_choice, parse_number, strip_think
-from rewards.parse.answer import _ANSWER_TAG
-from rewards.parse.geometry import _parse_region
+from rewards.parse.answer import ANSWER_TAG
+from rewards.parse.geometry import parse_region
 
 
 @REWARDS.register("format")
@@ -45,13 +45,13 @@ def _is_tagged_box(text: str) -> bool:
     if not isinstance(text, str):
         return False
     body = strip_think(text).strip()
-    tags = list(_ANSWER_TAG.finditer(body))
+    tags = list(ANSWER_TAG.finditer(body))
     if len(tags) != 2:
         return False
     open_tag, close_tag = tags
     if open_tag.group(1) or not close_tag.group(1) or open_tag.start() != 0 or close_tag.end() != len(body):
         return False
-    return _parse_region(body[open_tag.end() : close_tag.start()]).box is not None
+    return parse_region(body[open_tag.end() : close_tag.start()]).box is not None
 
 
 # --------------------------------------------------------------------------------------------------------------------

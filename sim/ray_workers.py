@@ -27,7 +27,7 @@ __all__ = ["init_ray", "kill_actor"]
 
 
 @dataclass(frozen=True)
-class _GeneratorSeed:
+class GeneratorSeed:
     """Stands for a `torch.Generator` argument: the worker builds `torch.Generator().manual_seed(seed)`."""
 
     seed: int
@@ -43,7 +43,7 @@ class _EnvSpec:
     remote_only: dict[str, str] = field(default_factory=dict)  # name -> why it is not forwarded
 
 
-class _Unmergeable(ValueError):
+class Unmergeable(ValueError):
     """Per-worker values that are neither per-world nor equal; `where` names the offending entry."""
 
     def __init__(self, where: str):
@@ -51,7 +51,7 @@ class _Unmergeable(ValueError):
         self.where = where
 
 
-class _EnvWorker:
+class EnvWorker:
     """The actor: one env holding a block of the worlds (a plain class; `RayVecEnv` wraps it with `ray.remote`).
 
     A constructor error is kept and raised by every call: an actor whose constructor raises is dead to Ray, and the
@@ -158,7 +158,7 @@ def kill_actor(ray: Any, actor: Any) -> None:
 
 
 def _as_generator(value: Any) -> Any:
-    return torch.Generator().manual_seed(value.seed) if isinstance(value, _GeneratorSeed) else value
+    return torch.Generator().manual_seed(value.seed) if isinstance(value, GeneratorSeed) else value
 
 
 _PLAIN_SCALARS = (
@@ -188,7 +188,7 @@ def _is_plain(value: Any) -> bool:
     return False
 
 
-def _env_spec(described: list[dict[str, Any]], device: torch.device | None) -> _EnvSpec:
+def env_spec(described: list[dict[str, Any]], device: torch.device | None) -> _EnvSpec:
     """The wrapper's view of the env from every worker's `describe()`.
 
     A plain value that differs between workers is state, not a constant: it is not served (`remote_only`).
@@ -226,11 +226,11 @@ def _equal(a: Any, b: Any) -> bool:
         return False
 
 
-def _merge(parts: list[Any], sizes: list[int], where: str) -> Any:
+def merge_parts(parts: list[Any], sizes: list[int], where: str) -> Any:
     """Merge one value per worker (worker k holds `sizes[k]` worlds) by the rule of the module docstring.
 
     Raises:
-        _Unmergeable: The values are neither per-world nor all equal; `where` (extended for nested entries) names it.
+        Unmergeable: The values are neither per-world nor all equal; `where` (extended for nested entries) names it.
     """
     first = parts[0]
     if all(isinstance(p, torch.Tensor) and p.dim() >= 1 and p.shape[0] == n for p, n in zip(parts, sizes)):
@@ -240,59 +240,59 @@ def _merge(parts: list[Any], sizes: list[int], where: str) -> Any:
     if all(isinstance(p, list) and len(p) == n for p, n in zip(parts, sizes)):
         return [x for p in parts for x in p]
     if all(isinstance(p, dict) for p in parts):
-        return _merge_dict(parts, sizes, where, None)
+        return merge_dict(parts, sizes, where, None)
     if dataclasses.is_dataclass(first) and not isinstance(first, type) and all(type(p) is type(first) for p in parts):
         fields = {
-            f.name: _merge([getattr(p, f.name) for p in parts], sizes, f"{where}.{f.name}")
+            f.name: merge_parts([getattr(p, f.name) for p in parts], sizes, f"{where}.{f.name}")
             for f in dataclasses.fields(first)
             if f.init
         }
         return type(first)(**fields)
     if all(type(p) is tuple and len(p) == len(first) for p in parts):
-        return tuple(_merge([p[j] for p in parts], sizes, f"{where}[{j}]") for j in range(len(first)))
+        return tuple(merge_parts([p[j] for p in parts], sizes, f"{where}[{j}]") for j in range(len(first)))
     if all(_equal(p, first) for p in parts[1:]):
-        return _map_tensors(first, torch.clone)  # a copy: deserialised tensors may sit in Ray's shared memory
-    raise _Unmergeable(where)
+        return map_tensors(first, torch.clone)  # a copy: deserialised tensors may sit in Ray's shared memory
+    raise Unmergeable(where)
 
 
-def _merge_dict(parts: list[dict[str, Any]], sizes: list[int], where: str, dropped: list[str] | None) -> dict:
+def merge_dict(parts: list[dict[str, Any]], sizes: list[int], where: str, dropped: list[str] | None) -> dict:
     """Merge dicts per key. With `dropped`, entries that do not merge are left out and listed there; else raise."""
     merged = {}
     for key in parts[0]:
         path = f"{where}[{key!r}]"
         try:
             if not all(key in p for p in parts):
-                raise _Unmergeable(path)
+                raise Unmergeable(path)
             values = [p[key] for p in parts]
             if dropped is not None and all(isinstance(v, dict) for v in values):
-                merged[key] = _merge_dict(values, sizes, path, dropped)
+                merged[key] = merge_dict(values, sizes, path, dropped)
             else:
-                merged[key] = _merge(values, sizes, path)
-        except _Unmergeable as error:
+                merged[key] = merge_parts(values, sizes, path)
+        except Unmergeable as error:
             if dropped is None:
                 raise
             dropped.append(error.where)
     if dropped is None:
         extra = [key for p in parts[1:] for key in p if key not in parts[0]]
         if extra:
-            raise _Unmergeable(f"{where}[{extra[0]!r}]")
+            raise Unmergeable(f"{where}[{extra[0]!r}]")
     else:
         dropped.extend(f"{where}[{key!r}]" for p in parts[1:] for key in p if key not in parts[0])
     return merged
 
 
-def _map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     """`value` with `fn` applied to every tensor in it (through dicts, lists, tuples and dataclasses)."""
     if isinstance(value, torch.Tensor):
         return fn(value)
     if isinstance(value, dict):
-        return {key: _map_tensors(v, fn) for key, v in value.items()}
+        return {key: map_tensors(v, fn) for key, v in value.items()}
     if isinstance(value, list):
-        return [_map_tensors(v, fn) for v in value]
+        return [map_tensors(v, fn) for v in value]
     if type(value) is tuple:
-        return tuple(_map_tensors(v, fn) for v in value)
+        return tuple(map_tensors(v, fn) for v in value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return dataclasses.replace(
-            value, **{f.name: _map_tensors(getattr(value, f.name), fn) for f in dataclasses.fields(value) if f.init}
+            value, **{f.name: map_tensors(getattr(value, f.name), fn) for f in dataclasses.fields(value) if f.init}
         )
     return value

@@ -74,15 +74,15 @@ import torch
 
 from sim.base import ActionKind, Observation, StepResult, resolve_env_ids, resolve_seeds
 from sim.ray_workers import (
-    _env_spec,
-    _EnvWorker,
-    _GeneratorSeed,
-    _map_tensors,
-    _merge,
-    _merge_dict,
-    _Unmergeable,
+    EnvWorker,
+    GeneratorSeed,
+    Unmergeable,
+    env_spec,
     init_ray,
     kill_actor,
+    map_tensors,
+    merge_dict,
+    merge_parts,
 )
 from sim.registry import ENVS, make
 
@@ -212,11 +212,11 @@ class RayVecEnv:
                 f"{workers} * {cpus_per_worker:g}; lower cpus_per_worker or start Ray with more num_cpus"
             )
         # Ray's own actor restart would rebuild the env without the episode replay, so it stays off.
-        self._actor_cls = ray.remote(num_cpus=cpus_per_worker, max_restarts=0, max_task_retries=0)(_EnvWorker)
+        self._actor_cls = ray.remote(num_cpus=cpus_per_worker, max_restarts=0, max_task_retries=0)(EnvWorker)
         self._actors: list[Any] = [self._new_actor(k) for k in range(workers)]
         try:
             described = self._run("describe", {k: () for k in range(workers)}, timeout=self.start_timeout_s)
-            self._spec = _env_spec([described[k] for k in range(workers)], self._device)
+            self._spec = env_spec([described[k] for k in range(workers)], self._device)
             for required in ("action_kind", "max_episode_steps"):
                 if required not in self._spec.values:
                     raise ValueError(f"env {name!r} exposes no {required}; it does not implement the VecEnv contract")
@@ -297,9 +297,9 @@ class RayVecEnv:
         sizes = self._sizes()
         merged = StepResult(
             obs=self._merge_observations(),
-            reward=_merge([p.reward for p in parts], sizes, "reward"),
-            terminated=_merge([p.terminated for p in parts], sizes, "terminated"),
-            truncated=_merge([p.truncated for p in parts], sizes, "truncated"),
+            reward=merge_parts([p.reward for p in parts], sizes, "reward"),
+            terminated=merge_parts([p.terminated for p in parts], sizes, "terminated"),
+            truncated=merge_parts([p.truncated for p in parts], sizes, "truncated"),
             info=self._merge_info([p.info for p in parts], sizes),
         )
         return self._to_device(merged)
@@ -343,8 +343,8 @@ class RayVecEnv:
             calls[k] = (method, worker_args, worker_kwargs)
         results = self._run("call", calls)
         try:
-            merged = _merge([results[k] for k in range(len(self._actors))], self._sizes(), method)
-        except _Unmergeable as error:
+            merged = merge_parts([results[k] for k in range(len(self._actors))], self._sizes(), method)
+        except Unmergeable as error:
             raise ValueError(
                 f"{self.name}.{method}: the {len(self._actors)} workers returned values at {error.where} that are "
                 "neither per-world (leading dim = the worker's world count) nor equal"
@@ -388,7 +388,7 @@ class RayVecEnv:
             return self.call("expert_action", **kwargs)
         if self.action_kind == "text":
             return self.call("expert_action", generator=generator, **kwargs)
-        # One [N, D] draw from the caller's generator, as the in-process env draws it (sim.robotics.planar._add_noise).
+        # One [N, D] draw from the caller's generator, as the in-process env draws it (sim.robotics.planar.add_noise).
         clean = self.call("expert_action", **{**kwargs, "noise": 0.0}).cpu()  # [N, D]
         perturbed = clean + noise * torch.randn(clean.shape, generator=generator)
         low = self._spec.values.get("action_low", torch.tensor(-1.0))
@@ -404,7 +404,7 @@ class RayVecEnv:
 
     def _seeded(self, value: Any) -> Any:
         if isinstance(value, torch.Generator):
-            return _GeneratorSeed(int(torch.randint(0, _SEED_HIGH, (), generator=value)))
+            return GeneratorSeed(int(torch.randint(0, _SEED_HIGH, (), generator=value)))
         return value
 
     def _new_actor(self, k: int) -> Any:
@@ -542,11 +542,11 @@ class RayVecEnv:
     def _merge_observations(self) -> Observation:
         parts = [obs for obs in self._obs if obs is not None]
         assert len(parts) == len(self._actors), "every worker has an observation once reset() returned"
-        return _merge(parts, self._sizes(), "obs")
+        return merge_parts(parts, self._sizes(), "obs")
 
     def _merge_info(self, parts: list[dict[str, Any]], sizes: list[int]) -> dict[str, Any]:
         dropped: list[str] = []
-        merged = _merge_dict(parts, sizes, "info", dropped)
+        merged = merge_dict(parts, sizes, "info", dropped)
         for where in dropped:
             if where not in self._dropped_info:
                 self._dropped_info.add(where)
@@ -561,4 +561,4 @@ class RayVecEnv:
     def _to_device(self, value: Any) -> Any:
         if self._device is None or self._device.type == "cpu":
             return value
-        return _map_tensors(value, lambda t: t.to(self._device))
+        return map_tensors(value, lambda t: t.to(self._device))

@@ -7,7 +7,8 @@ relative imports are resolved, and the graph of the project's modules is checked
 * no cycle: no two modules reach each other (a package's `__init__` counts as the package, so a submodule that imports
   a name from its own package's `__init__` while that `__init__` imports the submodule is a cycle too);
 * no function-local import of a project module: those hide cycles and import-time costs (function-local imports are
-  for optional heavy dependencies only).
+  for optional heavy dependencies only);
+* no private name (`_x`) imported from another project module: what a module shares is public.
 
 An edge `a -> b` is what `a` makes Python execute: `import x.y` and `from x import y` reach module `x.y` when it is
 one, else the names of package or module `x`. Ancestor packages are not counted as targets of a submodule's import
@@ -164,11 +165,35 @@ def check(root: Path, packages: tuple[str, ...]) -> list[str]:
     return problems
 
 
+def private_imports(root: Path, packages: tuple[str, ...]) -> list[str]:
+    """`file:line: module imports _name from other` for every private name taken from another project module."""
+    problems = []
+    for module, path in module_files(root, packages).items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            source = ".".join([*base, node.module] if node.module else base)
+            if source.split(".")[0] not in packages or source == module:
+                continue
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    where = f"{path.relative_to(root)}:{node.lineno}"
+                    problems.append(f"{where}: {module} imports the private name {alias.name} from {source}")
+    return problems
+
+
 # ---------------------------------------------------------------------------------------------- the project
 
 
 def test_the_project_imports_in_one_direction_without_cycles_or_hidden_imports():
     problems = check(REPO, PACKAGES)
+    assert not problems, "\n".join(problems)
+
+
+def test_no_module_takes_another_modules_private_names():
+    problems = private_imports(REPO, PACKAGES)
     assert not problems, "\n".join(problems)
 
 
@@ -233,3 +258,16 @@ def test_checker_catches_a_function_local_import_and_the_wrong_direction(tmp_pat
     assert any("low/a.py:2" in p and "function-local" in p for p in problems)
     assert any("high/b.py:2" in p and "function-local import of low.a" in p for p in problems)
     assert any("high/b.py:3" in p and "function-local import of high" in p for p in problems)  # its own package
+
+
+def test_checker_catches_a_private_name_taken_from_another_module(tmp_path):
+    root = _write(tmp_path, {
+        "low/__init__.py": "from .a import public\n",
+        "low/a.py": "public = 1\n_secret = 2\n",
+        "low/b.py": "from .a import _secret\nfrom low.a import public, _secret as s\nfrom os import _exit\n",
+    })  # fmt: skip
+    problems = private_imports(root, ("low",))
+    assert problems == [
+        "low/b.py:1: low.b imports the private name _secret from low.a",
+        "low/b.py:2: low.b imports the private name _secret from low.a",
+    ]

@@ -36,7 +36,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 from sim.base import Observation
 
 from ..types import Completions, Sampling
-from .tokens import GenerationTarget, _AllowOnly, completion_mask_from_ids
+from .tokens import AllowOnly, GenerationTarget, completion_mask_from_ids
 from .vllm_backend import VLLMBackend
 
 BACKENDS = ("hf", "static", "vllm")
@@ -91,7 +91,7 @@ class _SamplingLogprobs(LogitsProcessor):
     alive at a time.
 
     After recording, the returned scores ban what may not be sampled: everything but the action tokens of a VLA
-    (`_AllowOnly`), else the vision placeholders (`suppress`, which transformers' `suppress_tokens` would have done
+    (`AllowOnly`), else the vision placeholders (`suppress`, which transformers' `suppress_tokens` would have done
     before this processor saw the logits, i.e. before recording).
 
     Args:
@@ -105,7 +105,7 @@ class _SamplingLogprobs(LogitsProcessor):
     def __init__(self, temperature: float, allowed: torch.Tensor | None, suppress: list[int], token_index):
         self.temperature = temperature
         self.allowed = allowed
-        self.allow_only = _AllowOnly(allowed) if allowed is not None else None
+        self.allow_only = AllowOnly(allowed) if allowed is not None else None
         self.suppress = list(suppress)
         self.token_index = token_index
         self._previous: torch.Tensor | None = None  # [R, V'] log-probs of the last step

@@ -51,7 +51,7 @@ def require_peft():
     return peft
 
 
-def _plain_model(model):
+def plain_model(model):
     """The transformers model under a PEFT wrapper (or the model itself)."""
     return model.get_base_model() if is_lora_model(model) else model
 
@@ -76,7 +76,7 @@ def find_vision_modules(model) -> dict[str, torch.nn.Module]:
     Raises:
         ValueError: naming the model class when no vision module is found.
     """
-    plain = _plain_model(model)
+    plain = plain_model(model)
     found: dict[str, torch.nn.Module] = {}
     for name, module in plain.named_modules():
         leaf = name.rsplit(".", 1)[-1]
@@ -109,7 +109,7 @@ def enable_gradient_checkpointing(policy: ModelHolder) -> None:
     `enable_input_require_grads` for gradients to flow; transformers registers that hook itself anyway. It is
     active only in training mode; `generate` switches the model to eval, where it is off.
     """
-    model = _plain_model(policy.model)
+    model = plain_model(policy.model)
     kwargs = {"use_reentrant": False}
     if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x; the old name is deprecated
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
@@ -197,8 +197,8 @@ def merge_lora(policy: ModelHolder) -> ModelHolder:
     return policy
 
 
-_ADAPTER_KEYS = ("lora_", "trainable_tokens_", ".modules_to_save.")
-_WRAPPER_PARTS = ((".token_adapter.base_layer.", "."), (".base_layer.", "."), (".original_module.", "."))
+ADAPTER_KEYS = ("lora_", "trainable_tokens_", ".modules_to_save.")
+WRAPPER_PARTS = ((".token_adapter.base_layer.", "."), (".base_layer.", "."), (".original_module.", "."))
 
 
 _PEFT_PREFIX = "base_model.model."  # a PeftModel's state-dict keys are the plain model's behind this prefix
@@ -217,9 +217,9 @@ def base_state_dict(model) -> dict[str, torch.Tensor]:
     plain = {}
     for key, value in model.state_dict().items():
         key = key.removeprefix(_PEFT_PREFIX)
-        if any(part in key for part in _ADAPTER_KEYS):
+        if any(part in key for part in ADAPTER_KEYS):
             continue
-        for wrapped, bare in _WRAPPER_PARTS:
+        for wrapped, bare in WRAPPER_PARTS:
             key = key.replace(wrapped, bare)
         plain[key] = value
     return plain
@@ -227,7 +227,7 @@ def base_state_dict(model) -> dict[str, torch.Tensor]:
 
 def save_lora(policy: ModelHolder, path: str | Path) -> None:
     """Base weights as a plain checkpoint in `path`, adapters (and action-token rows) in `path/lora/`."""
-    plain = _plain_model(policy.model)
+    plain = plain_model(policy.model)
     plain.save_pretrained(path, state_dict=base_state_dict(policy.model))
     # The base weights (with any resized embedding) are saved above; PEFT need not copy whole embedding layers.
     policy.model.save_pretrained(Path(path) / LORA_DIR, save_embedding_layers=False)

@@ -39,7 +39,7 @@ class ModelHolder(Protocol):
     def set_generation_backend(self, name: str, **options) -> None: ...
 
 
-class _AllowOnly(LogitsProcessor):
+class AllowOnly(LogitsProcessor):
     """Bans every token but `allowed` (the action tokens of a VLA) at every generation step."""
 
     def __init__(self, allowed: torch.Tensor):

@@ -52,7 +52,7 @@ import torch
 from sim.base import Observation
 
 from ..types import Completions, Sampling
-from .options import _ADAPTER_KEYS, _WRAPPER_PARTS, _plain_model, is_lora_model
+from .options import ADAPTER_KEYS, WRAPPER_PARTS, is_lora_model, plain_model
 from .tokens import GenerationTarget
 from .vision import to_pil
 
@@ -166,13 +166,13 @@ def merged_named_weights(model) -> Iterator[tuple[str, torch.Tensor]]:
     # Parameters, not the state dict: a tied head is listed once (as `named_parameters` of the plain model does)
     # and no buffer reaches vLLM's `load_weights`, which refuses names it does not know.
     for key, value in plain.named_parameters():
-        if any(part in key for part in _ADAPTER_KEYS):
+        if any(part in key for part in ADAPTER_KEYS):
             continue
         value = value.detach()
         if key in deltas:
             delta = deltas[key]
             value = delta.to(value.dtype) if "token_adapter" in key else (value + delta.to(value.dtype))
-        for wrapped, bare in _WRAPPER_PARTS:
+        for wrapped, bare in WRAPPER_PARTS:
             key = key.replace(wrapped, bare)
         yield key, value
 
@@ -225,7 +225,7 @@ class VLLMBackend:
     # ------------------------------------------------------------------ lifecycle
     def _start(self, policy: GenerationTarget):
         vllm = require_vllm()
-        plain = _plain_model(policy.model)
+        plain = plain_model(policy.model)
         self._folder = tempfile.TemporaryDirectory(prefix="mmrl-vllm-")
         config = copy.deepcopy(plain.config)
         config.architectures = [type(plain).__name__]  # what vLLM picks its implementation by

@@ -20,7 +20,7 @@ from .action_codec import load_action_codec
 from .backends import make_backend
 from .options import LORA_DIR, is_lora, load_lora, save_lora
 from .processing import VisionTextProcessor
-from .tokens import _AllowOnly, completion_mask_from_ids, token_logprobs  # noqa: F401  (re-exported)
+from .tokens import AllowOnly, completion_mask_from_ids, token_logprobs  # noqa: F401  (re-exported)
 from .vision import to_pil
 
 

@@ -16,7 +16,7 @@ Numbers and letter choices are read from the last this many characters (`rewards
 """
 
 _THINK_TAG = re.compile(r"<(/?)think>", re.IGNORECASE)
-_ANSWER_TAG = re.compile(r"<(/?)answer>", re.IGNORECASE)
+ANSWER_TAG = re.compile(r"<(/?)answer>", re.IGNORECASE)
 
 
 def strip_think(text: str) -> str:
@@ -65,7 +65,7 @@ def extract_answer(text: str) -> str | None:
     """
     opened_at = None
     last = None
-    for tag in _ANSWER_TAG.finditer(text):
+    for tag in ANSWER_TAG.finditer(text):
         if not tag.group(1):
             opened_at = tag.end()
         elif opened_at is not None:

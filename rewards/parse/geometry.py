@@ -88,7 +88,7 @@ def parse_box(text: str, *, normalized_1000: bool = False, scale: tuple[float, f
     """
     if not isinstance(text, str):
         return BoxParse(None, "input is not a string")
-    return _parse_region(answer_region(text), normalized_1000=normalized_1000, scale=scale)
+    return parse_region(answer_region(text), normalized_1000=normalized_1000, scale=scale)
 
 
 def parse_boxes(texts: list[str], **kwargs) -> tuple[torch.Tensor, list[str]]:
@@ -108,18 +108,18 @@ def parse_boxes(texts: list[str], **kwargs) -> tuple[torch.Tensor, list[str]]:
     return boxes.reshape(-1, 4), [p.reason for p in parses]
 
 
-def _parse_region(region: str, *, normalized_1000: bool = False, scale: tuple[float, float] | None = None) -> BoxParse:
+def parse_region(region: str, *, normalized_1000: bool = False, scale: tuple[float, float] | None = None) -> BoxParse:
     """`parse_box` on text already reduced to the part that should hold the box.
 
     No tags are looked at here but Qwen2-VL's box tokens.
     """
-    numbers, reason = _find_numbers(_box_token_content(region[:MAX_BOX_CHARS]))
+    numbers, reason = find_numbers(box_token_content(region[:MAX_BOX_CHARS]))
     if numbers is None:
         return BoxParse(None, reason)
     return _checked_box(numbers, normalized_1000=normalized_1000, scale=scale)
 
 
-def _box_token_content(region: str) -> str:
+def box_token_content(region: str) -> str:
     """The content of the first Qwen2-VL `<|box_start|>...<|box_end|>` pair (to the end if unclosed), else `region`."""
     start = region.find(_BOX_START)
     if start < 0:
@@ -161,7 +161,7 @@ def _tokenize(text: str) -> tuple[str, list[float]]:
     return "".join(signature), values
 
 
-def _find_numbers(region: str) -> tuple[list[float] | None, str]:
+def find_numbers(region: str) -> tuple[list[float] | None, str]:
     """Picks the four numbers of the box in `region` by the priority in `parse_box`, or says why there are none."""
     signature, values = _tokenize(region)
 
@@ -275,8 +275,8 @@ def parse_point(text: str, *, normalized_1000: bool = False, scale: tuple[float,
     """
     if not isinstance(text, str):
         return PointParse(None, "input is not a string")
-    region = _box_token_content(answer_region(text)[:MAX_BOX_CHARS])
-    numbers, reason = _find_point_numbers(region)
+    region = box_token_content(answer_region(text)[:MAX_BOX_CHARS])
+    numbers, reason = find_point_numbers(region)
     if numbers is None:
         return PointParse(None, reason)
     point = _scaled_pair(*numbers, normalized_1000=normalized_1000, scale=scale)
@@ -299,7 +299,7 @@ def parse_points(texts: list[str], **kwargs) -> tuple[torch.Tensor, list[str]]:
     return points.reshape(-1, 2), [p.reason for p in parses]  # [R, 2]
 
 
-def _find_point_numbers(region: str) -> tuple[tuple[float, float] | None, str]:
+def find_point_numbers(region: str) -> tuple[tuple[float, float] | None, str]:
     signature, values = _tokenize(region)
 
     def numbers_in(match: re.Match[str]) -> list[float]:
@@ -319,7 +319,7 @@ def _find_point_numbers(region: str) -> tuple[tuple[float, float] | None, str]:
         return (x, y), ""
     if signature == "n,n":  # the whole answer is "x, y"
         return (values[0], values[2]), ""
-    if pair is not None or _find_numbers(region)[0] is not None:
+    if pair is not None or find_numbers(region)[0] is not None:
         return None, "found a box, not a point"
     return None, "no point found"
 
@@ -387,7 +387,7 @@ def parse_box_list(
     if not found:
         if "[]" in signature:
             return BoxListParse((), "")
-        single = _parse_region(region, normalized_1000=normalized_1000, scale=scale)
+        single = parse_region(region, normalized_1000=normalized_1000, scale=scale)
         return BoxListParse(None, single.reason) if single.box is None else BoxListParse((single.box,), "")
 
     boxes = []

@@ -158,7 +158,7 @@ def _follower_gap(road: Any, vehicle: Any, lane_index: Any) -> tuple[float, floa
     return max(float(gap), 0.0), float(rear.speed - vehicle.speed)
 
 
-def _time_to_collision(road: Any, vehicle: Any) -> float:
+def time_to_collision(road: Any, vehicle: Any) -> float:
     """Seconds until the ego reaches the car ahead in its lane at current speeds; inf when not closing."""
     gap, closing = _leader_gap(road, vehicle, vehicle.lane_index)
     return gap / closing if closing > 0 and math.isfinite(gap) else math.inf

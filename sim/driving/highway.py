@@ -99,7 +99,7 @@ from sim.base import (
     resolve_env_ids,
     resolve_seeds,
 )
-from sim.driving.expert import HighwayExpert, _time_to_collision
+from sim.driving.expert import HighwayExpert, time_to_collision
 from sim.registry import ENVS
 
 META_ACTIONS = ("LANE_LEFT", "IDLE", "LANE_RIGHT", "FASTER", "SLOWER")
@@ -418,7 +418,7 @@ class HighwayEnv(HighwayExpert):
                 factor = 1.0
                 if not vehicle.on_road:
                     factor *= self.offroad_factor
-                if _time_to_collision(env.road, vehicle) < self.ttc_threshold:
+                if time_to_collision(env.road, vehicle) < self.ttc_threshold:
                     factor *= self.unsafe_factor
                 components["progress"][k] = progress
                 components["penalty"][k] = factor

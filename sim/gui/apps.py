@@ -36,7 +36,7 @@ from sim.gui.screen import (
 TASKS = ("form", "menu", "navigate", "scroll")  # the apps `gui_task` plays
 
 
-class _App:
+class App:
     """One world's app: its state, the screen drawn from it, the goal, and the expert's next action.
 
     Subclasses set `instruction` and `screen` in `__init__`, call `_redraw()` after every change of state, and define
@@ -89,7 +89,7 @@ def _same_text(a: str, b: str) -> bool:
     return normalize_answer(a) == normalize_answer(b)
 
 
-class _FormApp(_App):
+class _FormApp(App):
     """Fill one field, maybe tick one checkbox, submit."""
 
     def __init__(self, rng: np.random.Generator, size: int, theme: Theme):
@@ -156,7 +156,7 @@ class _FormApp(_App):
         return steps
 
 
-class _ToolbarApp(_App):
+class _ToolbarApp(App):
     """A menu bar over a scrollable list: pick a menu item (`menu`) or open a list item (`scroll`)."""
 
     def __init__(self, rng: np.random.Generator, size: int, theme: Theme, task: str):
@@ -240,7 +240,7 @@ class _ToolbarApp(_App):
         return 1 + (self.open is not None) + self._scrolls()[0]
 
 
-class _NavApp(_App):
+class _NavApp(App):
     """Tabs with links to sub-pages: reach the named page, then finish."""
 
     def __init__(self, rng: np.random.Generator, size: int, theme: Theme):
@@ -332,7 +332,7 @@ class _NavApp(_App):
         return hops(self.page) + 1  # + finish
 
 
-def _make_app(task: str, rng: np.random.Generator, size: int, theme: Theme) -> _App:
+def make_app(task: str, rng: np.random.Generator, size: int, theme: Theme) -> App:
     if task == "form":
         return _FormApp(rng, size, theme)
     if task in ("menu", "scroll"):

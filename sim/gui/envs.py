@@ -102,7 +102,7 @@ from rewards import (
     point_in_box,
 )
 from sim.base import Observation, SingleStepImageEnv, StepResult, check_text_actions, resolve_env_ids, resolve_seeds
-from sim.gui.apps import TASKS, _App, _make_app
+from sim.gui.apps import TASKS, App, make_app
 from sim.gui.layouts import (
     random_screen,
 )
@@ -398,7 +398,7 @@ class GUITaskEnv:
         size = self.image_size
         self._images = torch.zeros(num_envs, size, size, 3, dtype=torch.uint8, device=self.device)
         self._instructions = [""] * num_envs
-        self.apps: list[_App | None] = [None] * num_envs
+        self.apps: list[App | None] = [None] * num_envs
         self.task_names = [""] * num_envs  # the task of each world
         # Per-world episode state on the CPU (only Python reads it).
         self._steps = [0] * num_envs
@@ -426,7 +426,7 @@ class GUITaskEnv:
             rng = np.random.default_rng(world_seed)
             task = self.tasks[int(rng.integers(len(self.tasks)))]
             theme = THEMES[self.themes[int(rng.integers(len(self.themes)))]]
-            app = self.apps[i] = _make_app(task, rng, self.image_size, theme)
+            app = self.apps[i] = make_app(task, rng, self.image_size, theme)
             self.task_names[i] = task
             self._instructions[i] = app.instruction
             self._steps[i], self._best[i] = 0, app.remaining()

@@ -34,12 +34,12 @@ from sim.gui.screen import (
     TAB_NAMES,
     WORDS,
     Box,
+    Builder,
     Screen,
     Theme,
-    _Builder,
-    _fillers,
-    _pick,
+    fillers,
     metrics,
+    pick_words,
     text_width,
 )
 
@@ -74,8 +74,8 @@ def sample_form(rng: np.random.Generator, size: int) -> FormSpec:
         buttons = (other, submit) if rng.random() < 0.7 else (submit, other)
     return FormSpec(
         title=FORM_TITLES[int(rng.integers(len(FORM_TITLES)))],
-        fields=_pick(rng, FIELD_LABELS, n_fields),
-        checkboxes=_pick(rng, CHECKBOX_LABELS, n_checks),
+        fields=pick_words(rng, FIELD_LABELS, n_fields),
+        checkboxes=pick_words(rng, CHECKBOX_LABELS, n_checks),
         buttons=buttons,
         submit=submit,
         align=("left", "center", "right")[int(rng.integers(3))],
@@ -106,7 +106,7 @@ def form_screen(
     """
     texts = [""] * len(spec.fields) if texts is None else list(texts)
     checked = [False] * len(spec.checkboxes) if checked is None else list(checked)
-    b = _Builder(size, theme, "form")
+    b = Builder(size, theme, "form")
     m = b.m
     b.decor("fill", (0, 0, size, m.bar), "header")
     b.decor("text", (m.margin, 0, size - m.margin, m.bar), "on_header", spec.title, bold=True)
@@ -169,8 +169,8 @@ def sample_toolbar(
         The spec.
     """
     m = metrics(size)
-    menus = list(_pick(rng, MENU_NAMES, int(rng.integers(2, 4))))
-    icons = list(_pick(rng, ICONS, int(rng.integers(0, 4))))
+    menus = list(pick_words(rng, MENU_NAMES, int(rng.integers(2, 4))))
+    icons = list(pick_words(rng, ICONS, int(rng.integers(0, 4))))
     side = m.bar - 4
 
     def bar_width() -> int:
@@ -179,7 +179,7 @@ def sample_toolbar(
     while bar_width() > size - 2 * m.margin:
         (icons if icons else menus).pop()  # icons go first; the bar always fits two menus
     counts = [int(c) for c in rng.integers(3, 5, size=len(menus))]
-    pool = _pick(rng, MENU_ITEMS, sum(counts))
+    pool = pick_words(rng, MENU_ITEMS, sum(counts))
     menu_items, start = [], 0
     for count in counts:
         menu_items.append(pool[start : start + count])
@@ -189,7 +189,7 @@ def sample_toolbar(
         menus=tuple(menus),
         menu_items=tuple(menu_items),
         icons=tuple(icons),
-        items=_pick(rng, LIST_ITEMS, int(rng.integers(min(min_items, top), top + 1))),
+        items=pick_words(rng, LIST_ITEMS, int(rng.integers(min(min_items, top), top + 1))),
     )
 
 
@@ -208,7 +208,7 @@ def toolbar_screen(
     Returns:
         The screen. List items under an open menu are drawn but not clickable.
     """
-    b = _Builder(size, theme, "toolbar")
+    b = Builder(size, theme, "toolbar")
     m = b.m
     b.decor("fill", (0, 0, size, m.bar), "header")
     headers = []
@@ -288,7 +288,7 @@ def sample_dialog(rng: np.random.Generator, size: int) -> DialogSpec:
     """
     m = metrics(size)
     inner = size - 2 * _dialog_inset(size) - 2 * m.pad
-    buttons = list(_pick(rng, DIALOG_BUTTONS, int(rng.integers(2, 4))))
+    buttons = list(pick_words(rng, DIALOG_BUTTONS, int(rng.integers(2, 4))))
     while (
         len(buttons) > 1 and sum(text_width(t, m.font) + 2 * m.pad for t in buttons) + m.margin * len(buttons) > inner
     ):
@@ -296,7 +296,7 @@ def sample_dialog(rng: np.random.Generator, size: int) -> DialogSpec:
     close = bool(rng.random() < 0.5) or len(buttons) == 1  # at least two things to click
     return DialogSpec(
         page_title=PAGE_TITLES[int(rng.integers(len(PAGE_TITLES)))],
-        filler=_fillers(rng, (size - m.bar) // m.row),
+        filler=fillers(rng, (size - m.bar) // m.row),
         title=DIALOG_TITLES[int(rng.integers(len(DIALOG_TITLES)))],
         message=DIALOG_MESSAGES[int(rng.integers(len(DIALOG_MESSAGES)))],
         checkbox=DIALOG_CHECKBOXES[int(rng.integers(len(DIALOG_CHECKBOXES)))] if rng.random() < 0.5 else None,
@@ -321,7 +321,7 @@ def dialog_screen(size: int, theme: Theme, spec: DialogSpec, checked: bool = Fal
     Returns:
         The screen.
     """
-    b = _Builder(size, theme, "dialog")
+    b = Builder(size, theme, "dialog")
     m = b.m
     b.decor("fill", (0, 0, size, m.bar), "header")
     b.decor("text", (m.margin, 0, size - m.margin, m.bar), "on_header", spec.page_title, bold=True)
@@ -406,9 +406,9 @@ def sample_settings(rng: np.random.Generator, size: int) -> SettingsSpec:
         if n_buttons > 1:
             buttons += (SETTINGS_RESET[int(rng.integers(2))],)
     return SettingsSpec(
-        tabs=fit_tabs(_pick(rng, TAB_NAMES, int(rng.integers(2, 5))), size),
-        switches=_pick(rng, SWITCH_LABELS, n_switches),
-        links=_pick(rng, LINK_LABELS, n_links),
+        tabs=fit_tabs(pick_words(rng, TAB_NAMES, int(rng.integers(2, 5))), size),
+        switches=pick_words(rng, SWITCH_LABELS, n_switches),
+        links=pick_words(rng, LINK_LABELS, n_links),
         buttons=buttons,
     )
 
@@ -429,7 +429,7 @@ def settings_screen(
         The screen.
     """
     on = [False] * len(spec.switches) if on is None else list(on)
-    b = _Builder(size, theme, "settings")
+    b = Builder(size, theme, "settings")
     m = b.m
     b.decor("fill", (0, 0, size, m.bar), "header")
     x = m.margin
@@ -464,7 +464,7 @@ def detail_screen(size: int, theme: Theme, title: str, filler: Sequence[float]) 
     Returns:
         The screen.
     """
-    b = _Builder(size, theme, "detail")
+    b = Builder(size, theme, "detail")
     m = b.m
     b.decor("fill", (0, 0, size, m.bar), "header")
     b.decor("text", (m.margin, 0, size - m.margin, m.bar), "on_header", title, bold=True)

@@ -293,7 +293,7 @@ class Screen:
         return None
 
 
-class _Builder:
+class Builder:
     """Collects the items of one screen and measures text at the screen's font size."""
 
     def __init__(self, size: int, theme: Theme, layout: str):
@@ -319,11 +319,11 @@ class _Builder:
         return Screen(self.size, self.theme, self.layout, tuple(self.items), elements)
 
 
-def _pick(rng: np.random.Generator, vocab: Sequence[str], count: int) -> tuple[str, ...]:
+def pick_words(rng: np.random.Generator, vocab: Sequence[str], count: int) -> tuple[str, ...]:
     """`count` distinct entries of `vocab`, in random order."""
     return tuple(vocab[int(i)] for i in rng.choice(len(vocab), size=count, replace=False))
 
 
-def _fillers(rng: np.random.Generator, count: int) -> tuple[float, ...]:
+def fillers(rng: np.random.Generator, count: int) -> tuple[float, ...]:
     """Widths, as shares of the available width, of `count` skeleton text lines."""
     return tuple(float(w) for w in rng.uniform(0.35, 0.95, size=count))

@@ -1,4 +1,4 @@
-"""The loop every rendering-feedback env shares (`_RenderEnv`), and its kernels: image similarity, the
+"""The loop every rendering-feedback env shares (`RenderEnv`), and its kernels: image similarity, the
 target | render observation of a correction turn, code-length efficiency. The three kinds are in `sim.render.envs`,
 whose docstring describes the tasks, rewards and turns.
 """
@@ -38,7 +38,7 @@ CHART_LAYOUT_PX = 192
 """Charts are laid out as a figure of this many pixels at 100 dpi (8 pt text, about 11 px) and drawn at the env's
 `image_size` by scaling the dpi, so the picture is the same at every size, only sharper or blurrier."""
 
-_CHART_PREAMBLE = 'import matplotlib as _m; _m.rcParams.update({"figure.autolayout": True, "font.size": 8})\n'
+CHART_PREAMBLE = 'import matplotlib as _m; _m.rcParams.update({"figure.autolayout": True, "font.size": 8})\n'
 # Put before every chart source (target and answer): the renderer resizes the figure after the code ran, so the
 # layout must be computed at draw time (autolayout), or titles and tick labels of a small figure are cut off.
 
@@ -48,11 +48,11 @@ _MAX_SHOWN_CODE = 4000  # characters of the previous attempt quoted in a correct
 _MAX_SHOWN_REASON = 200
 _BLANK_VALUE = 255  # every renderer draws on white: an empty answer renders all 255
 _PAD_VALUE = 128  # grey around the two halves of a correction observation
-_CHART_LINE = re.compile(r"(<chart>, line )(\d+)")
+CHART_LINE = re.compile(r"(<chart>, line )(\d+)")
 _NUMBER_WORD = re.compile(r"^\d+$")
 
 
-class _RenderEnv(SingleStepImageEnv):
+class RenderEnv(SingleStepImageEnv):
     """The shared loop of the rendering envs; subclasses set the kind, targets, instructions and extra terms.
 
     Buffers and `reset` come from `SingleStepImageEnv` (`draw_worlds` renders the targets); `step` is this env's own:
@@ -423,7 +423,7 @@ def _render_batch(kind: str, sources: list[str], size: int, timeout: float, opti
     return render_batch(kind, sources, size, timeout=timeout, **options)
 
 
-def _drop_numbers(text: str) -> str:
+def drop_numbers(text: str) -> str:
     return " ".join(w for w in words(text) if not _NUMBER_WORD.match(w))
 
 

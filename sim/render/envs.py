@@ -74,14 +74,14 @@ from rewards.parse import answer_region, extract_code
 from rewards.render.cad import VIEWS
 from sim.registry import ENVS
 from sim.render.base import (
-    _CHART_LINE,
-    _CHART_PREAMBLE,
     CAD_EXTENT,
     CHART_LAYOUT_PX,
+    CHART_LINE,
+    CHART_PREAMBLE,
     DEFAULT_METRICS,
     IMAGE_METRICS,
-    _drop_numbers,
-    _RenderEnv,
+    RenderEnv,
+    drop_numbers,
     image_similarity,
     side_by_side,
 )
@@ -101,7 +101,7 @@ __all__ = ["CadEnv", "ChartEnv", "DEFAULT_METRICS", "IMAGE_METRICS", "SvgEnv", "
 
 
 @ENVS.register("svg")
-class SvgEnv(_RenderEnv):
+class SvgEnv(RenderEnv):
     """Image to SVG: reproduce a procedural SVG scene (see the module docstring for task, reward and turns).
 
     >>> env = SvgEnv(num_envs=2)  # doctest: +SKIP
@@ -141,7 +141,7 @@ class SvgEnv(_RenderEnv):
 
 
 @ENVS.register("chart")
-class ChartEnv(_RenderEnv):
+class ChartEnv(RenderEnv):
     """Chart to matplotlib code: reproduce a generated chart, words included (see the module docstring).
 
     The chart is laid out as a `CHART_LAYOUT_PX`-pixel figure and drawn at `image_size`; the OCR term reads
@@ -171,7 +171,7 @@ class ChartEnv(_RenderEnv):
     render_timeout = 10.0
 
     def __init__(self, num_envs: int, ocr_weight: float = 0.5, **options: Any):
-        """See the class docstring for `options`; `sim.make` checks their names against `_RenderEnv.__init__`."""
+        """See the class docstring for `options`; `sim.make` checks their names against `RenderEnv.__init__`."""
         super().__init__(num_envs, **options, _weights={"ocr_weight": ocr_weight})
         if self.weights["ocr"] > 0 and importlib.util.find_spec("rapidocr_onnxruntime") is None:
             raise ValueError(
@@ -179,21 +179,21 @@ class ChartEnv(_RenderEnv):
             )
 
     def wrap(self, code: str) -> str:
-        return _CHART_PREAMBLE + code
+        return CHART_PREAMBLE + code
 
     def render_options(self) -> dict[str, Any]:
         return {"dpi": 100.0 * self.image_size / CHART_LAYOUT_PX}
 
     def clean_reason(self, reason: str) -> str:
         # Line numbers count from the policy's first line, not the preamble's.
-        return _CHART_LINE.sub(lambda m: f"{m.group(1)}{max(int(m.group(2)) - 1, 1)}", reason)
+        return CHART_LINE.sub(lambda m: f"{m.group(1)}{max(int(m.group(2)) - 1, 1)}", reason)
 
     def extra_terms(
         self, terms: dict[str, torch.Tensor], rows: torch.Tensor, images: torch.Tensor, rendered: torch.Tensor
     ) -> None:
         if self.weights["ocr"] == 0:
             return  # no OCR engine, no cost
-        read = [_drop_numbers(text) for text in ocr_text(images[rows])]
+        read = [drop_numbers(text) for text in ocr_text(images[rows])]
         expected = [self.targets[i].text for i in rows.tolist()]  # type: ignore[union-attr]
         terms["ocr"][rows] = text_f1(read, expected)
 
@@ -202,7 +202,7 @@ class ChartEnv(_RenderEnv):
 
 
 @ENVS.register("cad")
-class CadEnv(_RenderEnv):
+class CadEnv(RenderEnv):
     """Views to a build123d script: reproduce a parametric part (see the module docstring).
 
     Args:
@@ -236,7 +236,7 @@ class CadEnv(_RenderEnv):
         views: Sequence[str] = ("front", "right", "top", "iso"),
         **options: Any,
     ):
-        """See the class docstring for `options`; `sim.make` checks their names against `_RenderEnv.__init__`."""
+        """See the class docstring for `options`; `sim.make` checks their names against `RenderEnv.__init__`."""
         names = [views] if isinstance(views, str) else list(views)
         if not names or any(v not in VIEWS for v in names):
             raise ValueError(f"views must be a non-empty list of {sorted(VIEWS)}, got {views!r}")

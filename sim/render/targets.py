@@ -109,7 +109,7 @@ class Program:
         return "".join(p if isinstance(p, str) else self.slots[p].text(values[p]) for p in self.parts)
 
 
-class _Builder:
+class Builder:
     """Assembles a `Program`: `emit(template, *slots)` fills the `{}`s of a template with slots, in order."""
 
     def __init__(self) -> None:
@@ -201,7 +201,7 @@ def svg_target(seed: int, complexity: int = 1) -> Target:
     kinds = ["rect", "circle", "ellipse", "polygon"]
     if complexity >= 2:
         kinds += ["path", "text"]
-    b = _Builder()
+    b = Builder()
     b.emit(_SVG_HEAD)
     drawn = []
     for index in range(complexity):
@@ -252,7 +252,7 @@ def svg_target(seed: int, complexity: int = 1) -> Target:
     return Target(b.program(), "+".join(drawn))
 
 
-def _fill(rng: np.random.Generator, b: _Builder, index: int, *, gradient: bool) -> tuple:
+def _fill(rng: np.random.Generator, b: Builder, index: int, *, gradient: bool) -> tuple:
     """The rest of a `fill="` attribute: a `#rrggbb` colour, or a gradient defined right here, before the shape."""
     first = int(rng.integers(len(PALETTE)))
     if not gradient:
@@ -302,7 +302,7 @@ def chart_target(seed: int, complexity: int = 1) -> Target:
     xs = sorted(int(v) for v in rng.choice(np.arange(1, 10), size=n, replace=False))
     words = [] if kind == "scatter" else list(categories)
 
-    b = _Builder()
+    b = Builder()
     b.emit("import matplotlib.pyplot as plt\n")
     cats = "[" + ",".join(f'"{c}"' for c in categories) + "]"
     for k in range(series):
@@ -381,7 +381,7 @@ def cad_target(seed: int, complexity: int = 1) -> Target:
     """
     _check_complexity(complexity, CAD_MAX_COMPLEXITY, "cad")
     rng = _rng(seed)
-    b = _Builder()
+    b = Builder()
     b.emit("from build123d import *\n")
     if complexity == 1:
         if rng.random() < 0.5:

@@ -45,7 +45,7 @@ from sim.robotics.warp_backend import WarpWorlds
 MJCF_DIR = Path(__file__).resolve().parent / "mjcf"  # package data, installed with `sim`
 # Names only: the RGBA values live in the MJCF files (one mocap body per colour, named "<prefix>_<colour>").
 COLOURS = ("red", "green", "blue", "yellow")
-_PARKED = np.array([5.0, 0.0, 0.0])  # mocap position of a disc or square a world does not use: far out of view
+PARKED = np.array([5.0, 0.0, 0.0])  # mocap position of a disc or square a world does not use: far out of view
 _SHADOW_MAP = 2048  # shadow map side when shadows=True (MuJoCo's default 4096 costs about 4x more per frame)
 
 
@@ -372,7 +372,7 @@ class PlanarMujocoEnv:
         raise NotImplementedError
 
 
-def _sample_apart(
+def sample_apart(
     rng: np.random.Generator,
     count: int,
     low: float,
@@ -403,7 +403,7 @@ def _sample_apart(
     return np.array(points, dtype=np.float64).reshape(count, 2)
 
 
-def _add_noise(action: torch.Tensor, noise: float, generator: torch.Generator | None) -> torch.Tensor:
+def add_noise(action: torch.Tensor, noise: float, generator: torch.Generator | None) -> torch.Tensor:
     """`action + noise * N(0, 1)` clipped to `[-1, 1]`; explicit randomness only."""
     if noise <= 0:
         return action

@@ -37,11 +37,11 @@ import torch
 
 from sim.registry import ENVS
 from sim.robotics.planar import (
-    _PARKED,
     COLOURS,
+    PARKED,
     PlanarMujocoEnv,
-    _add_noise,
-    _sample_apart,
+    add_noise,
+    sample_apart,
     saturated_action,
 )
 
@@ -155,7 +155,7 @@ class PushEnv(PlanarMujocoEnv):
         in_the_way = np.abs(across) < 0.9 * clear
         target = np.where(aligned, push, np.where(behind, approach, np.where(in_the_way, sidestep, go_back)))
         action = saturated_action(target - gripper, self.action_scale)  # [N, 2]
-        return _add_noise(torch.from_numpy(action.astype(np.float32)), noise, generator)
+        return add_noise(torch.from_numpy(action.astype(np.float32)), noise, generator)
 
     def _init_world(self, k: int, rng: np.random.Generator) -> None:
         data = self.datas[k]
@@ -167,16 +167,16 @@ class PushEnv(PlanarMujocoEnv):
                 break
         else:  # unreachable for the ranges above, but never return a goal that breaks the documented distances
             raise RuntimeError("could not place the goal square")
-        others = _sample_apart(  # the distractor squares
+        others = sample_apart(  # the distractor squares
             rng, self.num_squares - 1, -self._GOAL_RANGE, self._GOAL_RANGE, self._SQUARE_GAP, [goal, block]
         )
-        gripper = _sample_apart(rng, 1, -self.half_width, self.half_width, self._GRIPPER_GAP, [block])[0]
+        gripper = sample_apart(rng, 1, -self.half_width, self.half_width, self._GRIPPER_GAP, [block])[0]
         colours = rng.permutation(len(COLOURS))[: self.num_squares]  # colours[0] is the goal's
         g, b = self._gripper_qpos, self._block_qpos
         data.qpos[g : g + 2] = gripper
         data.qpos[b : b + 2] = block
         for mocap in self._mocap_ids:
-            data.mocap_pos[mocap] = _PARKED
+            data.mocap_pos[mocap] = PARKED
         for (x, y), colour in zip(np.concatenate([goal[None], others]), colours):
             data.mocap_pos[self._mocap_ids[colour]] = (x, y, 0.0)
         self._goal[k] = goal

@@ -36,11 +36,11 @@ import torch
 
 from sim.registry import ENVS
 from sim.robotics.planar import (
-    _PARKED,
     COLOURS,
+    PARKED,
     PlanarMujocoEnv,
-    _add_noise,
-    _sample_apart,
+    add_noise,
+    sample_apart,
     saturated_action,
 )
 
@@ -124,18 +124,18 @@ class ReachEnv(PlanarMujocoEnv):
             `[N, 2]` float32 actions in `[-1, 1]`.
         """
         action = saturated_action(self.target_xy - self.gripper_xy, self.action_scale)  # [N, 2]
-        return _add_noise(torch.from_numpy(action.astype(np.float32)), noise, generator)
+        return add_noise(torch.from_numpy(action.astype(np.float32)), noise, generator)
 
     def _init_world(self, k: int, rng: np.random.Generator) -> None:
         data = self.datas[k]
         start = rng.uniform(-self._START_RANGE, self._START_RANGE, size=2)
-        discs = _sample_apart(rng, self.num_targets, -self._TARGET_RANGE, self._TARGET_RANGE, self._MIN_GAP, [start])
+        discs = sample_apart(rng, self.num_targets, -self._TARGET_RANGE, self._TARGET_RANGE, self._MIN_GAP, [start])
         colours = rng.permutation(len(COLOURS))[: self.num_targets]
         slot = int(rng.integers(self.num_targets))
         g = self._gripper_qpos
         data.qpos[g : g + 2] = start
         for mocap in self._mocap_ids:
-            data.mocap_pos[mocap] = _PARKED
+            data.mocap_pos[mocap] = PARKED
         for (x, y), colour in zip(discs, colours):
             data.mocap_pos[self._mocap_ids[colour]] = (x, y, 0.0)
         self._disc_xy[k] = discs

@@ -19,7 +19,7 @@ import torch
 import sim
 from sim import check_vec_env
 from sim.base import Observation, StepResult, resolve_env_ids, resolve_seeds
-from sim.ray_workers import _merge, _merge_dict
+from sim.ray_workers import merge_dict, merge_parts
 from sim.workers import RayVecEnv
 
 ray = pytest.importorskip("ray", reason="RayVecEnv needs Ray (the `ray` extra); the in-process path does not")
@@ -249,13 +249,13 @@ def test_merge_concatenates_per_world_values_and_drops_the_rest():
         {"r": torch.tensor([3.0]), "why": ["c"], "c": {"x": torch.tensor([0.25])}, "k": 3, "t": 2, "only": 0},
     ]
     dropped: list[str] = []
-    merged = _merge_dict(parts, sizes, "info", dropped)
+    merged = merge_dict(parts, sizes, "info", dropped)
     want = {"r": torch.tensor([1.0, 2.0, 3.0]), "why": ["a", "b", "c"], "c": {"x": torch.tensor([0.5, 0.5, 0.25])}}
     assert_same(merged, {**want, "k": 3})  # "k" agrees between workers; "t" differs and "only" is not in both
     assert dropped == ["info['t']", "info['only']"]
     with pytest.raises(ValueError, match=r"info\['t'\]"):  # call() results are strict
-        _merge(parts, sizes, "info")
-    assert _merge([np.zeros((2, 3)), np.ones((1, 3))], sizes, "a").shape == (3, 3)
+        merge_parts(parts, sizes, "info")
+    assert merge_parts([np.zeros((2, 3)), np.ones((1, 3))], sizes, "a").shape == (3, 3)
 
 
 def test_import_sim_does_not_import_ray():
