@@ -112,6 +112,8 @@ class MicroBatch:
     masked: Rollout | None  # the same rows with masked images (PAPO), or None
     advantages: torch.Tensor  # [r]
     weight: torch.Tensor  # [] the slice's share of the whole batch (of every process); 0 for an idle slice
+    start: int = 0  # the slice's first row in the rollout it was cut from
+    rollout_logprobs: torch.Tensor | None = None  # [r, L'] the sampler's log-probs when `rollout`'s are recomputed
 
 
 def micro_batches(
@@ -123,6 +125,8 @@ def micro_batches(
     token_budget: int,
     aggregation: str,
     world,
+    rollout_logprobs: torch.Tensor | None = None,
+    idle: bool = False,
 ) -> list[MicroBatch]:
     """The rollout's rows as micro-batches whose weighted losses sum to the full-batch loss over every process.
 
@@ -137,18 +141,20 @@ def micro_batches(
         token_budget: > 0 packs slices by padded tokens instead (`token_budget_slices`) and trims their padding.
         aggregation: the loss aggregation (`token_mean` weighs by tokens, the others by rows).
         world: this process's `mmrl.distributed.World`.
+        rollout_logprobs: `[R, L]` the sampler's log-probs, sliced alongside, when `rollout.logprobs` are the trainer's.
+        idle: this process has no rows in this batch while others have (a mini-batch it holds no group of): its
+            slices run `rollout`'s rows with weight 0 and count for nothing in the totals.
     """
-    total_tokens = world.sum(rollout.completion_mask.sum()).clamp(min=1)
+    total_tokens = world.sum(rollout.completion_mask.sum() * (not idle)).clamp(min=1)
     n_rows = len(rollout)
-    total_rows = world.sum(n_rows)
+    total_rows = world.sum(0 if idle else n_rows)
     if token_budget > 0:
         slices = token_budget_slices(rollout.prompt_mask, rollout.completion_mask, token_budget)
     else:
         slices = [(a, min(a + micro_batch_size, n_rows)) for a in range(0, n_rows, micro_batch_size)]
     out = []
     for index in range(world.max(len(slices))):
-        idle = index >= len(slices)
-        start, stop = slices[0] if idle else slices[index]
+        start, stop = slices[0] if index >= len(slices) else slices[index]
         mb = rollout.rows(start, stop)
         mb_masked = masked.rows(start, stop) if masked is not None else None
         if token_budget > 0:
@@ -158,6 +164,35 @@ def micro_batches(
             weight = mb.completion_mask.sum() / total_tokens
         else:
             weight = torch.tensor((stop - start) / total_rows)
-        weight = torch.zeros_like(weight) if idle else weight
-        out.append(MicroBatch(mb, mb_masked, advantages[start:stop], weight))
+        weight = torch.zeros_like(weight) if idle or index >= len(slices) else weight
+        sampler = None if rollout_logprobs is None else rollout_logprobs[start:stop, : mb.completion_ids.shape[1]]
+        out.append(MicroBatch(mb, mb_masked, advantages[start:stop], weight, start, sampler))
     return out
+
+
+def mini_batch_rows(
+    row_groups: torch.Tensor, first_group: int, total_groups: int, groups_per_batch: int, generator: torch.Generator
+) -> list[torch.Tensor | None]:
+    """The rows of each mini-batch of one pass over a rollout: whole prompt groups, in a fresh random order.
+
+    The mini-batches are cut from the groups of every process together (the same draw in each), so a K-process run
+    takes the optimiser steps one process generating the same K shards takes; a process takes its rows of each.
+
+    Args:
+        row_groups: `[M]` long, the prompt group each of this process's rows belongs to (`episode // group_size`).
+        first_group: the index of this process's first group among every process's (0 in one process).
+        total_groups: the groups of every process.
+        groups_per_batch: the most groups one mini-batch takes; 0 takes them all.
+        generator: draws the order of the groups (seeded alike in every process).
+
+    Returns:
+        One entry per mini-batch, alike in count in every process: the sorted indices of this process's rows in it
+        (empty where it holds none of its groups), or `[None]` for one mini-batch of every row in order (no draw:
+        the default path is untouched).
+    """
+    per = groups_per_batch or total_groups
+    count = -(-total_groups // per) if total_groups else 0
+    if count <= 1:
+        return [None]
+    order = torch.randperm(total_groups, generator=generator)
+    return [torch.isin(row_groups + first_group, part).nonzero().squeeze(-1) for part in order.tensor_split(count)]

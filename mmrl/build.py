@@ -192,7 +192,9 @@ def build(cfg: TrainConfig, policy: VLMPolicy | None, generation_shards: int | N
     collector.start_workers(policy)
     # Rank 0 writes the metrics; the others log into the void (they still use the logged values).
     metrics_path = out / "metrics.jsonl" if world.is_main else os.devnull
-    logger = MetricsLogger(metrics_path, resume_step=start_step if resume_from is not None else None)
+    logger = MetricsLogger(
+        metrics_path, resume_step=start_step if resume_from is not None else None, final_step=tc.total_steps
+    )
     if "eval_before" not in state:
         before = held_out(policy, cfg, world)
         state["eval_before"] = before.metrics

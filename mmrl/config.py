@@ -108,6 +108,21 @@ class AlgoConfig:
     # "step" compares each turn's return-to-go with the same turn of the other group members.
     credit: Literal["episode", "step"] = "episode"
     gamma: float = 1.0  # discount over turns
+    # PPO epochs and mini-batches (verl's ppo_epochs / ppo_mini_batch_size): each rollout feeds ppo_epochs passes,
+    # each pass split into mini-batches of mini_batch_groups prompt groups (0: the whole rollout) in a fresh order,
+    # one optimiser step per mini-batch. With more than one step per rollout the ratio leaves 1 and the clips bind.
+    ppo_epochs: int = 1
+    mini_batch_groups: int = 0
+    # The "old" log-probs of the ratio: the sampler's ("sampling"), or the trainer's own, recomputed before the
+    # step's first update ("recompute"; the sampler's are then compared with them, `mismatch/*`). "auto": recompute
+    # where the sampler is another computation (model.generation_backend vllm) or a correction is asked for.
+    old_logprobs: Literal["auto", "sampling", "recompute"] = "auto"
+    # Truncated (TIS) or masked (MIS) importance weights pi_old / pi_rollout, per token or per sequence, on the
+    # surrogate (`mmrl.algos.correction`); "auto": token_truncate wherever the old log-probs are recomputed.
+    rollout_correction: Literal[
+        "auto", "none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
+    ] = "auto"
+    rollout_correction_cap: float = 2.0  # truncate at it; mask outside [1/cap, cap]
 
     def __post_init__(self):
         _require(self.group_size >= 1, "algo.group_size", "must be >= 1")
@@ -135,6 +150,15 @@ class AlgoConfig:
             f"must be below algo.difficulty_high, got {low} and {high}",
         )
         _require(0 <= self.gamma <= 1, "algo.gamma", "must be in [0, 1]")
+        _require(self.ppo_epochs >= 1, "algo.ppo_epochs", f"must be >= 1, got {self.ppo_epochs}")
+        _require(self.mini_batch_groups >= 0, "algo.mini_batch_groups", "must be >= 0 (0: the whole rollout)")
+        _require(self.rollout_correction_cap > 1, "algo.rollout_correction_cap", "must be > 1")
+        _require(
+            self.old_logprobs != "sampling" or self.rollout_correction in ("auto", "none"),
+            "algo.rollout_correction",
+            f"{self.rollout_correction!r} compares the trainer's log-probs with the sampler's: it needs "
+            "algo.old_logprobs recompute (or auto), not 'sampling'",
+        )
 
 
 @dataclass(frozen=True)
@@ -270,6 +294,22 @@ class TrainConfig:
                 "trainer.rollout_workers",
                 "runs CPU copies of the policy; it cannot use model.generation_backend vllm",
             )
+
+    @property
+    def recompute_old_logprobs(self) -> bool:
+        """Whether the trainer recomputes the old log-probs before the step's first update (`algo.old_logprobs`)."""
+        ac = self.algo
+        if ac.old_logprobs != "auto":
+            return ac.old_logprobs == "recompute"
+        return self.model.generation_backend == "vllm" or ac.rollout_correction not in ("auto", "none")
+
+    @property
+    def correction(self) -> str | None:
+        """The rollout correction's mode in force, or None (`algo.rollout_correction`, resolved)."""
+        mode = self.algo.rollout_correction
+        if mode == "auto":
+            return "token_truncate" if self.recompute_old_logprobs else None
+        return None if mode == "none" else mode
 
 
 class ConfigError(ValueError):

@@ -140,6 +140,7 @@ class World:
         weights: dict[str, float] | None = None,
         summed: Iterable[str] = (),
         maxed: Iterable[str] = (),
+        minned: Iterable[str] = (),
     ) -> dict[str, Any]:
         """Metrics of the whole batch from each process's metrics of its share, the same in every process.
 
@@ -152,6 +153,7 @@ class World:
             summed: keys whose values are already this process's share of a global sum (the loss terms, weighted by
                 the global token or row count), or counts.
             maxed: keys to take the maximum of (times; values every process holds alike, such as the gradient norm).
+            minned: keys to take the minimum of.
 
         Returns:
             `{key: float}` in `metrics`' order: count-weighted means, unless summed or maxed.
@@ -160,9 +162,10 @@ class World:
             return metrics
         import torch.distributed as dist
 
-        summed, maxed, weights = set(summed), set(maxed), weights or {}
+        summed, minned, weights = set(summed), set(minned), weights or {}
+        maxed = set(maxed) | minned  # a minimum is the negated maximum of the negated values
         keys = list(metrics)
-        values = [to_float(metrics[k]) for k in keys]
+        values = [-to_float(metrics[k]) if k in minned else to_float(metrics[k]) for k in keys]
         packed = []  # mean keys contribute (value * count, count), summed keys their value
         for k, v in zip(keys, values):
             if k in maxed:
@@ -178,7 +181,7 @@ class World:
         out = {}
         for k in keys:
             if k in maxed:
-                out[k] = next(maxes_it)
+                out[k] = -next(maxes_it) if k in minned else next(maxes_it)
             elif k in summed:
                 out[k] = next(sums_it)
             else:

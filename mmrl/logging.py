@@ -19,17 +19,24 @@ def to_float(value: Any) -> float:
 class MetricsLogger:
     """Appends `{"step": k, ...}` lines to `metrics.jsonl`.
 
-    On resume from step k it first drops lines logged after k, so a killed-and-resumed run leaves exactly the
-    lines an uninterrupted run would have.
+    On resume from step k it first drops lines logged after k's checkpoint, so a killed-and-resumed run leaves
+    exactly the lines an uninterrupted run would have: every line of a later step, a torn last line, and, when k is
+    the run's last step (`final_step`), the end-of-run evaluation (logged at k after the last checkpoint, and
+    evaluated again by the resumed run).
     """
 
-    def __init__(self, path: str | Path, resume_step: int | None = None):
+    def __init__(self, path: str | Path, resume_step: int | None = None, final_step: int | None = None):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if resume_step is None:
             self.path.write_text("")
         elif self.path.exists():
-            kept = [line for line in self.path.read_text().splitlines() if _step_of(line) <= resume_step]
+            kept = [
+                line
+                for line in self.path.read_text().splitlines()
+                if _step_of(line) < resume_step
+                or (_step_of(line) == resume_step and not (resume_step == final_step and _is_eval(line)))
+            ]
             self.path.write_text("".join(line + "\n" for line in kept))
 
     def log(self, step: int, metrics: dict[str, Any]) -> dict[str, float]:
@@ -45,6 +52,11 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _is_eval(line: str) -> bool:
+    """Whether a (whole) line is a held-out evaluation's: every key but `step` under `eval/`."""
+    return all(key == "step" or key.startswith("eval/") for key in json.loads(line))
 
 
 def _step_of(line: str) -> int:

@@ -29,6 +29,9 @@ def metric_label(cfg: TrainConfig) -> str:
     return METRIC_LABELS.get(cfg.env.eval_metric, cfg.env.eval_metric)
 
 
+EXTREMES = ("_min", "/min", "_max", "/max")  # metric keys reduced by their extreme, not averaged
+
+
 def step_metrics(
     cfg: TrainConfig,
     collected: Collected,
@@ -68,8 +71,15 @@ def step_metrics(
         metrics["curriculum/level"] = curriculum.level
     return world.reduce_metrics(  # the whole batch's, alike in every process (the curriculum reads them)
         metrics, weight=stats.num_worlds, weights={"completion_len": len(stats.rollout)},
-        summed=(*losses, "data/kept_groups", "perf/tokens_per_s"),
-        maxed=("grad_norm", "lr", "perf/step_s", "perf/generate_s", "data/sampled_batches", "curriculum/level"),
+        summed=(
+            *(k for k in losses if not k.endswith(EXTREMES) and k != "optimizer_steps"), "data/kept_groups",
+            "perf/tokens_per_s",
+        ),
+        maxed=(
+            "grad_norm", "lr", "perf/step_s", "perf/generate_s", "data/sampled_batches", "curriculum/level",
+            "optimizer_steps", *(k for k in losses if k.endswith(("_max", "/max"))),
+        ),
+        minned=tuple(k for k in losses if k.endswith(("_min", "/min"))),
     )  # fmt: skip
 
 

@@ -17,8 +17,10 @@ and a single process never touches `torch.distributed`. Rank 0 alone prints and 
 
 from __future__ import annotations
 
+import itertools
 import time
 from contextlib import ExitStack
+from dataclasses import replace
 
 import torch
 from tqdm.auto import tqdm
@@ -26,7 +28,7 @@ from tqdm.auto import tqdm
 from . import algos, distributed
 from .algos.data import discounted_returns
 from .algos.papo import masked_images
-from .batching import MicroBatch, micro_batches
+from .batching import MicroBatch, micro_batches, mini_batch_rows
 from .build import Run, build
 from .checkpoint import save_checkpoint
 from .collect import check_generation_shards
@@ -34,8 +36,8 @@ from .config import AlgoConfig, TrainConfig
 from .evaluate import held_out
 from .logging import read_metrics
 from .policy import VLMPolicy
-from .report import report, step_metrics
-from .types import Episodes
+from .report import EXTREMES, report, step_metrics
+from .types import Episodes, Rollout
 
 
 def train(
@@ -96,32 +98,8 @@ def train_step(run: Run, step: int, last: int) -> dict[str, float]:
         image_processor = run.policy.processor.image_processor
         masked = masked_images(episodes.rollout, ac.papo_mask, ac.papo_mask_ratio, mask_rng, image_processor)
 
-    # ---- update: one pass over micro-batches (gradient accumulation), then one optimiser step
-    run.optimizer.zero_grad(set_to_none=True)
-    losses: dict[str, torch.Tensor | float] = {}
-    for mb in micro_batches(
-        episodes.rollout, advantages, masked, micro_batch_size=tc.micro_batch_size, token_budget=tc.token_budget,
-        aggregation=ac.aggregation, world=world,
-    ):  # fmt: skip
-        scored = forward(run, mb)
-        # One update per rollout: the sampling-time log-probs are the "old" ones (ratio 1 at the start).
-        out = algos.objective(
-            scored["logprobs"], mb.rollout.logprobs, mb.advantages, mb.rollout.completion_mask,
-            loss_fn=algos.POLICY_LOSSES.get(ac.loss), clip_low=ac.clip_low, clip_high=ac.clip_high,
-            aggregation=ac.aggregation, max_len=run.sampling.max_new_tokens, ref_logprobs=scored.get("ref_logprobs"),
-            kl_coef=ac.kl_coef, kl_estimator=ac.kl_estimator, entropy=scored.get("entropy"),
-            entropy_coef=ac.entropy_coef, masked_logprobs=scored.get("masked_logprobs"),
-            masked_entropy=scored.get("masked_entropy"), papo_gamma=ac.papo_gamma, papo_eta=ac.papo_eta,
-            papo_kl_bound=ac.papo_kl_bound,
-        )  # fmt: skip
-        # FSDP averages gradients over the K processes; the weights already divide by the whole batch.
-        (out.loss * mb.weight * world.size).backward()
-        for key, value in out.metrics.items():
-            losses[key] = losses.get(key, 0.0) + value * mb.weight
-    grad_norm = distributed.clip_grad_norm(run.trainable, tc.max_grad_norm)  # of the whole gradient, every process
-    run.optimizer.step()
-    if run.master is not None:
-        run.master.copy_to_model()
+    # ---- update: ppo_epochs passes, each over mini-batches of whole groups, one optimiser step per mini-batch
+    losses, grad_norm = update(run, episodes, advantages, masked, step)
     run.scheduler.step()
 
     # ---- log (over every episode sampled this step, before any filter); the curriculum reads the logged score
@@ -146,6 +124,99 @@ def train_step(run: Run, step: int, last: int) -> dict[str, float]:
             world=world, master=run.master,
         )  # fmt: skip
     return logged
+
+
+def update(
+    run: Run, episodes: Episodes, advantages: torch.Tensor, masked: Rollout | None, step: int
+) -> tuple[dict[str, torch.Tensor | float], float]:
+    """The step's optimiser steps on its rollout; returns the objective's metrics (mean over the optimiser steps;
+    `*_min`/`*_max` the extremes) and the mean gradient norm.
+
+    With one epoch and one mini-batch this is one pass of gradient accumulation over micro-batches and one optimiser
+    step, the old log-probs being the sampler's (ratio 1 at the start). With `algo.old_logprobs` recomputed, the
+    trainer's own log-probs before the first update are the old ones and the sampler's are compared with them.
+    """
+    cfg, world, ac, tc = run.cfg, run.world, run.cfg.algo, run.cfg.trainer
+    rollout, sampler_logprobs = episodes.rollout, None
+    draw = torch.Generator().manual_seed(tc.seed * 1_000_003 + step * 7919)  # alike in every process
+    groups = episodes.num_worlds // ac.group_size
+    total, first = world.sum(groups), world.gather_rows(torch.zeros(groups))[1] if world.size > 1 else 0
+    row_groups = episodes.world // ac.group_size
+    passes = [mini_batch_rows(row_groups, first, total, ac.mini_batch_groups, draw) for _ in range(ac.ppo_epochs)]
+    updates = sum(len(p) for p in passes)
+    if cfg.recompute_old_logprobs:
+        sampler_logprobs = rollout.logprobs
+        if updates > 1:  # else the update's own forward, detached, is the old policy's (same weights)
+            rollout = replace(rollout, logprobs=old_logprobs(run, rollout, masked))
+    sums: dict[str, torch.Tensor | float] = {}
+    norms = 0.0
+    for rows in itertools.chain(*passes):
+        idle = rows is not None and len(rows) == 0  # a mini-batch of groups that only other processes hold
+        batch = (rollout, advantages, masked, sampler_logprobs)
+        if rows is not None:
+            batch = take(rows[:1] if idle else rows, *batch)
+        run.optimizer.zero_grad(set_to_none=True)
+        for mb in micro_batches(
+            batch[0], batch[1], batch[2], micro_batch_size=tc.micro_batch_size, token_budget=tc.token_budget,
+            aggregation=ac.aggregation, world=world, rollout_logprobs=batch[3], idle=idle,
+        ):  # fmt: skip
+            scored = forward(run, mb)
+            old = mb.rollout.logprobs if updates > 1 or sampler_logprobs is None else scored["logprobs"].detach()
+            out = algos.objective(
+                scored["logprobs"], old, mb.advantages, mb.rollout.completion_mask,
+                loss_fn=algos.POLICY_LOSSES.get(ac.loss), clip_low=ac.clip_low, clip_high=ac.clip_high,
+                aggregation=ac.aggregation, max_len=run.sampling.max_new_tokens,
+                ref_logprobs=scored.get("ref_logprobs"), kl_coef=ac.kl_coef, kl_estimator=ac.kl_estimator,
+                entropy=scored.get("entropy"), entropy_coef=ac.entropy_coef,
+                masked_logprobs=scored.get("masked_logprobs"), masked_entropy=scored.get("masked_entropy"),
+                papo_gamma=ac.papo_gamma, papo_eta=ac.papo_eta, papo_kl_bound=ac.papo_kl_bound,
+                rollout_logprobs=mb.rollout_logprobs if sampler_logprobs is not None else None,
+                correction=cfg.correction, correction_cap=ac.rollout_correction_cap,
+            )  # fmt: skip
+            # FSDP averages gradients over the K processes; the weights already divide by the whole batch.
+            (out.loss * mb.weight * world.size).backward()
+            accumulate(sums, out.metrics, mb.weight, scale=1 / updates)
+        norms += float(distributed.clip_grad_norm(run.trainable, tc.max_grad_norm))  # of the whole gradient
+        run.optimizer.step()
+        if run.master is not None:
+            run.master.copy_to_model()
+    sums["optimizer_steps"] = float(updates)
+    return sums, norms / updates
+
+
+def take(rows: torch.Tensor, rollout: Rollout, advantages: torch.Tensor, masked: Rollout | None, sampler):
+    """The mini-batch `rows` of the rollout and of what lines up with it."""
+    return (
+        rollout.select(rows), advantages[rows], None if masked is None else masked.select(rows),
+        None if sampler is None else sampler[rows],
+    )  # fmt: skip
+
+
+def accumulate(sums: dict[str, torch.Tensor | float], metrics: dict[str, torch.Tensor], weight, scale: float) -> None:
+    """Add one micro-batch's metrics: weighted (`weight` its share of its mini-batch, `scale` one mini-batch's share
+    of the step), except the extremes (`*_min`, `*_max`), kept as such."""
+    for key, value in metrics.items():
+        if key.endswith(EXTREMES):
+            pick = torch.minimum if key.endswith("min") else torch.maximum
+            sums[key] = value if key not in sums else pick(torch.as_tensor(sums[key]), value)
+        else:
+            sums[key] = sums.get(key, 0.0) + value * weight * scale
+
+
+def old_logprobs(run: Run, rollout: Rollout, masked: Rollout | None) -> torch.Tensor:
+    """`[R, L]` the trainer's log-probs of the rollout's tokens under the current weights, before any update."""
+    tc, ac = run.cfg.trainer, run.cfg.algo
+    out = torch.zeros_like(rollout.logprobs)
+    with torch.no_grad():
+        for mb in micro_batches(
+            rollout, torch.zeros(len(rollout)), None, micro_batch_size=tc.micro_batch_size,
+            token_budget=tc.token_budget, aggregation=ac.aggregation, world=run.world,
+        ):  # fmt: skip
+            logprobs = run.policy.logprobs(mb.rollout, temperature=run.sampling.temperature)
+            if mb.weight > 0:
+                width = logprobs.shape[1]
+                out[mb.start : mb.start + len(mb.rollout), :width] = logprobs.to(out.dtype)
+    return torch.where(rollout.completion_mask, out, torch.zeros_like(out))
 
 
 def row_advantages(episodes: Episodes, ac: AlgoConfig, world: distributed.World) -> torch.Tensor:

@@ -49,7 +49,8 @@ class StepAdvantageFn(Protocol):
 
 
 class PolicyLossFn(Protocol):
-    """What every registered policy loss accepts; each returns metrics `clip_fraction` and `approx_kl`."""
+    """What every registered policy loss accepts; each returns metrics `clip_fraction` (and `_low`/`_high`),
+    `approx_kl` and `ratio/mean|min|max`."""
 
     def __call__(
         self,
@@ -62,6 +63,7 @@ class PolicyLossFn(Protocol):
         clip_high: float = ...,
         aggregation: Aggregation = ...,
         max_len: int | None = ...,
+        token_weights: torch.Tensor | None = ...,
     ) -> LossOutput: ...
 
 

@@ -168,14 +168,35 @@ def _masked_log_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: 
     return torch.where(mask, logprobs - old_logprobs, torch.zeros_like(logprobs))  # [R, L]
 
 
-def _ratio_metrics(log_ratio: torch.Tensor, gradient_cut: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The diagnostics every policy loss reports under the same keys (the trainer sums them by key)."""
+def _ratio_metrics(
+    log_ratio: torch.Tensor, clipped_ratio: torch.Tensor, gradient_cut: torch.Tensor, mask: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """The diagnostics every policy loss reports under the same keys (the trainer averages them over micro-batches).
+
+    `clip_fraction` counts the tokens whose gradient a clip removes, split by side: `clip_fraction_low` where the
+    clipped ratio fell below 1 (a negative advantage's ratio under `1 - clip_low`), `clip_fraction_high` where it rose
+    above (a positive advantage's ratio over `1 + clip_high`). `ratio/*` are over the per-token ratios, `approx_kl` is
+    k3 between the old policy and the current one.
+    """
     with torch.no_grad():
         log_ratio = log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+        ratio = log_ratio.exp()
+        cut = gradient_cut & mask
+        tokens = mask.any()
         return {
-            "clip_fraction": aggregate(gradient_cut.float(), mask),  # tokens whose gradient the clip removes
-            "approx_kl": aggregate(log_ratio.exp() - 1 - log_ratio, mask),  # k3 between old and current
+            "clip_fraction": aggregate(cut.float(), mask),
+            "clip_fraction_low": aggregate((cut & (clipped_ratio < 1)).float(), mask),
+            "clip_fraction_high": aggregate((cut & (clipped_ratio > 1)).float(), mask),
+            "approx_kl": aggregate(ratio - 1 - log_ratio, mask),
+            "ratio/mean": aggregate(ratio, mask),
+            "ratio/min": ratio.masked_fill(~mask, float("inf")).amin() if tokens else torch.ones(()),
+            "ratio/max": ratio.masked_fill(~mask, float("-inf")).amax() if tokens else torch.ones(()),
         }
+
+
+def _weighted(per_token: torch.Tensor, token_weights: torch.Tensor | None) -> torch.Tensor:
+    """`per_token` times the rollout-correction weights (constants), where there are any."""
+    return per_token if token_weights is None else per_token * token_weights.detach()
 
 
 @POLICY_LOSSES.register("ppo_clip")
@@ -189,6 +210,7 @@ def ppo_clip_loss(
     clip_high: float = 0.2,
     aggregation: Aggregation = "token_mean",
     max_len: int | None = None,
+    token_weights: torch.Tensor | None = None,
 ) -> LossOutput:
     """Clipped surrogate objective (PPO, https://arxiv.org/abs/1707.06347) with asymmetric clipping.
 
@@ -203,9 +225,12 @@ def ppo_clip_loss(
         clip_high: the ratio is clipped above at `1 + clip_high`.
         aggregation: see `aggregate`.
         max_len: see `aggregate`.
+        token_weights: `[R, L]` constants multiplying each token's loss (the rollout correction's importance weights,
+            `mmrl.algos.correction`), or None.
 
     Returns:
-        `LossOutput` with metrics `clip_fraction` and `approx_kl` (k3 between old and current).
+        `LossOutput` with metrics `clip_fraction` (and its `_low`/`_high` sides), `approx_kl` (k3 between old and
+        current) and `ratio/mean|min|max`.
     """
     mask = completion_mask.bool()
     log_ratio = _masked_log_ratio(logprobs, old_logprobs, mask)
@@ -214,8 +239,8 @@ def ppo_clip_loss(
     unclipped = -adv * ratio
     clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
     per_token = torch.maximum(unclipped, clipped)  # [R, L]
-    loss = aggregate(per_token, mask, aggregation, max_len=max_len)
-    return LossOutput(loss=loss, metrics=_ratio_metrics(log_ratio, clipped > unclipped, mask))
+    loss = aggregate(_weighted(per_token, token_weights), mask, aggregation, max_len=max_len)
+    return LossOutput(loss=loss, metrics=_ratio_metrics(log_ratio, ratio, clipped > unclipped, mask))
 
 
 @POLICY_LOSSES.register("dual_clip")
@@ -230,6 +255,7 @@ def dual_clip_loss(
     clip_c: float = 3.0,
     aggregation: Aggregation = "token_mean",
     max_len: int | None = None,
+    token_weights: torch.Tensor | None = None,
 ) -> LossOutput:
     """Dual-clip PPO (https://arxiv.org/abs/1912.09729): PPO-clip plus a bound of `clip_c * |A|` for `A < 0`.
 
@@ -247,9 +273,10 @@ def dual_clip_loss(
         clip_c: the lower bound of the ratio at which the dual clip binds; must exceed 1 (3.0 in the paper and verl).
         aggregation: see `aggregate`.
         max_len: see `aggregate`.
+        token_weights: see `ppo_clip_loss`.
 
     Returns:
-        `LossOutput` with metrics `clip_fraction` (either clip binding) and `approx_kl`.
+        `LossOutput` with metrics `clip_fraction` (either clip binding), its sides, `approx_kl` and `ratio/*`.
     """
     if clip_c <= 1.0:
         raise ValueError(f"clip_c must be > 1, got {clip_c}")
@@ -263,9 +290,9 @@ def dual_clip_loss(
     bound = (-adv * clip_c).expand_as(ppo)  # [R, L]; = clip_c * |A| where it applies
     dual = torch.minimum(ppo, bound)
     per_token = torch.where(adv < 0, dual, ppo)
-    loss = aggregate(per_token, mask, aggregation, max_len=max_len)
+    loss = aggregate(_weighted(per_token, token_weights), mask, aggregation, max_len=max_len)
     cut = (clipped > unclipped) | ((adv < 0) & (ppo > bound))
-    return LossOutput(loss=loss, metrics=_ratio_metrics(log_ratio, cut, mask))
+    return LossOutput(loss=loss, metrics=_ratio_metrics(log_ratio, ratio, cut, mask))
 
 
 @POLICY_LOSSES.register("gspo")
@@ -279,6 +306,7 @@ def gspo_loss(
     clip_high: float = 4e-4,
     aggregation: Aggregation = "seq_mean_token_mean",
     max_len: int | None = None,
+    token_weights: torch.Tensor | None = None,
 ) -> LossOutput:
     """Group Sequence Policy Optimisation (GSPO, https://arxiv.org/abs/2507.18071), in its GSPO-token form.
 
@@ -300,9 +328,11 @@ def gspo_loss(
         clip_high: the sequence ratio is clipped above at `1 + clip_high`.
         aggregation: see `aggregate`; the paper's objective is `seq_mean_token_mean`.
         max_len: see `aggregate`.
+        token_weights: see `ppo_clip_loss`.
 
     Returns:
-        `LossOutput` with metrics `clip_fraction` (share of tokens in clipped sequences) and `approx_kl`.
+        `LossOutput` with metrics `clip_fraction` (share of tokens in clipped sequences, by the side of the sequence
+        ratio), `approx_kl` and `ratio/*` (per token).
     """
     mask = completion_mask.bool()
     logprobs = torch.where(mask, logprobs, torch.zeros_like(logprobs))  # inf - inf = NaN must not appear below
@@ -314,5 +344,5 @@ def gspo_loss(
     unclipped = -adv * ratio
     clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
     per_token = torch.maximum(unclipped, clipped)  # [R, L]
-    loss = aggregate(per_token, mask, aggregation, max_len=max_len)
-    return LossOutput(loss=loss, metrics=_ratio_metrics(log_ratio, clipped > unclipped, mask))
+    loss = aggregate(_weighted(per_token, token_weights), mask, aggregation, max_len=max_len)
+    return LossOutput(loss=loss, metrics=_ratio_metrics(log_ratio, ratio.detach(), clipped > unclipped, mask))

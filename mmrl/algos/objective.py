@@ -1,9 +1,10 @@
 """The objective: every term the policy is trained on, in one pure function.
 
-`loss = surrogate(logprobs, old_logprobs, advantages) + kl_coef * KL(policy || reference)
+`loss = surrogate(logprobs, old_logprobs, advantages; w) + kl_coef * KL(policy || reference)
         - entropy_coef * H(policy) + PAPO(-gamma * KL(policy || policy with a masked image) + eta * entropies)`
 
-Tensors and explicit scalars in, a `LossOutput` out (the scalar loss with gradients and detached metrics); no
+`w` are the rollout correction's importance weights (`mmrl.algos.correction`) when the old log-probs were recomputed
+by the trainer and differ from the sampler's. Tensors and explicit scalars in, a `LossOutput` out (the scalar loss with gradients and detached metrics); no
 policy, no config, no `.item()`. The trainer runs the forward passes (policy, reference, masked image) and calls
 this once per micro-batch.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from .base import Aggregation, KLEstimator, LossOutput, PolicyLossFn
+from .correction import CorrectionMode, mismatch_metrics, rollout_correction
 from .losses import aggregate, entropy_bonus_loss, kl_estimate
 from .papo import papo_loss_terms
 
@@ -38,12 +40,16 @@ def objective(
     papo_gamma: float = 0.0,
     papo_eta: float = 0.0,
     papo_kl_bound: float | None = None,
+    rollout_logprobs: torch.Tensor | None = None,
+    correction: CorrectionMode | None = None,
+    correction_cap: float = 2.0,
 ) -> LossOutput:
     """The loss of one micro-batch and its metrics.
 
     Args:
         logprobs: `[r, L]` per token under the current weights, with gradients.
-        old_logprobs: `[r, L]` per token under the policy that sampled the rows (the sampling-time log-probs).
+        old_logprobs: `[r, L]` per token under the policy that sampled the rows: the sampling-time log-probs, or the
+            trainer's own recomputation of them before the step's first update.
         advantages: `[r]` one per row.
         completion_mask: `[r, L]` bool; positions outside it may hold anything.
         loss_fn: the surrogate, a `POLICY_LOSSES` entry (ppo_clip, dual_clip, gspo).
@@ -63,12 +69,26 @@ def objective(
         papo_gamma: weight of PAPO's implicit perception loss.
         papo_eta: weight of PAPO's double-entropy regulariser.
         papo_kl_bound: PAPO's per-token KL clamp.
+        rollout_logprobs: `[r, L]` the sampler's log-probs, when `old_logprobs` are the trainer's recomputation;
+            the mismatch between the two is then measured (`mismatch/*`) and, with `correction`, corrected.
+        correction: the rollout correction's mode (`token_truncate`, `token_mask`, `sequence_truncate`,
+            `sequence_mask`), or None for none; needs `rollout_logprobs`.
+        correction_cap: its bound.
 
     Returns:
         `LossOutput` with metrics `loss/policy` (the surrogate alone), `loss/kl` (the KL to the reference, 0 without
         one), the surrogate's own (`clip_fraction`, `approx_kl`, ...), `entropy` with an entropy bonus, and PAPO's
-        `papo/*` with PAPO on; all detached.
+        `papo/*` with PAPO on, `mismatch/*` and `correction/*` with rollout log-probs; all detached.
     """
+    token_weights, correction_metrics = None, {}
+    if correction is not None:
+        if rollout_logprobs is None:
+            raise ValueError("a rollout correction needs the sampler's log-probs (rollout_logprobs)")
+        token_weights, correction_metrics = rollout_correction(
+            old_logprobs, rollout_logprobs, completion_mask, mode=correction, cap=correction_cap
+        )
+    elif rollout_logprobs is not None:
+        correction_metrics = mismatch_metrics(old_logprobs, rollout_logprobs, completion_mask)
     surrogate = loss_fn(
         logprobs,
         old_logprobs,
@@ -78,9 +98,12 @@ def objective(
         clip_high=clip_high,
         aggregation=aggregation,
         max_len=max_len,
+        token_weights=token_weights,
     )
     loss = surrogate.loss
-    metrics = {"loss/policy": surrogate.loss.detach(), "loss/kl": torch.zeros(()), **surrogate.metrics}
+    metrics = {
+        "loss/policy": surrogate.loss.detach(), "loss/kl": torch.zeros(()), **surrogate.metrics, **correction_metrics
+    }  # fmt: skip
     if ref_logprobs is not None and kl_coef > 0:
         per_token_kl = kl_estimate(logprobs, ref_logprobs, kl_estimator, mask=completion_mask)
         kl = aggregate(per_token_kl, completion_mask, aggregation, max_len=max_len)

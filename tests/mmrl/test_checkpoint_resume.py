@@ -95,6 +95,35 @@ def test_stopped_and_resumed_run_matches_the_uninterrupted_one(
     assert before == json.loads((uninterrupted_run / "eval.json").read_text())["before"]
 
 
+def test_resuming_a_finished_run_leaves_its_metrics_as_they_were(
+    uninterrupted_run, tmp_path, tiny_run_config, letters_env
+):
+    """Resumed at its last step, a finished run evaluates again but does not log the final evaluation twice."""
+    import shutil
+
+    shutil.copytree(uninterrupted_run, tmp_path, dirs_exist_ok=True)
+    before = read_metrics(tmp_path / "metrics.jsonl")
+    assert sum(1 for m in before if m["step"] == 4 and any(k.startswith("eval/") for k in m)) == 1
+    train(tiny_run_config(tmp_path, f"env.name={letters_env}", *RESUMED_RUN, "resume=true"))
+    after = read_metrics(tmp_path / "metrics.jsonl")
+    strip = lambda rows: [{k: v for k, v in m.items() if not k.startswith("perf/")} for m in rows]  # noqa: E731
+    assert strip(after) == strip(before)
+
+
+def test_metrics_logger_resumed_at_the_last_step_drops_only_the_final_evaluation(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    lines = [
+        {"step": 0, "eval/score": 0.1}, {"step": 1, "reward/total": 0.2}, {"step": 2, "reward/total": 0.3},
+        {"step": 2, "eval/score": 0.5},
+    ]  # fmt: skip
+    path.write_text("".join(json.dumps(m) + "\n" for m in lines))
+    MetricsLogger(path, resume_step=2, final_step=2)
+    assert read_metrics(path) == lines[:3]
+    path.write_text("".join(json.dumps(m) + "\n" for m in lines))
+    MetricsLogger(path, resume_step=2, final_step=4)  # a mid-run evaluation at the resumed step stays
+    assert read_metrics(path) == lines
+
+
 def test_resume_keeps_the_initial_policy_as_kl_reference(tmp_path, tiny_run_config, letters_env):
     """With kl_coef > 0 the reference is the policy before training, in a resumed run as in an uninterrupted one."""
     overrides = (f"env.name={letters_env}", "trainer.total_steps=2", "algo.kl_coef=0.5", "algo.kl_estimator=k3")

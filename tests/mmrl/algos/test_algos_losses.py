@@ -217,8 +217,55 @@ def test_policy_losses_ignore_whatever_is_in_padding(name, aggregation):
 def test_policy_losses_report_the_metrics_the_trainer_sums(name):
     logprobs = -torch.rand(3, 5, generator=torch.Generator().manual_seed(0))
     out = POLICY_LOSSES.get(name)(logprobs, logprobs, torch.ones(3), MASK, clip_low=0.2, clip_high=0.2)
-    assert set(out.metrics) == {"clip_fraction", "approx_kl"}
+    assert set(out.metrics) == {
+        "clip_fraction", "clip_fraction_low", "clip_fraction_high", "approx_kl", "ratio/mean", "ratio/min", "ratio/max"
+    }  # fmt: skip
     assert all(not v.requires_grad and v.ndim == 0 for v in out.metrics.values())
+
+
+@pytest.mark.parametrize("name", ["ppo_clip", "dual_clip"])
+def test_clip_fractions_split_by_side_on_crafted_ratios(name):
+    # One row of 5 tokens (the last is padding): ratios 0.5, 0.9, 1.1, 1.5 under clip 0.2 / 0.28.
+    ratios = torch.tensor([[0.5, 0.9, 1.1, 1.5, 99.0]])
+    mask = torch.tensor([[True, True, True, True, False]])
+    old = torch.zeros(1, 5)
+    loss = POLICY_LOSSES.get(name)
+    # A > 0: only ratios above 1 + clip_high lose their gradient (1.5), one token of four on the high side.
+    up = loss(ratios.log(), old, torch.ones(1), mask, clip_low=0.2, clip_high=0.28).metrics
+    assert up["clip_fraction_high"] == pytest.approx(0.25) and up["clip_fraction_low"] == 0
+    assert up["clip_fraction"] == pytest.approx(0.25)
+    # A < 0: only ratios below 1 - clip_low lose theirs (0.5), on the low side.
+    down = loss(ratios.log(), old, -torch.ones(1), mask, clip_low=0.2, clip_high=0.28).metrics
+    assert down["clip_fraction_low"] == pytest.approx(0.25) and down["clip_fraction_high"] == 0
+    assert down["ratio/min"] == pytest.approx(0.5) and down["ratio/max"] == pytest.approx(1.5)  # padding unseen
+    assert down["ratio/mean"] == pytest.approx((0.5 + 0.9 + 1.1 + 1.5) / 4)
+    # Ratio 1 everywhere (one update per rollout, on-policy): no clip binds.
+    flat = loss(old, old, torch.ones(1), mask, clip_low=0.2, clip_high=0.28).metrics
+    assert flat["clip_fraction"] == 0 and flat["ratio/min"] == 1 and flat["ratio/max"] == 1
+
+
+def test_gspo_clip_sides_follow_the_sequence_ratio():
+    # Row 0's sequence ratio is exp(mean log r) = exp(0.1) > 1 + 4e-4; row 1's exp(-0.1) < 1 - 3e-4.
+    logprobs = torch.tensor([[0.1, 0.1], [-0.1, -0.1]])
+    mask = torch.ones(2, 2, dtype=torch.bool)
+    out = POLICY_LOSSES.get("gspo")(logprobs, torch.zeros(2, 2), torch.tensor([1.0, -1.0]), mask)
+    assert out.metrics["clip_fraction_high"] == pytest.approx(0.5) and out.metrics["clip_fraction_low"] == 0.5
+
+
+@pytest.mark.parametrize("name", POLICY_LOSSES.names())
+def test_token_weights_scale_each_tokens_loss_and_gradient(name):
+    logprobs = -torch.rand(3, 5, generator=torch.Generator().manual_seed(1))
+    old = logprobs + 0.01 * torch.randn(3, 5, generator=torch.Generator().manual_seed(2))
+    advantages = torch.tensor([1.0, -0.5, 2.0])
+    weights = torch.rand(3, 5, generator=torch.Generator().manual_seed(3))
+
+    def grad(w):
+        lp = logprobs.clone().requires_grad_()
+        POLICY_LOSSES.get(name)(lp, old, advantages, MASK, token_weights=w).loss.backward()
+        return lp.grad
+
+    torch.testing.assert_close(grad(weights), grad(None) * weights * MASK)
+    torch.testing.assert_close(grad(torch.ones(3, 5)), grad(None))
 
 
 @pytest.mark.parametrize("name", POLICY_LOSSES.names())

@@ -1,0 +1,128 @@
+"""PPO epochs and mini-batches, recomputed old log-probs and the rollout correction, in the real trainer.
+
+The runs train a random tiny Qwen2-VL on `grounding_letters` (conftest), whose dense reward gives GRPO a gradient.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+import pytest
+import torch
+
+from mmrl.batching import mini_batch_rows
+from mmrl.config import ConfigError
+from mmrl.logging import read_metrics
+from mmrl.trainer import train
+
+
+def _rows(cfg, **kw) -> list[dict]:
+    with contextlib.redirect_stdout(io.StringIO()):
+        train(cfg, **kw)
+    return [m for m in read_metrics(cfg.output_dir + "/metrics.jsonl") if "loss/policy" in m]
+
+
+def _cfg(tiny_run_config, path, letters_env, *overrides):
+    return tiny_run_config(
+        str(path), f"env.name={letters_env}", "trainer.total_steps=2", "trainer.eval_episodes=1",
+        "algo.group_size=4", "trainer.prompts_per_step=2", "trainer.lr=0.05", *overrides,
+    )  # fmt: skip
+
+
+def test_one_update_per_rollout_is_on_policy_and_no_clip_binds(tmp_path, tiny_run_config, letters_env):
+    rows = _rows(_cfg(tiny_run_config, tmp_path, letters_env))
+    for row in rows:
+        assert row["optimizer_steps"] == 1
+        assert row["clip_fraction"] == 0
+        assert row["ratio/min"] == pytest.approx(1, abs=1e-3) and row["ratio/max"] == pytest.approx(1, abs=1e-3)
+        assert not any(k.startswith(("mismatch/", "correction/")) for k in row)  # nothing recomputed by default
+
+
+def test_epochs_and_mini_batches_take_several_steps_and_the_clip_binds(tmp_path, tiny_run_config, letters_env):
+    rows = _rows(_cfg(tiny_run_config, tmp_path, letters_env, "algo.ppo_epochs=2", "algo.mini_batch_groups=1"))
+    assert all(row["optimizer_steps"] == 4 for row in rows)  # 2 epochs x 2 mini-batches of one group
+    assert any(row["clip_fraction"] > 0 for row in rows), rows
+    assert all(
+        row["clip_fraction"] == pytest.approx(row["clip_fraction_low"] + row["clip_fraction_high"]) for row in rows
+    )
+    assert any(row["ratio/max"] > 1.01 or row["ratio/min"] < 0.99 for row in rows)
+    assert all(row["ratio/min"] <= row["ratio/mean"] <= row["ratio/max"] for row in rows)
+    assert all(row["approx_kl"] > 0 for row in rows)
+
+
+def test_recomputed_old_logprobs_measure_the_mismatch_with_the_sampler(tmp_path, tiny_run_config, letters_env):
+    # One update (the detached forward is the old policy) and several (a separate pass before the first update).
+    for name, extra in (("one", ()), ("many", ("algo.ppo_epochs=2",))):
+        rows = _rows(_cfg(tiny_run_config, tmp_path / name, letters_env, "algo.old_logprobs=recompute", *extra))
+        for row in rows:
+            # transformers' generate and the trainer's forward compute the same policy: they agree to float noise.
+            assert 0 <= row["mismatch/kl"] < 1e-4 and row["mismatch/abs_logprob_diff"] < 1e-2
+            assert row["correction/weight_mean"] == pytest.approx(1, abs=1e-2)  # token_truncate by default
+            assert row["correction/cut_fraction"] == 0
+
+
+def test_resume_is_exact_with_epochs_mini_batches_and_recompute(tmp_path, tiny_run_config, letters_env):
+    options = ("algo.ppo_epochs=2", "algo.mini_batch_groups=1", "algo.old_logprobs=recompute")
+    whole = _rows(_cfg(tiny_run_config, tmp_path / "whole", letters_env, *options))
+    parts = tmp_path / "parts"
+    _rows(_cfg(tiny_run_config, parts, letters_env, *options), stop_after=1)
+    resumed = _rows(_cfg(tiny_run_config, parts, letters_env, *options, "resume=true"))
+    assert len(resumed) == len(whole) == 2
+    for got, want in zip(resumed, whole):
+        for key in ("reward/total", "loss/policy", "grad_norm", "clip_fraction", "ratio/max", "mismatch/kl"):
+            assert got[key] == pytest.approx(want[key], abs=1e-6), key
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (("algo.ppo_epochs=0",), "algo.ppo_epochs must be >= 1"),
+        (("algo.mini_batch_groups=-1",), "algo.mini_batch_groups must be >= 0"),
+        (("algo.rollout_correction_cap=1",), "algo.rollout_correction_cap must be > 1"),
+        (
+            ("algo.old_logprobs=sampling", "algo.rollout_correction=token_mask"),
+            "algo.rollout_correction 'token_mask' compares .* needs algo.old_logprobs recompute",
+        ),
+        (("algo.rollout_correction=tis",), "algo.rollout_correction: 'tis' is not one of"),
+    ],
+)
+def test_bad_ppo_settings_name_the_field(tmp_path, tiny_run_config, overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        tiny_run_config(tmp_path, *overrides)
+
+
+def test_a_correction_asked_for_turns_recompute_on(tmp_path, tiny_run_config):
+    cfg = tiny_run_config(tmp_path, "algo.rollout_correction=sequence_mask")
+    assert cfg.recompute_old_logprobs and cfg.correction == "sequence_mask"
+    plain = tiny_run_config(tmp_path)
+    assert not plain.recompute_old_logprobs and plain.correction is None
+    vllm = tiny_run_config(tmp_path, "model.generation_backend=vllm")
+    assert vllm.recompute_old_logprobs and vllm.correction == "token_truncate"  # on by default where they differ
+    off = tiny_run_config(tmp_path, "model.generation_backend=vllm", "algo.rollout_correction=none")
+    assert off.recompute_old_logprobs and off.correction is None  # measured, not corrected
+
+
+def test_mini_batch_rows_cover_every_group_once_per_pass_whole():
+    row_groups = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 2])  # a multi-turn row of group 2 at the end
+    parts = mini_batch_rows(row_groups, 0, 5, 2, torch.Generator().manual_seed(0))
+    assert len(parts) == 3  # ceil(5 / 2)
+    assert sorted(torch.cat(parts).tolist()) == list(range(11))  # every row once
+    for part in parts:
+        groups = row_groups[part].unique()
+        assert len(groups) <= 2
+        assert torch.equal(torch.isin(row_groups, groups).nonzero().squeeze(-1), part)  # whole groups, in order
+    assert mini_batch_rows(row_groups, 0, 5, 0, torch.Generator()) == [None]  # one batch: no draw
+    assert mini_batch_rows(row_groups, 0, 5, 5, torch.Generator()) == [None]
+    other = mini_batch_rows(row_groups, 0, 5, 2, torch.Generator().manual_seed(1))
+    assert any(not torch.equal(a, b) for a, b in zip(parts, other))  # a fresh order per draw
+
+
+def test_mini_batches_of_two_processes_are_those_of_one():
+    """Process 0 holding groups 0-2 and process 1 groups 3-4 take between them the rows one process takes."""
+    one = mini_batch_rows(torch.arange(5).repeat_interleave(2), 0, 5, 2, torch.Generator().manual_seed(3))
+    rank0 = mini_batch_rows(torch.arange(3).repeat_interleave(2), 0, 5, 2, torch.Generator().manual_seed(3))
+    rank1 = mini_batch_rows(torch.arange(2).repeat_interleave(2), 3, 5, 2, torch.Generator().manual_seed(3))
+    assert len(rank0) == len(rank1) == len(one)
+    for whole, a, b in zip(one, rank0, rank1):
+        assert torch.equal(whole, torch.cat([a, b + 6]))  # process 1's rows follow process 0's six
