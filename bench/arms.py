@@ -1,0 +1,118 @@
+"""Arms of one preset side by side over seeds: the held-out score before and after, and the training diagnostics.
+
+Each arm is the preset plus its overrides; every arm sees the same prompts and starts from the same weights for a
+given seed (the seed is `trainer.seed`), and arms are interleaved per seed so that a slow phase of the machine falls
+on all of them. Reported per arm: the held-out `env.eval_metric` after training per seed, its mean and standard
+deviation, and the mean over training steps of the clip fraction and of the optimiser steps per rollout.
+
+    .venv/bin/python bench/arms.py configs/grounding_tiny.yaml --steps 100 --seeds 0 1 2 \\
+        --arm one_epoch= --arm two_epochs=algo.ppo_epochs=2 [--results RESULTS.md] [trainer.threads=1 ...]
+
+An arm is `name=override[,override...]` (empty after `=` for the preset as it is); trailing `key=value` arguments
+apply to every arm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TQDM_DISABLE", "1")
+os.environ.setdefault("MPLBACKEND", "Agg")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from mmrl.config import load_config  # noqa: E402
+from mmrl.logging import read_metrics  # noqa: E402
+from mmrl.trainer import train  # noqa: E402
+
+
+def run(preset: Path, overrides: list[str], seed: int, steps: int) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as out:
+        cfg = load_config(
+            preset,
+            [f"output_dir={out}", f"trainer.total_steps={steps}", f"trainer.seed={seed}", "trainer.save_every=0",
+             *overrides],
+        )  # fmt: skip
+        start = time.perf_counter()
+        train(cfg)
+        elapsed = time.perf_counter() - start
+        evals = json.loads((Path(out) / "eval.json").read_text())
+        rows = [m for m in read_metrics(Path(out) / "metrics.jsonl") if "loss/policy" in m]
+        metric = cfg.env.eval_metric
+        return {
+            "before": evals["before"][metric],
+            "after": evals["after"][metric],
+            "clip_fraction": statistics.mean(m.get("clip_fraction", 0.0) for m in rows),
+            "optimizer_steps": statistics.mean(m.get("optimizer_steps", 1.0) for m in rows),
+            "minutes": elapsed / 60,
+            "metric": metric,
+        }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("preset", type=Path)
+    parser.add_argument("--arm", action="append", required=True, help="name=override[,override...]")
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--results", type=Path, default=None, help="append the table to this Markdown file")
+    parser.add_argument("overrides", nargs="*", help="section.field=value overrides for every arm")
+    args = parser.parse_args()
+    arms = {}
+    for spec in args.arm:
+        name, _, rest = spec.partition("=")
+        arms[name] = [o for o in rest.split(",") if o]
+    results: dict[str, list[dict[str, float]]] = {name: [] for name in arms}
+    for seed in args.seeds:
+        for name, overrides in arms.items():
+            got = run(args.preset, [*overrides, *args.overrides], seed, args.steps)
+            results[name].append(got)
+            print(
+                f"seed {seed} {name}: held-out {got['metric']} {got['before']:.3f} -> {got['after']:.3f}, "
+                f"clip fraction {got['clip_fraction']:.4f}, {got['optimizer_steps']:.0f} optimiser steps a rollout, "
+                f"{got['minutes']:.1f} min",
+                flush=True,
+            )
+    metric = next(iter(results.values()))[0]["metric"]
+    before = next(iter(results.values()))[0]["before"]
+    lines = [
+        f"| arm | overrides | held-out {metric} after {args.steps} steps (seeds {', '.join(map(str, args.seeds))}) "
+        "| mean | std | clip fraction | optimiser steps / rollout | min / run |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, runs in results.items():
+        after = [r["after"] for r in runs]
+        std = statistics.stdev(after) if len(after) > 1 else 0.0
+        lines.append(
+            f"| {name} | `{' '.join(arms[name]) or '(preset)'}` | {', '.join(f'{v:.3f}' for v in after)} | "
+            f"{statistics.mean(after):.3f} | {std:.3f} | {statistics.mean(r['clip_fraction'] for r in runs):.4f} | "
+            f"{statistics.mean(r['optimizer_steps'] for r in runs):.0f} | "
+            f"{statistics.mean(r['minutes'] for r in runs):.1f} |"
+        )
+    command = " ".join(["python bench/arms.py", str(args.preset), f"--steps {args.steps}",
+                        f"--seeds {' '.join(map(str, args.seeds))}", *(f"--arm {a}" for a in args.arm),
+                        *args.overrides])  # fmt: skip
+    header = (
+        f"\n### {args.preset.stem}: {', '.join(arms)}, {datetime.date.today()} "
+        f"({platform.machine()}, {os.cpu_count()} cores)\n\n"
+        f"Held-out {metric} before training: {before:.3f}. Command: `{command}`\n\n"
+    )
+    table = header + "\n".join(lines) + "\n"
+    print(table)
+    if args.results:
+        with open(args.results, "a") as f:
+            f.write(table)
+
+
+if __name__ == "__main__":
+    main()
