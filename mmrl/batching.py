@@ -113,6 +113,7 @@ class MicroBatch:
     advantages: torch.Tensor  # [r]
     weight: torch.Tensor  # [] the slice's share of the whole batch (of every process); 0 for an idle slice
     start: int = 0  # the slice's first row in the rollout it was cut from
+    row_weight: torch.Tensor | float = 0.0  # [] its share of the batch's rows (of every process); 0 when idle
     rollout_logprobs: torch.Tensor | None = None  # [r, L'] the sampler's log-probs when `rollout`'s are recomputed
 
 
@@ -166,7 +167,8 @@ def micro_batches(
             weight = torch.tensor((stop - start) / total_rows)
         weight = torch.zeros_like(weight) if idle or index >= len(slices) else weight
         sampler = None if rollout_logprobs is None else rollout_logprobs[start:stop, : mb.completion_ids.shape[1]]
-        out.append(MicroBatch(mb, mb_masked, advantages[start:stop], weight, start, sampler))
+        row_weight = 0.0 if idle or index >= len(slices) else (stop - start) / max(total_rows, 1)
+        out.append(MicroBatch(mb, mb_masked, advantages[start:stop], weight, start, row_weight, sampler))
     return out
 
 

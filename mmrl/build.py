@@ -20,9 +20,11 @@ from typing import Any
 import torch
 
 from . import distributed, precision
+from .algos import CRITIC_ADVANTAGES
 from .checkpoint import latest_checkpoint, load_training_state, set_rng_state
 from .collect import Collector
 from .config import ModelConfig, TrainConfig, to_dict
+from .critic import Critic
 from .curriculum import Curriculum
 from .evaluate import held_out
 from .logging import MetricsLogger
@@ -54,6 +56,7 @@ class Run:
     logger: MetricsLogger
     start_step: int  # steps done before (a resumed run's)
     state: dict[str, Any] = field(default_factory=dict)  # what checkpoints carry besides weights (eval_before...)
+    critic: Critic | None = None  # the value head (algo.advantage gae)
 
 
 def load_policy(cfg: ModelConfig, checkpoint: str | Path | None = None) -> VLMPolicy:
@@ -180,9 +183,17 @@ def build(cfg: TrainConfig, policy: VLMPolicy | None, generation_shards: int | N
     optimizer = torch.optim.AdamW(trainable, lr=tc.lr, weight_decay=tc.weight_decay)
     warmup = max(tc.warmup_steps, 0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+    critic = None
+    if ac.advantage in CRITIC_ADVANTAGES:
+        critic = Critic(
+            model, width=ac.critic_hidden, lr=ac.critic_lr, trunk_grad=ac.critic_trunk_grad, seed=tc.seed,
+            device=cfg.model.device,
+        )  # fmt: skip
     start_step = 0
     if resume_from is not None:
         _, states = load_training_state(resume_from)
+        if critic is not None:
+            critic.load_state_dict(states["critic"])
         distributed.load_optimizer_state(model, optimizer, states["optimizer"], world)
         scheduler.load_state_dict(states["scheduler"])
         set_rng_state(states["rng"])
@@ -203,5 +214,5 @@ def build(cfg: TrainConfig, policy: VLMPolicy | None, generation_shards: int | N
             report_before(cfg, before, out)
     return Run(
         cfg, world, out, policy, model, reference, optimizer, scheduler, trainable, master, sampling, collector,
-        curriculum, logger, start_step, state,
+        curriculum, logger, start_step, state, critic,
     )  # fmt: skip

@@ -49,12 +49,14 @@ def save_checkpoint(
     *,
     world: distributed.World | None = None,
     master=None,
+    extra: dict[str, Any] | None = None,
 ) -> Path | None:
     """Write the checkpoint of `step` atomically and keep only the newest `keep` checkpoints.
 
     Under torchrun (`world` of K > 1 processes) every process must call this: the full weights and optimiser state
     are gathered from the shards and rank 0 writes them (the others return None). With float32 master weights
     (`master`, a `mmrl.precision.MasterWeights`), those are saved rather than the model's rounding of them.
+    `extra` (the critic's head and optimiser, ...) is saved with the optimiser's state, under its keys.
     """
     world = world or distributed.World()
     policy, optimizer = distributed.checkpoint_views(policy, optimizer, world)
@@ -70,7 +72,12 @@ def save_checkpoint(
     tmp.mkdir()
     policy.save_pretrained(tmp)
     torch.save(
-        {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state()},
+        {
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "rng": rng_state(),
+            **(extra or {}),
+        },
         tmp / "training_state.pt",
     )
     (tmp / "trainer_state.json").write_text(json.dumps({**trainer_state, "step": step}, indent=2))

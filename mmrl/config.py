@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import yaml
 
-from .algos import ADVANTAGES, POLICY_LOSSES, STEP_ADVANTAGES
+from .algos import ADVANTAGES, CRITIC_ADVANTAGES, POLICY_LOSSES, STEP_ADVANTAGES
 from .types import Sampling
 
 
@@ -123,15 +123,30 @@ class AlgoConfig:
         "auto", "none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
     ] = "auto"
     rollout_correction_cap: float = 2.0  # truncate at it; mask outside [1/cap, cap]
+    # A critic (advantage: gae): a value head on the policy's last prompt hidden state (mmrl/critic.py), GAE over
+    # turns with `gamma` and gae_lambda, the clipped value loss; the head alone trains for critic_warmup_steps.
+    gae_lambda: float = 0.95
+    value_coef: float = 0.5
+    value_clip: float = 0.2  # 0: no clip
+    critic_lr: float = 1e-3
+    critic_hidden: int = 256  # units of the head's hidden layer; 0: a linear head
+    critic_warmup_steps: int = 0
+    critic_trunk_grad: bool = False  # let the value loss train the policy's trunk too (a shared actor-critic)
 
     def __post_init__(self):
         _require(self.group_size >= 1, "algo.group_size", "must be >= 1")
-        _require(
-            self.advantage in ADVANTAGES, "algo.advantage", f"{self.advantage!r} is not one of {ADVANTAGES.names()}"
-        )
+        known = [*ADVANTAGES.names(), *CRITIC_ADVANTAGES.names()]
+        _require(self.advantage in known, "algo.advantage", f"{self.advantage!r} is not one of {known}")
+        critic = self.advantage in CRITIC_ADVANTAGES
         _require(self.loss in POLICY_LOSSES, "algo.loss", f"{self.loss!r} is not one of {POLICY_LOSSES.names()}")
         _require(
-            self.credit != "step" or self.advantage in STEP_ADVANTAGES,
+            not (critic and self.credit == "step"),
+            "algo.credit",
+            f"'step' cannot be combined with algo.advantage {self.advantage!r}: its advantages are per turn already "
+            "(leave algo.credit at episode)",
+        )
+        _require(
+            critic or self.credit != "step" or self.advantage in STEP_ADVANTAGES,
             "algo.credit",
             f"'step' works with algo.advantage {' or '.join(STEP_ADVANTAGES.names())}, not {self.advantage!r} (use "
             "algo.credit=episode with it)",
@@ -153,6 +168,16 @@ class AlgoConfig:
         _require(self.ppo_epochs >= 1, "algo.ppo_epochs", f"must be >= 1, got {self.ppo_epochs}")
         _require(self.mini_batch_groups >= 0, "algo.mini_batch_groups", "must be >= 0 (0: the whole rollout)")
         _require(self.rollout_correction_cap > 1, "algo.rollout_correction_cap", "must be > 1")
+        _require(0 <= self.gae_lambda <= 1, "algo.gae_lambda", "must be in [0, 1]")
+        for name in ("value_coef", "value_clip", "critic_hidden", "critic_warmup_steps"):
+            _require(getattr(self, name) >= 0, f"algo.{name}", f"must be >= 0, got {getattr(self, name)}")
+        _require(self.critic_lr > 0, "algo.critic_lr", "must be > 0")
+        for name in ("critic_warmup_steps", "critic_trunk_grad"):
+            _require(
+                critic or not getattr(self, name),
+                f"algo.{name}",
+                f"needs a critic: algo.advantage {' or '.join(CRITIC_ADVANTAGES.names())}, not {self.advantage!r}",
+            )
         _require(
             self.old_logprobs != "sampling" or self.rollout_correction in ("auto", "none"),
             "algo.rollout_correction",

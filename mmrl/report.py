@@ -58,7 +58,7 @@ def step_metrics(
         "grad_norm": extra["grad_norm"],
         "lr": extra["lr"],
         "completion_len": stats.rollout.completion_mask.sum(-1).float().mean(),  # as generated
-        **{k: v for k, v in extra.items() if k.startswith("perf/")},
+        **{k: v for k, v in extra.items() if k.startswith(("perf/", "critic/"))},
     }
     if stats.step_rewards.shape[1] > 1:
         metrics["env/episode_steps"] = stats.env_steps.float().mean()
@@ -69,15 +69,16 @@ def step_metrics(
         metrics["env/success_rate"] = stats.success.float().mean()
     if curriculum.enabled:
         metrics["curriculum/level"] = curriculum.level
+    # Alike in every process already: counts of optimiser steps, the critic's figures (from gathered rows, or of its
+    # gradient averaged over processes).
+    alike = [k for k in metrics if k == "optimizer_steps" or k.startswith("critic/")]
     return world.reduce_metrics(  # the whole batch's, alike in every process (the curriculum reads them)
         metrics, weight=stats.num_worlds, weights={"completion_len": len(stats.rollout)},
-        summed=(
-            *(k for k in losses if not k.endswith(EXTREMES) and k != "optimizer_steps"), "data/kept_groups",
-            "perf/tokens_per_s",
-        ),
+        summed=(*(k for k in losses if k not in alike and not k.endswith(EXTREMES)), "data/kept_groups",
+                "perf/tokens_per_s"),
         maxed=(
-            "grad_norm", "lr", "perf/step_s", "perf/generate_s", "data/sampled_batches", "curriculum/level",
-            "optimizer_steps", *(k for k in losses if k.endswith(("_max", "/max"))),
+            "grad_norm", "lr", "perf/step_s", "perf/generate_s", "data/sampled_batches", "curriculum/level", *alike,
+            *(k for k in losses if k.endswith(("_max", "/max"))),
         ),
         minned=tuple(k for k in losses if k.endswith(("_min", "/min"))),
     )  # fmt: skip

@@ -1,11 +1,14 @@
 """Advantage estimators, policy losses and the objective: pure tensor functions, the extensible ones registered.
 
-The trainer looks estimators and losses up in `ADVANTAGES` (or `STEP_ADVANTAGES` for step credit) and
+The trainer looks estimators and losses up in `ADVANTAGES` (or `STEP_ADVANTAGES` for step credit, or
+`CRITIC_ADVANTAGES` with a value head) and
 `POLICY_LOSSES` by the names the config gives, and calls `objective` once per micro-batch; it never branches on the
 variant itself. Closed choices (aggregation, KL estimator) are `Literal`s, not registries.
 
 * `base`: the registries, the call each registered function has, `LossOutput`.
 * `advantages`: GRPO, Dr. GRPO, RLOO, REINFORCE++ (episode credit) and their step-credit forms.
+* `critic`: GAE over turns from a value head (`CRITIC_ADVANTAGES`), the clipped value loss.
+* `correction`: importance weights for the gap between the sampler's log-probs and the trainer's.
 * `losses`: the clipped surrogates, KL estimators, entropy terms and aggregation.
 * `papo`: PAPO's perception terms and image masking.
 * `objective`: surrogate + KL + entropy + PAPO in one function -> loss and metrics.
@@ -24,6 +27,7 @@ from .advantages import (
 )
 from .base import (
     ADVANTAGES,
+    CRITIC_ADVANTAGES,
     POLICY_LOSSES,
     STEP_ADVANTAGES,
     AdvantageFn,
@@ -33,6 +37,7 @@ from .base import (
     PolicyLossFn,
     StepAdvantageFn,
 )
+from .critic import explained_variance, gae_advantages, value_loss
 from .losses import (
     aggregate,
     dual_clip_loss,
@@ -47,6 +52,10 @@ from .objective import objective
 
 __all__ = [
     "ADVANTAGES",
+    "CRITIC_ADVANTAGES",
+    "explained_variance",
+    "gae_advantages",
+    "value_loss",
     "POLICY_LOSSES",
     "STEP_ADVANTAGES",
     "AdvantageFn",

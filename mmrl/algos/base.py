@@ -73,4 +73,6 @@ ADVANTAGES = Registry("advantage estimator")  # episode credit: one advantage pe
 # Step credit (`algo.credit: step`): one advantage per turn, against the same turn of the group's other worlds. Its
 # names are those of the episode estimators they generalise; `algo.advantage` picks from this registry then.
 STEP_ADVANTAGES = Registry("step-credit advantage estimator")
+# Advantages from a learned value function (`algo.advantage: gae`): these build a critic, see `algos.critic`.
+CRITIC_ADVANTAGES = Registry("critic advantage estimator")
 POLICY_LOSSES = Registry("policy loss")

@@ -122,6 +122,32 @@ def test_two_processes_log_what_one_process_logs(runs):
     assert [m["step"] for m in read_metrics(two / "metrics.jsonl")] == [0, 1, 2, 2]
 
 
+def test_two_processes_with_epochs_mini_batches_and_a_critic_step_as_one_process(tmp_path):
+    """Mini-batches cut from both processes' groups with one draw, the old log-probs recomputed, and a value head whose
+    gradients are averaged over the processes: two processes still train what one process with two shards trains."""
+    from mmrl.config import load_config
+    from mmrl.trainer import train
+
+    run = {**RUN, "algo": {"group_size": 2, "kl_coef": 0.0, "advantage": "gae", "ppo_epochs": 2,
+                           "mini_batch_groups": 3, "old_logprobs": "recompute", "critic_lr": 0.01}}  # fmt: skip
+    run["trainer"] = {**RUN["trainer"], "eval_episodes": 2, "save_every": 0}
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(run))
+    two, one = tmp_path / "two", tmp_path / "one"
+    torchrun(tmp_path / "two.log", "-m", "mmrl", "train", str(config), f"output_dir={two}")
+    train(load_config(config, [f"output_dir={one}"]), generation_shards=2)
+    got, want = training_rows(two), training_rows(one)
+    assert [m["step"] for m in got] == [m["step"] for m in want] == [1, 2]
+    for g, w in zip(got, want):
+        assert g["optimizer_steps"] == w["optimizer_steps"] == 4  # 2 epochs x ceil(4 groups / 3)
+        for key in ("loss/policy", "grad_norm", "reward/total", "value/loss", "critic/value_mean",
+                    "critic/grad_norm", "ratio/max", "ratio/min", "clip_fraction", "mismatch/kl"):  # fmt: skip
+            # Four Adam steps a training step compound the float32 rounding of summing gradients in another order
+            # (FSDP's reduce-scatter against one process's accumulation): 1e-3 here where one step holds 1e-4.
+            assert g[key] == pytest.approx(w[key], rel=1e-3, abs=1e-6), f"step {w['step']}: {key}"
+    assert got[1]["critic/value_mean"] != 0
+
+
 def test_two_processes_evaluate_what_one_process_evaluates(runs):
     """Each process plays its share of the held-out seeds; the sums over processes are one process's."""
     from PIL import Image
