@@ -9,7 +9,9 @@ deviation, and the mean over training steps of the clip fraction and of the opti
         --arm one_epoch= --arm two_epochs=algo.ppo_epochs=2 [--results RESULTS.md] [trainer.threads=1 ...]
 
 An arm is `name=override[,override...]` (empty after `=` for the preset as it is); trailing `key=value` arguments
-apply to every arm.
+apply to every arm. With a cold start (`sft.episodes > 0`) the first arm of each seed makes it and the other arms of
+that seed start from a copy (`<output_dir>/cold_start`), so the arms differ only in what they compare, and the
+demonstration phase runs once per seed.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -36,8 +39,10 @@ from mmrl.logging import read_metrics  # noqa: E402
 from mmrl.trainer import train  # noqa: E402
 
 
-def run(preset: Path, overrides: list[str], seed: int, steps: int) -> dict[str, float]:
-    with tempfile.TemporaryDirectory() as out:
+def run(preset: Path, overrides: list[str], seed: int, steps: int, out: Path, cold_start: Path | None) -> dict:
+    if cold_start is not None and cold_start.is_dir():
+        shutil.copytree(cold_start, out / "cold_start")
+    if True:
         cfg = load_config(
             preset,
             [f"output_dir={out}", f"trainer.total_steps={steps}", f"trainer.seed={seed}", "trainer.save_every=0",
@@ -46,8 +51,8 @@ def run(preset: Path, overrides: list[str], seed: int, steps: int) -> dict[str, 
         start = time.perf_counter()
         train(cfg)
         elapsed = time.perf_counter() - start
-        evals = json.loads((Path(out) / "eval.json").read_text())
-        rows = [m for m in read_metrics(Path(out) / "metrics.jsonl") if "loss/policy" in m]
+        evals = json.loads((out / "eval.json").read_text())
+        rows = [m for m in read_metrics(out / "metrics.jsonl") if "loss/policy" in m]
         metric = cfg.env.eval_metric
         return {
             "before": evals["before"][metric],
@@ -67,15 +72,20 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--results", type=Path, default=None, help="append the table to this Markdown file")
     parser.add_argument("overrides", nargs="*", help="section.field=value overrides for every arm")
-    args = parser.parse_args()
+    args = parser.parse_intermixed_args()
     arms = {}
     for spec in args.arm:
         name, _, rest = spec.partition("=")
         arms[name] = [o for o in rest.split(",") if o]
     results: dict[str, list[dict[str, float]]] = {name: [] for name in arms}
+    root = Path(tempfile.mkdtemp(prefix="arms_"))
     for seed in args.seeds:
+        first = None
         for name, overrides in arms.items():
-            got = run(args.preset, [*overrides, *args.overrides], seed, args.steps)
+            out = root / f"seed{seed}" / name
+            out.mkdir(parents=True)
+            got = run(args.preset, [*overrides, *args.overrides], seed, args.steps, out, first)
+            first = first or out / "cold_start"
             results[name].append(got)
             print(
                 f"seed {seed} {name}: held-out {got['metric']} {got['before']:.3f} -> {got['after']:.3f}, "
@@ -87,15 +97,16 @@ def main() -> None:
     before = next(iter(results.values()))[0]["before"]
     lines = [
         f"| arm | overrides | held-out {metric} after {args.steps} steps (seeds {', '.join(map(str, args.seeds))}) "
-        "| mean | std | clip fraction | optimiser steps / rollout | min / run |",
-        "|---|---|---|---|---|---|---|---|",
+        "| mean | std | RL's own share (after - before RL) | clip fraction | optimiser steps / rollout | min / run |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, runs in results.items():
         after = [r["after"] for r in runs]
         std = statistics.stdev(after) if len(after) > 1 else 0.0
         lines.append(
             f"| {name} | `{' '.join(arms[name]) or '(preset)'}` | {', '.join(f'{v:.3f}' for v in after)} | "
-            f"{statistics.mean(after):.3f} | {std:.3f} | {statistics.mean(r['clip_fraction'] for r in runs):.4f} | "
+            f"{statistics.mean(after):.3f} | {std:.3f} | {statistics.mean(r['after'] - r['before'] for r in runs):+.3f} | "
+            f"{statistics.mean(r['clip_fraction'] for r in runs):.4f} | "
             f"{statistics.mean(r['optimizer_steps'] for r in runs):.0f} | "
             f"{statistics.mean(r['minutes'] for r in runs):.1f} |"
         )
@@ -105,9 +116,11 @@ def main() -> None:
     header = (
         f"\n### {args.preset.stem}: {', '.join(arms)}, {datetime.date.today()} "
         f"({platform.machine()}, {os.cpu_count()} cores)\n\n"
-        f"Held-out {metric} before training: {before:.3f}. Command: `{command}`\n\n"
+        f"Held-out {metric} before RL (after the cold start, if any; seed {args.seeds[0]}): {before:.3f}. "
+        f"Command: `{command}`\n\n"
     )
     table = header + "\n".join(lines) + "\n"
+    shutil.rmtree(root, ignore_errors=True)
     print(table)
     if args.results:
         with open(args.results, "a") as f:
