@@ -11,7 +11,8 @@ Where things are (bottom up; a module imports only modules above it in this list
 * `policy`: `VLMPolicy` (generate / logprobs), its generation backends, model options and action codec.
 * `rollout`: episodes of one env batch; `collect`: one training step's episodes (seeds, shards, filters, workers).
 * `build`: config -> a run (policy, reference, collector, optimiser); `report`: metrics, held-out lines, pictures.
-* `trainer`: the one loop; `cli`: the `mmrl` command.
+* `trainer`: the one loop; `update`: a step's optimiser steps (PPO epochs, mini-batches); `critic`: the value
+  head; `cli`: the `mmrl` command.
 """
 
 __version__ = "0.1.0"
