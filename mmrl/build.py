@@ -194,6 +194,7 @@ def build(cfg: TrainConfig, policy: VLMPolicy | None, generation_shards: int | N
         _, states = load_training_state(resume_from)
         if critic is not None:
             critic.load_state_dict(states["critic"])
+        collector.restore(states.get("prefetched"))
         distributed.load_optimizer_state(model, optimizer, states["optimizer"], world)
         scheduler.load_state_dict(states["scheduler"])
         set_rng_state(states["rng"])

@@ -21,7 +21,9 @@ A curriculum step rebuilds the env at the new level (`rebuild`).
 
 from __future__ import annotations
 
+import copy
 import sys
+import threading
 from dataclasses import dataclass, replace
 
 import torch
@@ -47,6 +49,7 @@ class Collected:
     sampled: Episodes  # every episode sampled this step, before any filter, shaped (for the step's metrics)
     kept_groups: int  # groups that passed the filters (over every batch sampled)
     sampled_batches: int  # batches of B prompts sampled (more than 1 only with refill)
+    stale: int = 0  # updates between the weights that played these episodes and the ones they train (prefetched: 1)
 
 
 def make_env(cfg: TrainConfig, num_envs: int, curriculum: Curriculum):
@@ -117,6 +120,8 @@ class Collector:
         tc = cfg.trainer
         if tc.rollout_workers and world.size > 1:
             raise ValueError("trainer.rollout_workers > 0 under torchrun is not supported: use one trainer process")
+        if tc.max_staleness and world.size > 1:
+            raise ValueError("trainer.max_staleness > 0 under torchrun is not supported yet: use one trainer process")
         self.cfg, self.world, self.curriculum, self.sampling = cfg, world, curriculum, sampling
         self.num_shards = generation_shards or tc.generation_shards or world.size
         self.my_shards = distributed.prompt_shards(tc.prompts_per_step, self.num_shards, world)
@@ -124,6 +129,47 @@ class Collector:
         self.rows = len(self.my_shards) * self.shard_rows  # this process's R
         self.env = make_env(cfg, self.shard_rows, curriculum)  # the env holds one shard at a time
         self.workers: RolloutWorkers | None = None
+        # Pipelined collection (trainer.max_staleness = 1): the next step's episodes, played by a copy of the policy
+        # in a thread while this step updates.
+        self._copy: VLMPolicy | None = None
+        self._thread: threading.Thread | None = None
+        self._pending: tuple[int, Collected | BaseException] | None = None
+
+    def prefetch(self, policy: VLMPolicy, step: int) -> None:
+        """Start collecting step `step`'s episodes now, in a thread, with a copy of `policy`'s current weights (its
+        rows are then one update stale when step `step` trains on them)."""
+        self.wait()
+        if self._copy is None:
+            self._copy = copy.deepcopy(policy)
+            self._copy.model.requires_grad_(False)
+        else:
+            with torch.no_grad():
+                for mine, theirs in zip(self._copy.model.parameters(), policy.model.parameters(), strict=True):
+                    mine.copy_(theirs)
+
+        def play() -> None:
+            try:
+                self._pending = (step, self._collect(self._copy, self._copy.model, step))
+            except BaseException as error:  # noqa: BLE001  (re-raised in the trainer's thread by `collect`)
+                self._pending = (step, error)
+
+        self._thread = threading.Thread(target=play, name=f"prefetch-step-{step}", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> None:
+        """Let a running prefetch finish (before the env is rebuilt, a checkpoint is written, or the run ends)."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def pending(self) -> tuple[int, Collected] | None:
+        """The finished prefetch (its step and episodes), for a checkpoint; None when there is none."""
+        self.wait()
+        return self._pending if self._pending is None or isinstance(self._pending[1], Collected) else None
+
+    def restore(self, pending: tuple[int, Collected] | None) -> None:
+        """Take back a checkpoint's prefetched episodes, so that a resumed run trains on what the killed one would."""
+        self._pending = pending
 
     def start_workers(self, policy: VLMPolicy) -> None:
         """Start the rollout workers, copies of `policy` (with `trainer.rollout_workers > 0`; else nothing)."""
@@ -136,7 +182,18 @@ class Collector:
 
     @torch.no_grad()
     def collect(self, policy: VLMPolicy, model: torch.nn.Module, step: int) -> Collected:
-        """Step `step`'s episodes, played by `policy` (whose possibly sharded module is `model`)."""
+        """Step `step`'s episodes, played by `policy` (whose possibly sharded module is `model`), or the ones a
+        `prefetch` of this step played (`Collected.stale` = 1)."""
+        self.wait()
+        if self._pending is not None:
+            (ready, got), self._pending = self._pending, None
+            if isinstance(got, BaseException):
+                raise got
+            if ready == step:
+                return got
+        return self._collect(policy, model, step)
+
+    def _collect(self, policy: VLMPolicy, model: torch.nn.Module, step: int) -> Collected:
         tc, ac, group_size = self.cfg.trainer, self.cfg.algo, self.cfg.algo.group_size
         pad = policy.pad_token_id or 0
         sampled, kept, kept_groups = [], [], 0
@@ -169,7 +226,7 @@ class Collector:
             truncated = ~torch.isin(rollout.completion_ids, torch.tensor(policy.eos_token_ids)).any(-1)  # [M]
             mask = overlong_mask(rollout.completion_mask, 0, truncated=truncated)
             episodes = replace(episodes, rollout=replace(rollout, completion_mask=mask))
-        return Collected(episodes, cat_episodes(sampled, pad), kept_groups, len(sampled))
+        return Collected(episodes, cat_episodes(sampled, pad), kept_groups, len(sampled), int(policy is self._copy))
 
     def _play(self, policy: VLMPolicy, jobs: list) -> list[Episodes]:
         """Each job's episodes: by the rollout workers, or here, one seeded shard at a time."""
@@ -182,7 +239,9 @@ class Collector:
         return parts
 
     def rebuild(self) -> None:
-        """Rebuild the env (and the rollout workers' envs) at the curriculum's current level."""
+        """Rebuild the env (and the rollout workers' envs) at the curriculum's current level (a prefetch running
+        finishes first, at the level it started with)."""
+        self.wait()
         self.env.close()
         self.env = make_env(self.cfg, self.shard_rows, self.curriculum)
         if self.workers is not None:
@@ -194,6 +253,7 @@ class Collector:
     def close(self) -> None:
         """Close the env and stop the rollout workers (idempotent). Errors are printed, not raised: the run's own
         error, if any, is the one to see."""
+        self.wait()
         for name in ("env", "workers"):
             thing = getattr(self, name, None)
             setattr(self, name, None)

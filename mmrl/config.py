@@ -115,7 +115,8 @@ class AlgoConfig:
     mini_batch_groups: int = 0
     # The "old" log-probs of the ratio: the sampler's ("sampling"), or the trainer's own, recomputed before the
     # step's first update ("recompute"; the sampler's are then compared with them, `mismatch/*`). "auto": recompute
-    # where the sampler is another computation (model.generation_backend vllm) or a correction is asked for.
+    # where the sampler is another computation (model.generation_backend vllm) or older weights
+    # (trainer.max_staleness 1), or a correction is asked for.
     old_logprobs: Literal["auto", "sampling", "recompute"] = "auto"
     # Truncated (TIS) or masked (MIS) importance weights pi_old / pi_rollout, per token or per sequence, on the
     # surrogate (`mmrl.algos.correction`); "auto": token_truncate wherever the old log-probs are recomputed.
@@ -217,6 +218,10 @@ class TrainerConfig:
     # to them in turn: generation_shards must be a multiple of K. Samples equal the in-process ones for the same
     # generation_shards (on CPUs with the same torch thread count: the workers use max(threads, 1)).
     rollout_workers: int = 0
+    # Pipelined collection: 1 collects step k+1 (env, rendering, generation by a copy of the policy, or the rollout
+    # workers) in a thread while step k updates, so each step trains on rows one update stale (the old log-probs are
+    # then recomputed and the rollout correction applies, see algo.old_logprobs); 0 collects synchronously.
+    max_staleness: int = 0
     rollout_timeout_s: float = 600.0  # a worker that does not return a shard in this time is replaced, and it reruns
 
     def __post_init__(self):
@@ -229,6 +234,11 @@ class TrainerConfig:
         _require(self.max_grad_norm > 0, "trainer.max_grad_norm", "must be > 0")
         k = self.rollout_workers
         _require(k >= 0, "trainer.rollout_workers", f"must be >= 0 (0: generate in this process), got {k}")
+        _require(
+            self.max_staleness in (0, 1),
+            "trainer.max_staleness",
+            f"must be 0 (synchronous) or 1 (collect the next step while this one updates), got {self.max_staleness}",
+        )
         _require(
             not k or self.rollout_timeout_s > 0,
             "trainer.rollout_timeout_s",
@@ -326,7 +336,11 @@ class TrainConfig:
         ac = self.algo
         if ac.old_logprobs != "auto":
             return ac.old_logprobs == "recompute"
-        return self.model.generation_backend == "vllm" or ac.rollout_correction not in ("auto", "none")
+        return (
+            self.model.generation_backend == "vllm"
+            or self.trainer.max_staleness > 0
+            or ac.rollout_correction not in ("auto", "none")
+        )
 
     @property
     def correction(self) -> str | None:

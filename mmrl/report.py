@@ -69,6 +69,8 @@ def step_metrics(
         metrics["env/success_rate"] = stats.success.float().mean()
     if curriculum.enabled:
         metrics["curriculum/level"] = curriculum.level
+    if cfg.trainer.max_staleness:
+        metrics["pipeline/stale"] = collected.stale  # 1: played by the weights before the last update
     # Alike in every process already: counts of optimiser steps, the critic's figures (from gathered rows, or of its
     # gradient averaged over processes).
     alike = [k for k in metrics if k == "optimizer_steps" or k.startswith("critic/")]

@@ -84,9 +84,11 @@ def train_step(run: Run, step: int, last: int) -> dict[str, float]:
     t0 = time.perf_counter()
 
     # ---- collect: G worlds per prompt reset with the same seed, episodes run to their end, filters and refill
-    collected = run.collector.collect(run.policy, run.model, step)
+    collected = run.collector.collect(run.policy, run.model, step)  # (prefetched during the last step, if pipelined)
     t_gen = time.perf_counter() - t0
     episodes = collected.episodes
+    if tc.max_staleness and step + 1 < tc.total_steps:  # pipelined: the next step's episodes, while this one updates
+        run.collector.prefetch(run.policy, step + 1)
 
     # ---- advantages: one per row, from episode returns (each turn's return-to-go with step credit; GAE with a critic)
     before = score_before_update(run, episodes, step)  # mini-batches; old log-probs and values, before any update
@@ -124,9 +126,19 @@ def train_step(run: Run, step: int, last: int) -> dict[str, float]:
     if (tc.save_every and (step + 1) % tc.save_every == 0) or step + 1 == last:
         save_checkpoint(
             run.out, step + 1, run.policy, run.optimizer, run.scheduler, run.state, tc.keep_checkpoints,
-            world=world, master=run.master, extra=None if run.critic is None else {"critic": run.critic.state_dict()},
+            world=world, master=run.master, extra=checkpoint_extra(run),
         )  # fmt: skip
     return logged
+
+
+def checkpoint_extra(run: Run) -> dict:
+    """What a checkpoint carries beyond weights, optimiser and scheduler: the critic, a finished prefetch."""
+    extra = {}
+    if run.critic is not None:
+        extra["critic"] = run.critic.state_dict()
+    if run.cfg.trainer.max_staleness:
+        extra["prefetched"] = run.collector.pending()  # waits for it: the resumed run trains on the same rows
+    return extra
 
 
 def row_advantages(

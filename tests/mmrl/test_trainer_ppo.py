@@ -126,3 +126,44 @@ def test_mini_batches_of_two_processes_are_those_of_one():
     assert len(rank0) == len(rank1) == len(one)
     for whole, a, b in zip(one, rank0, rank1):
         assert torch.equal(whole, torch.cat([a, b + 6]))  # process 1's rows follow process 0's six
+
+
+# ---------------------------------------------------------------------------------------------- pipelined collection
+
+
+def test_pipelined_collection_trains_on_rows_one_update_stale_and_corrects_them(
+    tmp_path, tiny_run_config, letters_env
+):
+    rows = _rows(_cfg(tiny_run_config, tmp_path, letters_env, "trainer.total_steps=3", "trainer.max_staleness=1"))
+    assert [r["pipeline/stale"] for r in rows] == [0, 1, 1]  # step 1 is collected before any update
+    assert all("mismatch/kl" in r and "correction/weight_mean" in r for r in rows)
+    assert rows[0]["mismatch/kl"] < 1e-4  # the same weights sampled and scored
+    assert rows[2]["mismatch/kl"] > rows[0]["mismatch/kl"]  # a step behind (lr 0.05 moves the tiny model)
+
+
+def test_pipelined_rows_are_the_synchronous_ones_when_the_weights_do_not_move(tmp_path, tiny_run_config, letters_env):
+    """With lr 0 the copy's weights are the policy's: the prefetching thread must draw exactly the same episodes."""
+    common = ("trainer.total_steps=3", "trainer.lr=0")
+    sync = _rows(_cfg(tiny_run_config, tmp_path / "sync", letters_env, *common))
+    piped = _rows(_cfg(tiny_run_config, tmp_path / "piped", letters_env, *common, "trainer.max_staleness=1"))
+    for a, b in zip(sync, piped):
+        for key in ("reward/total", "completion_len", "loss/policy"):
+            assert a[key] == pytest.approx(b[key], abs=1e-6), (a["step"], key)
+
+
+def test_resume_is_exact_with_pipelined_collection(tmp_path, tiny_run_config, letters_env):
+    options = ("trainer.total_steps=3", "trainer.max_staleness=1")
+    whole = _rows(_cfg(tiny_run_config, tmp_path / "whole", letters_env, *options))
+    parts = tmp_path / "parts"
+    _rows(_cfg(tiny_run_config, parts, letters_env, *options), stop_after=2)
+    resumed = _rows(_cfg(tiny_run_config, parts, letters_env, *options, "resume=true"))
+    assert [r["step"] for r in resumed] == [1, 2, 3] and resumed[2]["pipeline/stale"] == 1
+    for got, want in zip(resumed, whole):
+        for key in ("reward/total", "loss/policy", "grad_norm", "mismatch/kl"):
+            assert got[key] == pytest.approx(want[key], abs=1e-6), (got["step"], key)
+
+
+def test_staleness_beyond_one_is_refused(tmp_path, tiny_run_config):
+    with pytest.raises(ConfigError, match=r"trainer.max_staleness must be 0 \(synchronous\) or 1"):
+        tiny_run_config(tmp_path, "trainer.max_staleness=2")
+    assert tiny_run_config(tmp_path, "trainer.max_staleness=1").correction == "token_truncate"
