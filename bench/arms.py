@@ -3,7 +3,9 @@
 Each arm is the preset plus its overrides; every arm sees the same prompts and starts from the same weights for a
 given seed (the seed is `trainer.seed`), and arms are interleaved per seed so that a slow phase of the machine falls
 on all of them. Reported per arm: the held-out `env.eval_metric` after training per seed, its mean and standard
-deviation, and the mean over training steps of the clip fraction and of the optimiser steps per rollout.
+deviation, RL's own share (after RL minus before RL, i.e. after the cold start when there is one), and the means
+over training steps of the clip fraction, the optimiser steps per rollout, and the seconds per step (of which
+waiting for the step's episodes: `perf/generate_s`).
 
     .venv/bin/python bench/arms.py configs/grounding_tiny.yaml --steps 100 --seeds 0 1 2 \\
         --arm one_epoch= --arm two_epochs=algo.ppo_epochs=2 [--results RESULTS.md] [trainer.threads=1 ...]
@@ -60,6 +62,8 @@ def run(preset: Path, overrides: list[str], seed: int, steps: int, out: Path, co
             "clip_fraction": statistics.mean(m.get("clip_fraction", 0.0) for m in rows),
             "optimizer_steps": statistics.mean(m.get("optimizer_steps", 1.0) for m in rows),
             "minutes": elapsed / 60,
+            "step_s": statistics.mean(m.get("perf/step_s", 0.0) for m in rows),
+            "collect_s": statistics.mean(m.get("perf/generate_s", 0.0) for m in rows),
             "metric": metric,
         }
 
@@ -97,8 +101,9 @@ def main() -> None:
     before = next(iter(results.values()))[0]["before"]
     lines = [
         f"| arm | overrides | held-out {metric} after {args.steps} steps (seeds {', '.join(map(str, args.seeds))}) "
-        "| mean | std | RL's own share (after - before RL) | clip fraction | optimiser steps / rollout | min / run |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| mean | std | RL's own share (after - before RL) | clip fraction | optimiser steps / rollout | s / step "
+        "(collecting) | min / run |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, runs in results.items():
         after = [r["after"] for r in runs]
@@ -108,6 +113,7 @@ def main() -> None:
             f"{statistics.mean(after):.3f} | {std:.3f} | {statistics.mean(r['after'] - r['before'] for r in runs):+.3f} | "
             f"{statistics.mean(r['clip_fraction'] for r in runs):.4f} | "
             f"{statistics.mean(r['optimizer_steps'] for r in runs):.0f} | "
+            f"{statistics.mean(r['step_s'] for r in runs):.2f} ({statistics.mean(r['collect_s'] for r in runs):.2f}) | "
             f"{statistics.mean(r['minutes'] for r in runs):.1f} |"
         )
     command = " ".join(["python bench/arms.py", str(args.preset), f"--steps {args.steps}",
