@@ -106,8 +106,11 @@ class AlgoConfig:
     difficulty_high: float | None = None
     # Multi-turn credit: "episode" gives every turn the GRPO advantage of the episode's discounted return;
     # "step" compares each turn's return-to-go with the same turn of the other group members.
+    # ("gigpo" with step credit: GiGPO, the episode's GRPO advantage plus gigpo_step_weight x the turn's return
+    # normalised among the group's turns that saw the same observation, its anchor state.)
     credit: Literal["episode", "step"] = "episode"
     gamma: float = 1.0  # discount over turns
+    gigpo_step_weight: float = 1.0
     # PPO epochs and mini-batches (verl's ppo_epochs / ppo_mini_batch_size): each rollout feeds ppo_epochs passes,
     # each pass split into mini-batches of mini_batch_groups prompt groups (0: the whole rollout) in a fresh order,
     # one optimiser step per mini-batch. With more than one step per rollout the ratio leaves 1 and the clips bind.
@@ -136,8 +139,14 @@ class AlgoConfig:
 
     def __post_init__(self):
         _require(self.group_size >= 1, "algo.group_size", "must be >= 1")
-        known = [*ADVANTAGES.names(), *CRITIC_ADVANTAGES.names()]
+        known = list(dict.fromkeys([*ADVANTAGES.names(), *CRITIC_ADVANTAGES.names(), *STEP_ADVANTAGES.names()]))
         _require(self.advantage in known, "algo.advantage", f"{self.advantage!r} is not one of {known}")
+        _require(
+            self.credit == "step" or self.advantage in ADVANTAGES or self.advantage in CRITIC_ADVANTAGES,
+            "algo.advantage",
+            f"{self.advantage!r} gives each turn its own advantage: it needs algo.credit step, not {self.credit!r}",
+        )
+        _require(self.gigpo_step_weight >= 0, "algo.gigpo_step_weight", "must be >= 0")
         critic = self.advantage in CRITIC_ADVANTAGES
         _require(self.loss in POLICY_LOSSES, "algo.loss", f"{self.loss!r} is not one of {POLICY_LOSSES.names()}")
         _require(

@@ -12,13 +12,14 @@ so each group's prompt is encoded once and sampled G times; later turns differ p
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import replace
 from typing import Any
 
 import torch
 
-from sim.base import VecEnv
+from sim.base import Observation, VecEnv
 
 from .policy.vlm import VLMPolicy
 from .types import Episodes, Sampling, cat_rollouts
@@ -67,6 +68,7 @@ def collect_episodes(
     running = torch.ones(num, dtype=torch.bool)  # [R]
     step_rewards = torch.zeros(num, turns)
     active = torch.zeros(num, turns, dtype=torch.bool)
+    state_keys = torch.zeros(num, turns, dtype=torch.long)  # what each turn saw, hashed (GiGPO's anchor states)
     env_steps = torch.zeros(num, dtype=torch.long)
     success = None
     components: dict[str, torch.Tensor] = {}
@@ -79,6 +81,7 @@ def collect_episodes(
         if len(ids) == 0:
             break
         active[ids, t] = True
+        state_keys[ids, t] = observation_keys(obs.select(ids) if len(ids) < num else obs)
         if t == 0 and group_size > 1:
             rollout = policy.generate(obs, group_size=group_size, sampling=sampling)
         else:
@@ -125,6 +128,7 @@ def collect_episodes(
         turn=torch.cat(turn_ids),
         step_rewards=step_rewards,
         active=active,
+        state_keys=state_keys,
         success=success,
         components=components,
         env_steps=env_steps,
@@ -139,3 +143,15 @@ def _scatter(actions: torch.Tensor, ids: torch.Tensor, num: int, dim: int) -> to
     full = torch.zeros(num, dim, dtype=torch.float32)
     full[ids] = actions.float()
     return full
+
+
+def observation_keys(obs: Observation) -> torch.Tensor:
+    """`[N]` long, one 64-bit hash per world of what it shows the policy (image bytes and instruction): equal keys
+    are the same state to the policy (a hash collision, at 2^-64, would merge two states)."""
+    keys = []
+    images = obs.image.contiguous().cpu().numpy()
+    for image, text in zip(images, obs.instruction):
+        digest = hashlib.blake2b(image.tobytes(), digest_size=8)
+        digest.update(text.encode())
+        keys.append(int.from_bytes(digest.digest(), "little", signed=True))
+    return torch.tensor(keys, dtype=torch.long)

@@ -170,7 +170,10 @@ def row_advantages(
     if ac.credit == "step":
         returns = discounted_returns(episodes.step_rewards, episodes.dones, ac.gamma)  # [R, T] returns-to-go
         step_fn: algos.StepAdvantageFn = algos.STEP_ADVANTAGES.get(ac.advantage)
-        turn_advantages = step_fn(returns, episodes.active, group_size=ac.group_size, scale_by_std=ac.scale_by_std)
+        turn_advantages = step_fn(
+            returns, episodes.active, group_size=ac.group_size, scale_by_std=ac.scale_by_std,
+            state_keys=episodes.state_keys, step_weight=ac.gigpo_step_weight,
+        )  # fmt: skip
         return turn_advantages[episodes.world, episodes.turn], None
     advantage_fn: algos.AdvantageFn = algos.ADVANTAGES.get(ac.advantage)
     returns, first = world.gather_rows(episodes.returns(ac.gamma))  # [R of every process], where ours start

@@ -165,6 +165,7 @@ class Episodes:
     info: dict[str, Any]  # the first step's info, all R worlds (single-step tasks keep their boxes etc. here)
     start: Any = None  # sim.base.Observation the episodes started from, all R worlds (or None)
     frames: torch.Tensor | None = None  # [K, S+1, H, W, 3] uint8 observations of the first K worlds, if recorded
+    state_keys: torch.Tensor | None = None  # [R, T] long, a hash of what each turn saw (equal: the same state)
 
     @property
     def num_worlds(self) -> int:
@@ -196,6 +197,7 @@ class Episodes:
             success=None if self.success is None else self.success[worlds],
             components={k: v[worlds] for k, v in self.components.items()},
             env_steps=self.env_steps[worlds],
+            state_keys=None if self.state_keys is None else self.state_keys[worlds],
             info=_select_info(self.info, worlds, self.num_worlds),
             start=None,
             frames=None,
@@ -229,6 +231,9 @@ def cat_episodes(parts: list[Episodes], pad_token_id: int = 0) -> Episodes:
         env_steps=torch.cat([p.env_steps for p in parts]),
         info=info,
         frames=None,
+        state_keys=None
+        if any(p.state_keys is None for p in parts)
+        else torch.cat([pad_t(p.state_keys) for p in parts]),
     )
 
 

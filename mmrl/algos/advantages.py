@@ -141,7 +141,14 @@ def reinforce_pp_advantages(
 
 @STEP_ADVANTAGES.register("grpo")
 def step_group_advantages(
-    returns: torch.Tensor, active: torch.Tensor, group_size: int, *, scale_by_std: bool = True, eps: float = 1e-6
+    returns: torch.Tensor,
+    active: torch.Tensor,
+    group_size: int,
+    *,
+    scale_by_std: bool = True,
+    eps: float = 1e-6,
+    state_keys: torch.Tensor | None = None,
+    step_weight: float = 1.0,
 ) -> torch.Tensor:
     """Step-level GRPO credit: each turn's return normalised against the same turn of the other group members.
 
@@ -155,6 +162,8 @@ def step_group_advantages(
         group_size: G.
         scale_by_std: divide by the (unbiased) standard deviation of the turn's active returns in the group.
         eps: keeps equal returns at zero advantage instead of 0/0.
+        state_keys: unused (GiGPO's anchor states; every step estimator takes the same arguments).
+        step_weight: unused (GiGPO's).
 
     Returns:
         `[R, T]` advantages, 0 where `active` is False and where fewer than 2 group members are active.
@@ -179,12 +188,72 @@ def step_group_advantages(
 
 @STEP_ADVANTAGES.register("dr_grpo")
 def step_dr_grpo_advantages(
-    returns: torch.Tensor, active: torch.Tensor, group_size: int, *, scale_by_std: bool = False, eps: float = 1e-6
+    returns: torch.Tensor,
+    active: torch.Tensor,
+    group_size: int,
+    *,
+    scale_by_std: bool = False,
+    eps: float = 1e-6,
+    state_keys: torch.Tensor | None = None,
+    step_weight: float = 1.0,
 ) -> torch.Tensor:
     """Dr. GRPO's step credit: each active turn's return-to-go minus the mean over the group's active worlds at that
-    turn, never scaled (`scale_by_std` is ignored, as in `dr_grpo_advantages`).
+    turn, never scaled (`scale_by_std` is ignored, as in `dr_grpo_advantages`; `state_keys`, `step_weight` unused).
 
     Returns:
         `[R, T]`, 0 where `active` is False and where fewer than 2 group members are active.
     """
     return step_group_advantages(returns, active, group_size, scale_by_std=False, eps=eps)
+
+
+@STEP_ADVANTAGES.register("gigpo")
+def gigpo_advantages(
+    returns: torch.Tensor,
+    active: torch.Tensor,
+    group_size: int,
+    *,
+    scale_by_std: bool = True,
+    eps: float = 1e-6,
+    state_keys: torch.Tensor | None = None,
+    step_weight: float = 1.0,
+) -> torch.Tensor:
+    """GiGPO (Group-in-Group Policy Optimization, https://arxiv.org/abs/2505.10978): an episode-level and a step-level
+    relative advantage, `A = A_episode + step_weight * A_step`.
+
+    `A_episode` is GRPO's over the group's episode returns (each turn's return-to-go at turn 0), given to every turn.
+    `A_step` groups the turns of a prompt group by *anchor state*: every (world, turn) of the group whose observation
+    is the same (`state_keys` equal) forms one step group, whatever the turn index, and each turn's return-to-go is
+    normalised within it. Worlds that reset from one seed share their first state; later states recur where worlds
+    took the same actions, or came back to a state. A step group of one turn has advantage 0.
+
+    Args:
+        returns: `[R, T]` returns-to-go of each turn.
+        active: `[R, T]` bool, the world acted at turn t.
+        group_size: G.
+        scale_by_std: divide both parts by their group's (unbiased) standard deviation.
+        eps: keeps equal returns at zero advantage instead of 0/0.
+        state_keys: `[R, T]` long, equal where the observation (image and instruction) was the same.
+        step_weight: the weight of the step-level part (the paper's omega, 1).
+
+    Returns:
+        `[R, T]` advantages, 0 where `active` is False.
+    """
+    if state_keys is None:
+        raise ValueError("gigpo needs each turn's state key (Episodes.state_keys) to find its anchor states")
+    num, turns = returns.shape
+    act = active.bool()
+    episode = grpo_advantages(returns[:, 0].float(), group_size=group_size, scale_by_std=scale_by_std, eps=eps)
+    group = (torch.arange(num) // group_size).unsqueeze(-1).expand(num, turns)  # [R, T]
+    keys = torch.stack([group[act], state_keys[act]], -1)  # [n, 2] (prompt group, state) of each active turn
+    _, anchor = keys.unique(dim=0, return_inverse=True)  # [n] the step group of each active turn
+    values = returns[act].float()
+    count = torch.zeros(int(anchor.max()) + 1 if len(anchor) else 0).index_add_(0, anchor, torch.ones_like(values))
+    mean = torch.zeros_like(count).index_add_(0, anchor, values) / count.clamp(min=1)
+    centred = values - mean[anchor]
+    if scale_by_std:
+        var = torch.zeros_like(count).index_add_(0, anchor, centred.square()) / (count - 1).clamp(min=1)
+        centred = centred / (var.sqrt()[anchor] + eps)
+    centred = torch.where(count[anchor] >= 2, centred, torch.zeros_like(centred))
+    step = torch.zeros(num, turns)
+    step[act] = centred
+    return torch.where(act, episode.unsqueeze(-1) + step_weight * step, torch.zeros_like(step))

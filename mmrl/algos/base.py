@@ -35,7 +35,8 @@ class AdvantageFn(Protocol):
 
 class StepAdvantageFn(Protocol):
     """What every registered step-credit estimator accepts: `[R, T]` returns-to-go of each turn and `[R, T]` bool
-    `active` (the world acted at turn t), groups contiguous -> `[R, T]` advantages, 0 where not active."""
+    `active` (the world acted at turn t), groups contiguous, and `[R, T]` state keys (equal where the observation was
+    the same; GiGPO's anchor states) -> `[R, T]` advantages, 0 where not active."""
 
     def __call__(
         self,
@@ -45,6 +46,8 @@ class StepAdvantageFn(Protocol):
         group_size: int,
         scale_by_std: bool = ...,
         eps: float = ...,
+        state_keys: torch.Tensor | None = ...,
+        step_weight: float = ...,
     ) -> torch.Tensor: ...
 
 

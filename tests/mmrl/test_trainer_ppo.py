@@ -167,3 +167,39 @@ def test_staleness_beyond_one_is_refused(tmp_path, tiny_run_config):
     with pytest.raises(ConfigError, match=r"trainer.max_staleness must be 0 \(synchronous\) or 1"):
         tiny_run_config(tmp_path, "trainer.max_staleness=2")
     assert tiny_run_config(tmp_path, "trainer.max_staleness=1").correction == "token_truncate"
+
+
+# ---------------------------------------------------------------------------------------------- GiGPO in the trainer
+
+
+def test_gigpo_trains_vla_episodes_with_anchor_states(tmp_path, tiny_run_config, point_env):
+    from tests.mmrl.test_vla import VLA_RUN
+
+    cfg = tiny_run_config(
+        str(tmp_path), *VLA_RUN, f"env.name={point_env}", "trainer.total_steps=2", "algo.advantage=gigpo",
+        "algo.credit=step", "sft.episodes=0", "algo.entropy_coef=0.01",
+    )  # fmt: skip
+    rows = _rows(cfg)
+    assert len(rows) == 2 and all(r["env/episode_steps"] >= 1 for r in rows)
+    with pytest.raises(
+        ConfigError, match="algo.advantage 'gigpo' gives each turn its own advantage: it needs algo.credit step"
+    ):
+        tiny_run_config(str(tmp_path), "algo.advantage=gigpo")
+
+
+def test_every_turn_records_what_it_saw(tiny_policy, point_env):
+    import sim
+    from mmrl.policy import add_action_tokens
+    from mmrl.rollout import collect_episodes, observation_keys
+    from mmrl.types import Sampling
+
+    policy = tiny_policy("qwen3_vl", prompt_template="{image} {instruction}")
+    env = sim.make(point_env, num_envs=4)
+    add_action_tokens(policy, env.action_low, env.action_high, bins=16)
+    torch.manual_seed(0)
+    episodes = collect_episodes(policy, env, [5, 5, 6, 6], 2, Sampling(temperature=1.0))
+    keys = episodes.state_keys
+    assert keys.shape == episodes.active.shape
+    assert keys[0, 0] == keys[1, 0] and keys[2, 0] == keys[3, 0] and keys[0, 0] != keys[2, 0]  # reset from one seed
+    obs = env.reset(seed=[5, 6, 6, 5])
+    assert observation_keys(obs).tolist() == keys[[0, 2, 3, 1], 0].tolist()

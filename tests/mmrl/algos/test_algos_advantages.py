@@ -126,7 +126,8 @@ def test_rloo_needs_two_samples_per_group():
 def test_step_credit_estimators_are_registered_under_the_episode_names():
     from mmrl.algos import ADVANTAGES, STEP_ADVANTAGES
 
-    assert set(STEP_ADVANTAGES.names()) <= set(ADVANTAGES.names())  # algo.advantage names both kinds
+    # algo.advantage names both kinds; GiGPO alone exists only as step credit (the config asks for algo.credit step).
+    assert set(STEP_ADVANTAGES.names()) - {"gigpo"} <= set(ADVANTAGES.names())
     # Two groups of G=2 over T=2 turns; world 3 ended after turn 0.
     returns = torch.tensor([[1.0, 0.5], [0.0, 0.0], [2.0, 1.0], [0.0, 9.0]])
     active = torch.tensor([[True, True], [True, True], [True, True], [True, False]])
@@ -137,3 +138,43 @@ def test_step_credit_estimators_are_registered_under_the_episode_names():
     torch.testing.assert_close(STEP_ADVANTAGES.get("dr_grpo")(returns, active, group_size=2, scale_by_std=True), dr)
     grpo = STEP_ADVANTAGES.get("grpo")(returns, active, group_size=2, scale_by_std=True)
     assert grpo[0, 0] == pytest.approx(0.5 / (0.5**0.5), rel=1e-4)  # unbiased std of (1, 0) is sqrt(0.5)
+
+
+# ---------------------------------------------------------------------------------------------- GiGPO
+
+
+def test_gigpo_by_hand_on_one_group_with_a_shared_anchor_state():
+    """Two worlds of one group (G = 2), two turns. Both start from state 7; world 0 then sees state 8, world 1 state 7
+    again (it came back). Returns-to-go: world 0 [1, 1], world 1 [0, 0]."""
+    from mmrl.algos.advantages import gigpo_advantages
+
+    returns = torch.tensor([[1.0, 1.0], [0.0, 0.0]])
+    active = torch.ones(2, 2, dtype=torch.bool)
+    keys = torch.tensor([[7, 8], [7, 7]])
+    out = gigpo_advantages(returns, active, 2, scale_by_std=False, state_keys=keys, step_weight=0.5)
+    # Episode part (GRPO over [1, 0], no scaling): +0.5, -0.5 on every turn.
+    # Step groups: state 7 holds (w0,t0)=1, (w1,t0)=0, (w1,t1)=0 -> mean 1/3; state 8 holds one turn -> 0.
+    step = torch.tensor([[1 - 1 / 3, 0.0], [-1 / 3, -1 / 3]])
+    torch.testing.assert_close(out, torch.tensor([[0.5, 0.5], [-0.5, -0.5]]) + 0.5 * step)
+
+
+def test_gigpo_scaled_step_part_and_padding():
+    from mmrl.algos.advantages import gigpo_advantages, grpo_advantages
+
+    g = torch.Generator().manual_seed(0)
+    returns = torch.randn(4, 3, generator=g)
+    active = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 1], [1, 0, 0]], dtype=torch.bool)
+    keys = torch.tensor([[1, 2, 3], [1, 2, 9], [1, 5, 6], [1, 9, 9]])  # group 0: worlds 0-1; group 1: worlds 2-3
+    out = gigpo_advantages(returns, active, 2, state_keys=keys, step_weight=1.0)
+    episode = grpo_advantages(returns[:, 0], group_size=2)
+    # World 0 turn 1 and world 1 turn 1 share state 2 in group 0: a two-member step group, scaled by its std.
+    pair = returns[[0, 1], 1]
+    want = (pair - pair.mean()) / (pair.std() + 1e-6)
+    torch.testing.assert_close(out[[0, 1], 1], episode[[0, 1]] + want)
+    # Turn 0's anchor (state 1 in each group) is its two worlds' first turns; state 1 in group 1 is another group.
+    first = returns[[2, 3], 0]
+    torch.testing.assert_close(out[[2, 3], 0], episode[[2, 3]] + (first - first.mean()) / (first.std() + 1e-6))
+    assert out[~active].abs().sum() == 0
+    torch.testing.assert_close(out[0, 2], episode[0])  # a lone state: the episode part only
+    with pytest.raises(ValueError, match="state key"):
+        gigpo_advantages(returns, active, 2)
