@@ -103,7 +103,7 @@ class PlanarMujocoEnv:
     Args:
         num_envs: N, the number of worlds.
         image_size: Side of the square images in pixels; a multiple of 32.
-        max_episode_steps: Steps after which a world is truncated.
+        max_episode_steps: Steps after which a world is truncated (default: the task's `default_max_episode_steps`).
         action_scale: Metres the gripper's setpoint moves for an action of 1.
         frame_skip: Physics sub-steps (of 10 ms) per env step. The servo is tuned for the default 10.
         reward: `"dense"` (shaped) or `"sparse"` (1 on success only).
@@ -120,20 +120,22 @@ class PlanarMujocoEnv:
     action_kind = "continuous"
     action_dim = 2
     _xml: str = ""  # scene file in MJCF_DIR
+    default_max_episode_steps = 8  # a task's episode limit when `max_episode_steps` is not given
 
     def __init__(
         self,
         num_envs: int,
-        image_size: int,
-        max_episode_steps: int,
-        action_scale: float,
-        frame_skip: int,
-        reward: Literal["dense", "sparse"],
-        shadows: bool,
-        device: str,
+        image_size: int = 64,
+        max_episode_steps: int | None = None,
+        action_scale: float = 0.05,
+        frame_skip: int = 10,
+        reward: Literal["dense", "sparse"] = "dense",
+        shadows: bool = False,
+        device: str = "cpu",
         camera: Literal["top", "ego"] = "top",
         backend: Literal["mujoco", "warp"] = "mujoco",
     ):
+        max_episode_steps = self.default_max_episode_steps if max_episode_steps is None else max_episode_steps
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
         if image_size < 32 or image_size % 32:

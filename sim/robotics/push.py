@@ -30,8 +30,6 @@ the line as it goes. Each step is the same direction-keeping saturated proportio
 
 from __future__ import annotations
 
-from typing import Literal
-
 import numpy as np
 import torch
 
@@ -59,17 +57,12 @@ class PushEnv(PlanarMujocoEnv):
 
     Args:
         num_envs: N, the number of worlds.
-        image_size: Side of the square images in pixels; a multiple of 32.
         num_squares: Coloured squares per world (1 to 4), one of them the goal.
-        max_episode_steps: Steps after which a world is truncated.
-        action_scale: Metres the gripper moves for an action of 1.
-        frame_skip: Physics sub-steps (of 10 ms) per env step.
-        reward: `"dense"` (progress + 0.5 approach + success) or `"sparse"` (success).
-        shadows: Render shadows (slow on CPU).
-        camera: `"top"` (the whole workspace) or `"ego"` (a view that rides with the gripper).
-        device: Where the returned tensors live (and where the `warp` backend runs).
-        backend: `"mujoco"` (CPU, per world) or `"warp"` (all worlds in one MuJoCo Warp batch; the `warp` extra).
+        options: `PlanarMujocoEnv`'s (image_size, max_episode_steps (default 20), action_scale, frame_skip, reward:
+            `"dense"` is progress + 0.5 approach + success, shadows, camera, device, backend).
     """
+
+    default_max_episode_steps = 20
 
     _xml = "push.xml"
     _BLOCK_RANGE = 0.1  # the block starts in [-0.1, 0.1]^2
@@ -79,25 +72,10 @@ class PushEnv(PlanarMujocoEnv):
     _SQUARE_GAP = 0.1  # distractor squares keep this far from the goal and the block
     _APPROACH_WEIGHT = 0.5
 
-    def __init__(
-        self,
-        num_envs: int,
-        image_size: int = 64,
-        num_squares: int = 1,
-        max_episode_steps: int = 20,
-        action_scale: float = 0.05,
-        frame_skip: int = 10,
-        reward: Literal["dense", "sparse"] = "dense",
-        shadows: bool = False,
-        camera: Literal["top", "ego"] = "top",
-        device: str = "cpu",
-        backend: Literal["mujoco", "warp"] = "mujoco",
-    ):
+    def __init__(self, num_envs: int, num_squares: int = 1, **options):
         if not 1 <= num_squares <= len(COLOURS):
             raise ValueError(f"num_squares must be in [1, {len(COLOURS)}], got {num_squares}")
-        super().__init__(
-            num_envs, image_size, max_episode_steps, action_scale, frame_skip, reward, shadows, device, camera, backend
-        )
+        super().__init__(num_envs, **options)
         self.num_squares = num_squares
         mujoco = self._mujoco
         block_x = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_JOINT, "block_x")

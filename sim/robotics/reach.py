@@ -29,8 +29,6 @@ steps from every start (100% of seeds in the tests); uniform random actions succ
 
 from __future__ import annotations
 
-from typing import Literal
-
 import numpy as np
 import torch
 
@@ -57,44 +55,23 @@ class ReachEnv(PlanarMujocoEnv):
 
     Args:
         num_envs: N, the number of worlds.
-        image_size: Side of the square images in pixels; a multiple of 32.
         num_targets: Coloured discs per world (1 to 4), one of them the target.
-        max_episode_steps: Steps after which a world is truncated.
         success_radius: Success when the gripper's centre is this close to the target's centre, in metres.
-        action_scale: Metres the gripper moves for an action of 1.
-        frame_skip: Physics sub-steps (of 10 ms) per env step.
-        reward: `"dense"` (progress + success) or `"sparse"` (success).
-        shadows: Render shadows (slow on CPU).
-        camera: `"top"` (the whole workspace) or `"ego"` (a view that rides with the gripper).
-        device: Where the returned tensors live (and where the `warp` backend runs).
-        backend: `"mujoco"` (CPU, per world) or `"warp"` (all worlds in one MuJoCo Warp batch; the `warp` extra).
+        options: `PlanarMujocoEnv`'s (image_size, max_episode_steps (default 8), action_scale, frame_skip, reward:
+            `"dense"` is progress + success, shadows, camera, device, backend).
     """
+
+    default_max_episode_steps = 8
 
     _xml = "reach.xml"
     _START_RANGE = 0.1  # the gripper starts in [-0.1, 0.1]^2
     _TARGET_RANGE = 0.17  # target centres lie in [-0.17, 0.17]^2: whole discs inside the workspace
     _MIN_GAP = 0.08  # between target centres, and from a target to the gripper's start
 
-    def __init__(
-        self,
-        num_envs: int,
-        image_size: int = 64,
-        num_targets: int = 3,
-        max_episode_steps: int = 8,
-        success_radius: float = 0.025,
-        action_scale: float = 0.05,
-        frame_skip: int = 10,
-        reward: Literal["dense", "sparse"] = "dense",
-        shadows: bool = False,
-        camera: Literal["top", "ego"] = "top",
-        device: str = "cpu",
-        backend: Literal["mujoco", "warp"] = "mujoco",
-    ):
+    def __init__(self, num_envs: int, num_targets: int = 3, success_radius: float = 0.025, **options):
         if not 1 <= num_targets <= len(COLOURS):
             raise ValueError(f"num_targets must be in [1, {len(COLOURS)}], got {num_targets}")
-        super().__init__(
-            num_envs, image_size, max_episode_steps, action_scale, frame_skip, reward, shadows, device, camera, backend
-        )
+        super().__init__(num_envs, **options)
         self.num_targets = num_targets
         self.success_radius = float(success_radius)
         self.target_radius = float(self.model.geom_size[self._geom("target_red"), 0])
