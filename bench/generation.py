@@ -14,10 +14,12 @@ samples each, temperature 1), prompt encoding and decoding included, as the trai
 to the policy's suppressed tokens), so every row generates exactly `--new-tokens` tokens and backends are compared
 on equal work. Each backend runs `--warmup` untimed calls (the static backend compiles on CUDA during the first;
 its time is reported as `first call`), then `--repeats` timed calls; the table shows the median. The `same` column
-says whether the backend sampled exactly the `hf` tokens from the same seed (expected on CPU; compiled kernels
-may round differently on a GPU).
+says whether the backend sampled exactly the `hf` tokens from the same seed (expected of `static` on CPU; compiled
+kernels may round differently on a GPU). `lean` draws with its own exact sampler (`mmrl.policy.sampling`), so its
+tokens differ from `hf`'s by design; that it samples the same distribution is what tests/mmrl/test_backends.py and
+tests/mmrl/test_sampling.py check.
 
-Backends: hf and static always; vllm when vLLM is importable and the device is CUDA.
+Backends: hf, lean and static always; vllm when vLLM is importable and the device is CUDA.
 """
 
 from __future__ import annotations
@@ -152,7 +154,7 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=1, help="samples per prompt (R / G distinct prompts)")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--image-size", type=int, default=112, help="grounding image side, px (multiple of 28)")
-    parser.add_argument("--backends", default=None, help="comma-separated; default hf,static (+vllm if usable)")
+    parser.add_argument("--backends", default=None, help="comma-separated; default hf,lean,static (+vllm if usable)")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
@@ -163,7 +165,7 @@ def main() -> None:
         raise SystemExit(f"--batch {args.batch} does not split into groups of --group-size {args.group_size}")
     torch.set_num_threads(args.threads)
     dtype = DTYPES[args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")]
-    backends = args.backends.split(",") if args.backends else ["hf", "static"]
+    backends = args.backends.split(",") if args.backends else ["hf", "lean", "static"]
     if args.backends is None and importlib.util.find_spec("vllm") and args.device.startswith("cuda"):
         backends.append("vllm")
 
@@ -185,6 +187,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for r in results:
         same = "-" if r is base else ("yes" if torch.equal(r["ids"], base["ids"]) else "no")
+        same = "own sampler" if r["backend"] == "lean" and r is not base else same
         print(f"| {r['backend']} | {r['first_call_s']:.3f} | {r['median_s']:.3f} | {r['tokens']} | "
               f"{r['tokens_per_s']:.1f} | {r['tokens_per_s'] / base['tokens_per_s']:.2f}x | {same} |")  # fmt: skip
     if args.json:

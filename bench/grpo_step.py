@@ -104,7 +104,8 @@ IMAGE_SIZE = 112
 TEMPLATE = "{instruction} Answer as <answer>[x1,y1,x2,y2]</answer>."
 LR = 1e-5  # irrelevant to timing; equal on both sides anyway
 KL_BETA = 0.04  # the KL coefficient of the GRPO paper (DeepSeekMath), for the "kl" variant
-VARIANTS = ("matched", "kl", "trl_defaults")
+VARIANTS = ("matched", "kl", "trl_defaults", "hf_generate")
+MMRL_HF = "mmrl, generate on hf"
 TRL_DEFAULTS = "trl defaults (gc on, fused adamw)"
 
 
@@ -117,6 +118,7 @@ class Run:
     beta: float = 0.0  # KL coefficient (mmrl: algo.kl_coef; TRL: beta)
     gradient_checkpointing: bool = False  # TRL only; mmrl has none
     optim: str = "adamw_torch"  # TRL only; "adamw_torch" is the torch.optim.AdamW that mmrl uses
+    backend: str = "lean"  # mmrl only: model.generation_backend
     samples: list[dict] = field(default_factory=list)  # one dict per timed step, over all rounds
     round_medians: list[float] = field(default_factory=list)
 
@@ -228,7 +230,7 @@ def run_mmrl(run: Run, steps: int, warmup: int, workdir: Path, threads: int) -> 
         policy.generate, gen, keep=lambda a, k: k.get("group_size", a[1] if len(a) > 1 else 1) == GROUP_SIZE
     )
     cfg = TrainConfig(
-        model=ModelConfig(device=SPEC.device, dtype=SPEC.dtype),
+        model=ModelConfig(device=SPEC.device, dtype=SPEC.dtype, generation_backend=run.backend),
         env=EnvConfig(name="grounding", options={"image_size": IMAGE_SIZE}),
         sampling=SamplingConfig(max_new_tokens=NEW_TOKENS, temperature=1.0),
         algo=AlgoConfig(group_size=GROUP_SIZE, kl_coef=run.beta, clip_high=0.2),  # as TRL: clip 0.2 both sides
@@ -438,7 +440,8 @@ def main() -> None:
         "--variants",
         default=",".join(VARIANTS),
         help="comma list of: matched (beta 0, no gradient checkpointing), kl (beta 0.04 on both sides), "
-        "trl_defaults (TRL with its defaults: gradient checkpointing on, fused AdamW; against mmrl matched)",
+        "trl_defaults (TRL with its defaults: gradient checkpointing on, fused AdamW; against mmrl matched), "
+        "hf_generate (mmrl matched with model.generation_backend=hf instead of its default lean loop)",
     )
     parser.add_argument("--json", type=Path, default=None, help="also write every sample and the summary here")
     parser.add_argument(
@@ -463,6 +466,8 @@ def main() -> None:
     runs = [Run("mmrl", "mmrl"), Run("trl", "trl")]  # matched: always measured, the headline
     if "trl_defaults" in variants:
         runs.append(Run(TRL_DEFAULTS, "trl", gradient_checkpointing=True, optim="adamw_torch_fused"))
+    if "hf_generate" in variants:
+        runs.append(Run(MMRL_HF, "mmrl", backend="hf"))
     if "kl" in variants:
         runs += [Run(f"mmrl kl {KL_BETA}", "mmrl", beta=KL_BETA), Run(f"trl kl {KL_BETA}", "trl", beta=KL_BETA)]
 
@@ -516,6 +521,8 @@ def main() -> None:
     ratios = {"matched": ratio(by_name["trl"], by_name["mmrl"])}
     if "trl_defaults" in variants:
         ratios["trl_defaults"] = ratio(by_name[TRL_DEFAULTS], by_name["mmrl"])
+    if "hf_generate" in variants:
+        ratios["hf_generate"] = ratio(by_name["trl"], by_name[MMRL_HF])
     if "kl" in variants:
         ratios["kl"] = ratio(by_name[f"trl kl {KL_BETA}"], by_name[f"mmrl kl {KL_BETA}"])
     info["loadavg_end"] = list(os.getloadavg())

@@ -38,9 +38,10 @@ class ModelConfig:
     lora_alpha: int = 32
     lora_dropout: float = 0.0
     lora_target_modules: str = "all-linear"  # PEFT's target_modules: "all-linear" or comma-separated names
-    # Generation backend behind the policy's one `generate`: "hf" (transformers' generate, dynamic cache),
-    # "static" (static KV cache + compiled decoding; GPU), "vllm" (a colocated vLLM engine; needs vllm installed).
-    generation_backend: Literal["hf", "static", "vllm"] = "hf"
+    # Generation backend behind the policy's one `generate`: "lean" (a sampling loop over the model's forward and
+    # dynamic cache; each prompt prefilled once), "hf" (transformers' generate, the reference), "static" (static KV
+    # cache + compiled decoding; GPU), "vllm" (a colocated vLLM engine; needs vllm installed).
+    generation_backend: Literal["lean", "hf", "static", "vllm"] = "lean"
     vllm_gpu_memory_utilization: float = 0.3  # share of GPU memory the colocated vLLM engine may take
 
     def __post_init__(self):

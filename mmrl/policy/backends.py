@@ -3,6 +3,12 @@
 `VLMPolicy.generate` encodes the prompts itself (so `Rollout.prompt_ids` and `pixel_values` are always the ones
 `VLMPolicy.logprobs` re-scores) and asks its backend for the completions of every prompt:
 
+* `"lean"` (`LeanBackend`, the default): a sampling loop over the model's own forward and its dynamic KV cache,
+  without `generate`'s machinery. Each distinct prompt is prefilled once (its image encoded once) and the cache
+  repeated G times, where `generate` prefills all B*G rows; the recorded log-probs are the log-softmax the loop
+  samples from; and the sampler is exact but cheaper than `torch.multinomial` on CPU (`mmrl.policy.sampling`).
+  Tested to give `hf`'s greedy tokens, log-probs equal to `VLMPolicy.logprobs`' rescoring, and the distribution
+  of `hf`'s warpers (top-k, top-p, temperature).
 * `"hf"` (`HFBackend`): transformers' `generate` with its default dynamic KV cache. The reference.
 * `"static"` (`StaticCacheBackend`): the same `generate` with a pre-allocated static KV cache, whose fixed shapes
   let transformers compile the one-token decoding forward (`torch.compile`, CUDA graphs via its default
@@ -27,6 +33,7 @@ reads off the sampled token's entry one step later, when the token appears in `i
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Protocol
 
@@ -36,10 +43,12 @@ from transformers import LogitsProcessor, LogitsProcessorList
 from sim.base import Observation
 
 from ..types import Completions, Sampling
+from .options import plain_model
+from .sampling import filter_top_k_top_p, sample_categorical
 from .tokens import AllowOnly, GenerationTarget, completion_mask_from_ids
 from .vllm_backend import VLLMBackend
 
-BACKENDS = ("hf", "static", "vllm")
+BACKENDS = ("lean", "hf", "static", "vllm")
 STATIC_CACHE_BUCKET = 256  # static KV caches are sized in multiples of this many tokens (one compiled shape each)
 
 
@@ -67,9 +76,11 @@ class GenerationBackend(Protocol):
 
 
 def make_backend(name: str, **options) -> GenerationBackend:
-    """The backend called `name` ("hf", "static" or "vllm"); `options` go to its constructor (vllm only)."""
-    if name == "hf":
-        backend: GenerationBackend = HFBackend()
+    """The backend called `name` (one of `BACKENDS`); `options` go to its constructor (vllm only)."""
+    if name == "lean":
+        backend: GenerationBackend = LeanBackend()
+    elif name == "hf":
+        backend = HFBackend()
     elif name == "static":
         backend = StaticCacheBackend()
     elif name == "vllm":
@@ -224,3 +235,118 @@ class StaticCacheBackend(HFBackend):
             # Explicit, though transformers' auto-compile criteria already exclude the CPU: see the module docstring.
             "disable_compile": policy.device.type == "cpu",
         }
+
+
+class LeanBackend:
+    """A sampling loop over the model's forward with a dynamic KV cache: the default backend.
+
+    Per call: one prefill of the B distinct prompts (images encoded once each), the cache repeated to the B*G rows,
+    then one forward per new token over the last token only. At each step the loop takes
+    `log_softmax(logits[allowed] / temperature)` once, records the sampled token's entry (the log-probs of
+    `VLMPolicy.logprobs`), and samples from it after the bans (vision placeholders, or everything but a VLA's action
+    tokens; EOS before the model's `generation_config.min_new_tokens`) and top-k/top-p filtering.
+
+    Positions: each new token's rotary position is the model's own multimodal position for text after the prompt,
+    `rope_deltas + (real tokens before it)`, the same for the three M-RoPE axes; this is what `VLMPolicy.logprobs`
+    gives the same token when it rescores the whole sequence (tested by comparing the two log-probs). A prompt
+    without image has no `rope_deltas`; the model then numbers positions from 0 over the padded prompt, and so does
+    the loop. The cache keyword is read from the model's signature (`cache` from transformers 5.24 on,
+    `past_key_values` before).
+    """
+
+    name = "lean"
+
+    @torch.no_grad()
+    def sample(
+        self,
+        policy: GenerationTarget,
+        prompts: Observation,
+        inputs: dict[str, torch.Tensor],
+        group_size: int,
+        sampling: Sampling,
+    ) -> Completions:
+        greedy = sampling.temperature <= 0
+        copies = 1 if greedy else group_size
+        temperature = 1.0 if greedy else sampling.temperature
+        codec = policy.action_codec
+        max_new_tokens = codec.tokens_per_generation if codec is not None else sampling.max_new_tokens
+        model = policy.model
+        base = plain_model(model)
+        inner = getattr(base, "model", None)
+        cache_key = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+        device = inputs["input_ids"].device
+        allowed = codec.token_ids.to(device) if codec is not None else None
+        eos = torch.tensor(policy.eos_token_ids, device=device)
+        min_new_tokens = getattr(base.generation_config, "min_new_tokens", None) or 0
+        banned = None
+        if allowed is None and policy.suppress_token_ids:
+            banned = torch.tensor(policy.suppress_token_ids, device=device)
+
+        was_training = model.training
+        model.eval()
+        try:
+            if inner is not None and hasattr(inner, "rope_deltas"):
+                inner.rope_deltas = None  # set by the prefill when the prompts hold images; stale otherwise
+            out = model(**inputs, use_cache=True, logits_to_keep=1)
+            cache = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
+            logits = out.logits[:, -1]
+            mask = inputs["attention_mask"]
+            deltas = getattr(inner, "rope_deltas", None)
+            if copies > 1:
+                cache.batch_repeat_interleave(copies)
+                logits, mask = logits.repeat_interleave(copies, dim=0), mask.repeat_interleave(copies, dim=0)
+                deltas = deltas.repeat_interleave(copies, dim=0) if deltas is not None else None
+            rows, prompt_len = mask.shape
+            # Position of the first new token: after the real prompt tokens (M-RoPE), or after the padded prompt.
+            start = (
+                mask.sum(-1, keepdim=True) + deltas.to(device)
+                if deltas is not None
+                else torch.full((rows, 1), prompt_len, device=device)
+            )
+            done = torch.zeros(rows, dtype=torch.bool, device=device)
+            tokens, logprobs = [], []
+            for step in range(max_new_tokens):
+                scores = logits.float() if allowed is None else logits[:, allowed].float()
+                logp = torch.log_softmax(scores / temperature, dim=-1)  # [R, V'] the recorded distribution
+                scores = logp
+                if banned is not None:
+                    scores = scores.index_fill(-1, banned, float("-inf"))
+                if step < min_new_tokens and allowed is None:
+                    scores = scores.index_fill(-1, eos, float("-inf"))
+                if greedy:
+                    index = scores.argmax(dim=-1)
+                else:
+                    index = sample_categorical(filter_top_k_top_p(scores, sampling.top_k, sampling.top_p))
+                token = allowed[index] if allowed is not None else index
+                if policy.pad_token_id is not None:
+                    token = token.masked_fill(done, policy.pad_token_id)
+                tokens.append(token)
+                logprobs.append(logp.gather(-1, index.unsqueeze(-1)).squeeze(-1))
+                done = done | torch.isin(token, eos)
+                if step == max_new_tokens - 1 or bool(done.all()):
+                    break
+                mask = torch.cat([mask, mask.new_ones(rows, 1)], dim=1)
+                position = (start + step).unsqueeze(0).expand(3, rows, 1)
+                out = model(
+                    input_ids=token.unsqueeze(-1),
+                    attention_mask=mask,
+                    position_ids=position,
+                    use_cache=True,
+                    logits_to_keep=1,
+                    **{cache_key: cache},
+                )
+                logits = out.logits[:, -1]
+        finally:
+            model.train(was_training)
+            if inner is not None and hasattr(inner, "rope_deltas"):
+                inner.rope_deltas = None  # B rows' deltas must not reach a later forward of another batch
+        completion_ids = torch.stack(tokens, dim=1)  # [R, L]
+        mask = completion_mask_from_ids(completion_ids, policy.eos_token_ids)
+        logprobs_ = torch.stack(logprobs, dim=1).masked_fill(~mask, 0.0)
+        if policy.pad_token_id is not None:
+            completion_ids = completion_ids.masked_fill(~mask, policy.pad_token_id)
+        if copies != group_size:
+            completion_ids, mask, logprobs_ = (
+                x.repeat_interleave(group_size, dim=0) for x in (completion_ids, mask, logprobs_)
+            )
+        return Completions(completion_ids=completion_ids, completion_mask=mask, logprobs=logprobs_)

@@ -10,6 +10,7 @@ import inspect
 from pathlib import Path
 
 import torch
+from torch.distributed.tensor import DTensor
 from transformers import AutoModelForImageTextToText
 
 from sim.base import Observation
@@ -18,7 +19,7 @@ from ..algos.losses import entropy_from_logits
 from ..types import Rollout, Sampling
 from .action_codec import load_action_codec
 from .backends import make_backend
-from .options import LORA_DIR, is_lora, load_lora, save_lora
+from .options import LORA_DIR, is_lora, load_lora, plain_model, save_lora
 from .processing import VisionTextProcessor
 from .tokens import AllowOnly, completion_mask_from_ids, token_logprobs  # noqa: F401  (re-exported)
 from .vision import to_pil
@@ -32,8 +33,9 @@ class VLMPolicy:
         processor: its `VisionTextProcessor`.
         prompt_template: how an env instruction becomes the user turn: `{instruction}` is replaced by it, and
             `{image}`, if present, marks where the image goes (otherwise the image comes first).
-        generation_backend: what runs `generate`'s decoding loop: "hf" (transformers' `generate`), "static"
-            (static KV cache, decoding compiled on CUDA) or "vllm" (a colocated vLLM engine); see
+        generation_backend: what runs `generate`'s decoding loop: "lean" (a sampling loop over the model's
+            forward, the default), "hf" (transformers' `generate`, the reference), "static" (static KV cache,
+            decoding compiled on CUDA) or "vllm" (a colocated vLLM engine); see
             `mmrl.policy.backends`. Also settable later: `policy.generation_backend = "static"`, or
             `policy.set_generation_backend("vllm", gpu_memory_utilization=0.3)` for a backend with options.
     """
@@ -43,7 +45,7 @@ class VLMPolicy:
         model,
         processor: VisionTextProcessor,
         prompt_template: str = "{instruction}",
-        generation_backend: str = "hf",
+        generation_backend: str = "lean",
     ):
         self.model = model
         self.processor = processor
@@ -99,7 +101,7 @@ class VLMPolicy:
     # ------------------------------------------------------------------ backend
     @property
     def generation_backend(self) -> str:
-        """The name of the backend `generate` uses ("hf", "static" or "vllm"); assign a name to switch."""
+        """The name of the backend `generate` uses ("lean", "hf", "static" or "vllm"); assign a name to switch."""
         return self._backend.name
 
     @generation_backend.setter
@@ -201,6 +203,9 @@ class VLMPolicy:
                 "image_grid_thw": batch.image_grid_thw,
             }
         )
+        embeds = embeds_sharing_images(self.model, input_ids, batch.pixel_values, batch.image_grid_thw)
+        if embeds is not None:  # each distinct image encoded once (a group's rows share theirs); same values
+            inputs.update(inputs_embeds=embeds, pixel_values=None)
         out = self.model(
             **inputs,
             logits_to_keep=length + 1,  # only the positions that predict completion tokens
@@ -212,6 +217,49 @@ class VLMPolicy:
         if not with_entropy:
             return logprobs
         return logprobs, entropy_from_logits(logits / temperature)
+
+
+SHARED_IMAGE_MODELS = ("Qwen2VLModel", "Qwen2_5_VLModel")  # vision features enter as input embeddings only
+
+
+def embeds_sharing_images(model, input_ids: torch.Tensor, pixel_values: torch.Tensor, grid_thw: torch.Tensor):
+    """Input embeddings `[R, T, H]` with every distinct image of the batch encoded once, or None to run as usual.
+
+    The rows of a GRPO group hold copies of one image (`_repeat_images`), so the training forward would run the
+    vision tower G times on the same pixels: on the tiny benchmark model that is about a third of the update's
+    forward and backward. Here an image equal to the one before it (same grid, same pixels) reuses its features;
+    the features are gathered back to every row and scattered into the token embeddings at the image
+    placeholders, as the model's forward does, and the model receives `inputs_embeds` (with `input_ids`, which it
+    still reads for the M-RoPE positions) and no `pixel_values`. The gradient of a shared image is the sum over its
+    copies, which is what the separate copies' gradients add up to (tested equal).
+
+    None (the model's own path) where this does not apply: models whose vision features also enter later layers
+    (Qwen3-VL's deepstack), FSDP-sharded models (the embedding and vision tower are called outside the root
+    module's forward here, which would see sharded weights), and batches without a repeated image.
+    """
+    base = plain_model(model)
+    inner = getattr(base, "model", None)
+    if type(inner).__name__ not in SHARED_IMAGE_MODELS or len(grid_thw) < 2:
+        return None
+    if any(isinstance(p, DTensor) for p in base.lm_head.parameters()):
+        return None
+    chunks = pixel_values.split(grid_thw.prod(-1).tolist(), dim=0)
+    owner = [0]  # image i's features are those of image owner[i]
+    for i in range(1, len(chunks)):
+        same = torch.equal(grid_thw[i], grid_thw[i - 1]) and torch.equal(chunks[i], chunks[i - 1])
+        owner.append(owner[-1] if same else i)
+    distinct = sorted(set(owner))
+    if len(distinct) == len(chunks):
+        return None
+    out = inner.get_image_features(torch.cat([chunks[i] for i in distinct]), grid_thw[distinct])
+    pooled = out.pooler_output if hasattr(out, "pooler_output") else out
+    per_image = dict(zip(distinct, pooled, strict=True))  # one [tokens, H] tensor per distinct image
+    features = torch.cat([per_image[o] for o in owner])
+    embeds = base.get_input_embeddings()(input_ids)
+    placeholders = (input_ids == base.config.image_token_id).unsqueeze(-1)
+    if int(placeholders.sum()) != features.shape[0]:
+        raise ValueError(f"{int(placeholders.sum())} image placeholders for {features.shape[0]} image features")
+    return embeds.masked_scatter(placeholders, features.to(embeds.dtype))
 
 
 def _repeat_images(pixel_values: torch.Tensor, grid_thw: torch.Tensor, times: int) -> torch.Tensor:

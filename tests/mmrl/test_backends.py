@@ -67,6 +67,61 @@ def test_static_cache_gives_the_hf_tokens_and_logprobs(arch, tiny_policy, ground
         torch.testing.assert_close(got.logprobs[mask], recomputed.detach()[mask], rtol=0, atol=1e-4)
 
 
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_lean_loop_gives_the_hf_greedy_tokens_and_the_training_logprobs(arch, tiny_policy, grounding_obs):
+    policy = tiny_policy(arch, seed=0)
+    obs = grounding_obs(arch, [0, 1], ["Find it.", "Find the yellow triangle left of the blue square."])  # padded
+    greedy = Sampling(max_new_tokens=8, temperature=0.0)
+    want = generate(policy, "hf", obs, 1, greedy)
+    got = generate(policy, "lean", obs, 1, greedy)
+    assert policy.generation_backend == "lean"
+    torch.testing.assert_close(got.completion_ids, want.completion_ids, rtol=0, atol=0)
+    torch.testing.assert_close(got.completion_mask, want.completion_mask, rtol=0, atol=0)
+    torch.testing.assert_close(got.logprobs, want.logprobs, rtol=0, atol=1e-5)
+    # Sampled groups (the cache of each prompt repeated G times): the recorded log-probs are the ones the training
+    # forward pass computes for the same tokens, so the positions after the prompt and the cache copies are right.
+    for sampling in (SAMPLING, Sampling(max_new_tokens=8, temperature=1.3, top_k=50, top_p=0.9)):
+        obs_g = obs.select([0, 0, 0, 1, 1, 1])
+        got = generate(policy, "lean", obs_g, 3, sampling, seed=1)
+        mask = got.completion_mask
+        assert mask[:, 0].all() and len(set(got.texts)) > 2  # the copies of a prompt draw different completions
+        recomputed = policy.logprobs(got, temperature=sampling.temperature).detach()
+        torch.testing.assert_close(got.logprobs[mask], recomputed[mask], rtol=0, atol=1e-4)
+        assert (got.completion_ids[~mask] == policy.pad_token_id).all()
+
+
+def test_lean_loop_stops_at_eos_and_keeps_min_new_tokens(tiny_policy, grounding_obs):
+    policy = tiny_policy("qwen2_vl", seed=0)
+    obs = grounding_obs("qwen2_vl", [0, 0, 1, 1])
+    eos = policy.eos_token_ids[0]
+    # A model that strongly prefers EOS: raise the EOS row of the output head.
+    with torch.no_grad():
+        policy.model.lm_head.weight[eos] += 5 * policy.model.lm_head.weight.abs().max()
+    policy.model.model.language_model.norm.weight.data.abs_()
+    short = generate(policy, "lean", obs, 2, Sampling(max_new_tokens=12, temperature=1.0))
+    assert short.completion_mask.sum(-1).min() < 12  # some rows ended early, on EOS
+    for row, ids in zip(short.completion_mask, short.completion_ids, strict=True):
+        n = int(row.sum())
+        assert n == 12 or ids[n - 1] == eos  # a completion ends on its EOS, or runs to the limit
+    policy.model.generation_config.min_new_tokens = 12
+    held = generate(policy, "lean", obs, 2, Sampling(max_new_tokens=12, temperature=1.0))
+    assert held.completion_mask.all() and not (held.completion_ids[:, :-1] == eos).any()
+
+
+def test_lean_loop_restricts_a_vla_to_action_tokens(tiny_policy, grounding_obs):
+    policy = tiny_policy("qwen3_vl", seed=0, prompt_template="{image} {instruction}")
+    codec = add_action_tokens(policy, torch.full((3,), -1.0), torch.ones(3), bins=16, chunk=2)
+    obs = grounding_obs("qwen3_vl", [0, 0, 1, 1])
+    got = generate(policy, "lean", obs, 2, Sampling(temperature=1.0))
+    assert got.completion_ids.shape == (4, 6) and got.completion_mask.all()
+    assert torch.isin(got.completion_ids, codec.token_ids).all()
+    torch.testing.assert_close(got.logprobs, policy.logprobs(got).detach(), rtol=0, atol=1e-4)
+    greedy = Sampling(temperature=0.0)
+    torch.testing.assert_close(
+        generate(policy, "lean", obs, 2, greedy).completion_ids, generate(policy, "hf", obs, 2, greedy).completion_ids
+    )
+
+
 def test_greedy_groups_decode_each_prompt_once(tiny_policy, grounding_obs):
     policy = tiny_policy("qwen2_vl", seed=0)
     greedy = Sampling(max_new_tokens=6, temperature=0.0)
@@ -93,11 +148,11 @@ def test_vla_stays_restricted_to_action_tokens_under_the_static_backend(tiny_pol
 
 def test_backend_choice_errors_name_the_choices(tiny_policy):
     policy = tiny_policy("qwen2_vl", seed=0)
-    with pytest.raises(ValueError, match="hf, static, vllm"):
+    with pytest.raises(ValueError, match="lean, hf, static, vllm"):
         policy.generation_backend = "sglang"
     with pytest.raises(ValueError, match="takes no options"):
         policy.set_generation_backend("static", gpu_memory_utilization=0.5)
-    assert policy.generation_backend == "hf"  # a refused choice leaves the backend as it was
+    assert policy.generation_backend == "lean"  # a refused choice leaves the backend as it was
 
 
 @pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed: the missing-vLLM error cannot be shown")

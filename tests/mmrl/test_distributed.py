@@ -316,9 +316,15 @@ def test_two_processes_with_float32_masters_step_what_one_process_steps(master_r
     for key in ("loss/policy", "grad_norm", "reward/total", "completion_len"):
         assert got[0][key] == pytest.approx(want[0][key], rel=1e-3), key
     assert got[0]["loss/kl"] == want[0]["loss/kl"] == 0.0
-    assert got[1]["reward/total"] == pytest.approx(want[1]["reward/total"], rel=1e-5)
+    # Step 2 samples from the updated weights, which differ by bfloat16 rounding between the two runs, so a draw
+    # that falls close to a boundary between two tokens can take the neighbour (seen once: one digit of one box,
+    # GIoU off by 9e-5; the same lengths, IoU and format). The rollout is otherwise the same.
+    for key in ("completion_len", "reward/iou", "reward/format"):
+        assert got[1][key] == pytest.approx(want[1][key], rel=1e-5), key
+    assert got[1]["reward/total"] == pytest.approx(want[1]["reward/total"], rel=1e-3)
+    # The update is compared where both runs updated on the same rollout: step 1's (its checkpoint).
     start = load_file(REPO / ASSET / "model.safetensors")
-    trained, reference = final_weights(two), final_weights(one)
+    trained, reference = (load_file(d / "checkpoints" / "step_00000001" / "model.safetensors") for d in (two, one))
     assert {w.dtype for w in trained.values()} == {torch.float32}  # the float32 shards, gathered
     moved = torch.cat([(trained[k].float() - start[k].float()).flatten() for k in start])
     expected = torch.cat([(reference[k].float() - start[k].float()).flatten() for k in start])

@@ -60,17 +60,20 @@ def sampled(request, tiny_policy, grounding_obs):
     """(arch, policy, rollout): B=2 prompts x G=2 samples x 8 tokens, EOS made likely so some rows end early.
 
     With the EOS logit raised by 3, rows end at different lengths (some run to the limit) and the rest of each row
-    is right padding, which every comparison below has to get right.
+    is right padding, which every comparison below has to get right. (The sampler's draws decide the lengths; the
+    first of ten seeds that gives both kinds of rows is used.)
     """
     arch = request.param
     policy = tiny_policy(arch, seed=0)
     boost_logits(policy, policy.eos_token_ids, 3.0)
     obs = grounding_obs(arch, [0, 0, 1, 1])
-    torch.manual_seed(0)
-    rollout = policy.generate(obs, group_size=2, sampling=SAMPLING)
-    lengths = rollout.completion_mask.sum(-1)
-    assert (lengths < rollout.completion_ids.shape[1]).any(), "no row ended early: the fixture tests no padding"
-    return arch, policy, rollout
+    for seed in range(10):  # the first seed whose draw has rows of different lengths
+        torch.manual_seed(seed)
+        rollout = policy.generate(obs, group_size=2, sampling=SAMPLING)
+        lengths = rollout.completion_mask.sum(-1)
+        if (lengths < rollout.completion_ids.shape[1]).any() and (lengths == rollout.completion_ids.shape[1]).any():
+            return arch, policy, rollout
+    raise AssertionError("no seed made rows of different lengths: the fixture tests no padding")
 
 
 def test_sampling_logprobs_equal_a_plain_forward_pass(sampled):
@@ -86,6 +89,43 @@ def test_recomputed_logprobs_equal_a_plain_forward_pass(sampled):
     got = policy.logprobs(rollout, temperature=TEMPERATURE)
     assert got.requires_grad  # the trainer differentiates these
     assert_close_on(rollout.completion_mask, got.detach(), reference_logprobs(policy, rollout, TEMPERATURE))
+
+
+def test_shared_images_are_encoded_once_with_the_same_gradients(sampled):
+    arch, policy, rollout = sampled
+    model = policy.model
+    patches_seen = []
+    hook = model.model.visual.register_forward_hook(lambda m, args, out: patches_seen.append(args[0].shape[0]))
+    try:
+        model.zero_grad()
+        policy.logprobs(rollout, temperature=TEMPERATURE).masked_fill(~rollout.completion_mask, 0).sum().backward()
+    finally:
+        hook.remove()
+    got = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    # The plain forward pass (every row's image through the vision tower), differentiated the same way.
+    model.zero_grad()
+    input_ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
+    inputs = {
+        "input_ids": input_ids,
+        "attention_mask": torch.cat([rollout.prompt_mask, rollout.completion_mask], dim=1).long(),
+        "pixel_values": rollout.pixel_values,
+        "image_grid_thw": rollout.image_grid_thw,
+    }
+    if "mm_token_type_ids" in inspect.signature(model.forward).parameters:
+        inputs["mm_token_type_ids"] = (input_ids == model.config.image_token_id).int()
+    logits = model(**inputs, use_cache=False).logits.float()[:, rollout.prompt_ids.shape[1] - 1 : -1] / TEMPERATURE
+    want_lp = logits.log_softmax(-1).gather(-1, rollout.completion_ids.unsqueeze(-1)).squeeze(-1)
+    want_lp.masked_fill(~rollout.completion_mask, 0).sum().backward()
+    want = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    assert got.keys() == want.keys() and any("visual" in n for n in got)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-6, msg=name)
+    total = int(rollout.image_grid_thw.prod(-1).sum())
+    if arch == "qwen3_vl":  # deepstack features enter later layers: the model's own path, every row's image
+        assert patches_seen == [total]
+    else:  # 2 prompts x 2 rows: the two distinct images only
+        assert patches_seen == [total // 2]
 
 
 def test_rows_is_a_self_contained_slice(sampled):

@@ -53,10 +53,12 @@ def text_rollout(tiny_policy, grounding_obs):
     """(arch, rollout) from a tiny Qwen2.5-VL: B=2 x G=2 completions of up to 6 tokens, some ending early."""
     policy = tiny_policy("qwen2_5_vl", seed=0)
     boost_eos(policy)
-    torch.manual_seed(0)
-    rollout = policy.generate(grounding_obs("qwen2_5_vl", [0, 0, 1, 1]), group_size=2, sampling=SAMPLING)
-    assert rollout.completion_mask.sum(-1).unique().numel() > 1, "rows should end at different lengths"
-    return rollout
+    for seed in range(10):  # the first seed whose draw ends rows at different lengths
+        torch.manual_seed(seed)
+        rollout = policy.generate(grounding_obs("qwen2_5_vl", [0, 0, 1, 1]), group_size=2, sampling=SAMPLING)
+        if rollout.completion_mask.sum(-1).unique().numel() > 1:
+            return rollout
+    raise AssertionError("no seed ended rows at different lengths")
 
 
 def vla(tiny_policy, arch: str = "qwen2_5_vl") -> tuple[VLMPolicy, torch.Tensor]:

@@ -120,7 +120,7 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(
         )
         policy = tiny_policy("qwen2_vl", seed=0, prompt_template=cfg.model.prompt_template)
         bias = torch.zeros(policy.model.config.text_config.vocab_size)
-        bias[policy.eos_token_ids] = 3.0
+        bias[policy.eos_token_ids] = 5.0
         policy.model.lm_head.register_forward_hook(lambda module, args, out, bias=bias: out + bias)
         (row,) = step_rows(train(cfg, policy=policy, stop_after=1))
         logged[micro] = row
