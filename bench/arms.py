@@ -5,7 +5,8 @@ given seed (the seed is `trainer.seed`), and arms are interleaved per seed so th
 on all of them. Reported per arm: the held-out `env.eval_metric` after training per seed, its mean and standard
 deviation, RL's own share (after RL minus before RL, i.e. after the cold start when there is one), and the means
 over training steps of the clip fraction, the optimiser steps per rollout, and the seconds per step (of which
-waiting for the step's episodes: `perf/generate_s`).
+waiting for the step's episodes: `perf/generate_s`); and, where the preset evaluates mid-run
+(`trainer.eval_every`), each arm's held-out curve (mean over seeds per evaluated step).
 
     .venv/bin/python bench/arms.py configs/grounding_tiny.yaml --steps 100 --seeds 0 1 2 \\
         --arm one_epoch= --arm two_epochs=algo.ppo_epochs=2 [--results RESULTS.md] [trainer.threads=1 ...]
@@ -54,8 +55,10 @@ def run(preset: Path, overrides: list[str], seed: int, steps: int, out: Path, co
         train(cfg)
         elapsed = time.perf_counter() - start
         evals = json.loads((out / "eval.json").read_text())
-        rows = [m for m in read_metrics(out / "metrics.jsonl") if "loss/policy" in m]
+        history = read_metrics(out / "metrics.jsonl")
+        rows = [m for m in history if "loss/policy" in m]
         metric = cfg.env.eval_metric
+        curve = {m["step"]: m[f"eval/{metric}"] for m in history if f"eval/{metric}" in m}
         return {
             "before": evals["before"][metric],
             "after": evals["after"][metric],
@@ -65,6 +68,7 @@ def run(preset: Path, overrides: list[str], seed: int, steps: int, out: Path, co
             "step_s": statistics.mean(m.get("perf/step_s", 0.0) for m in rows),
             "collect_s": statistics.mean(m.get("perf/generate_s", 0.0) for m in rows),
             "metric": metric,
+            "curve": curve,  # held-out metric by step (trainer.eval_every), the RL start included
         }
 
 
@@ -125,6 +129,14 @@ def main() -> None:
         f"Held-out {metric} before RL (after the cold start, if any; seed {args.seeds[0]}): {before:.3f}. "
         f"Command: `{command}`\n\n"
     )
+    # The held-out learning curve of each arm (mean over seeds at each evaluated step), when evaluated mid-run.
+    steps = sorted(set.intersection(*(set(r["curve"]) for runs in results.values() for r in runs)))
+    if len(steps) > 2:
+        lines += ["", f"Held-out {metric} by RL step (mean over seeds):", "",
+                  "| arm | " + " | ".join(str(s) for s in steps) + " |", "|---|" + "---|" * len(steps)]  # fmt: skip
+        for name, runs in results.items():
+            means = [statistics.mean(r["curve"][s] for r in runs) for s in steps]
+            lines.append(f"| {name} | " + " | ".join(f"{v:.3f}" for v in means) + " |")
     table = header + "\n".join(lines) + "\n"
     shutil.rmtree(root, ignore_errors=True)
     print(table)
