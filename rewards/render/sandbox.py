@@ -44,7 +44,8 @@ Layers, from the outside in (the child applies them in this order before it look
    `os.posix_spawn`, `subprocess.Popen`, socket creation, `ctypes`, `os.kill`, `os.chdir`, links, and importing
    a denylist of modules (ctypes, cffi, multiprocessing, cv2, ...). A refusal ends the render at once with the
    reason, so a `try/except` in the untrusted code cannot swallow it.
-6. **Input checks** (SVG, in `svg.py`): size cap, no DOCTYPE/ENTITY (so no entity expansion or XXE), caps on
+6. **Input checks** (SVG, in `svg.py`): size cap, no ENTITY declaration or undeclared entity (found by
+   parsing, so no entity expansion or XXE; a DOCTYPE without entities is fine), caps on
    element count, nesting depth and width/height, and no references but `#fragment`s and inline PNG/JPEG
    `data:` images; cairosvg runs with `unsafe=False` and a url_fetcher that refuses everything else.
 

@@ -6,8 +6,13 @@ package); cairosvg is imported in `warm_up` and `render`.
 What is refused, and why (each as `RenderRefused` with the reason, so the render is `image=None`):
 
 * more than `max_bytes` bytes, or gzip-compressed input (a decompression bomb would dodge the size cap);
-* any `<!DOCTYPE` or `<!ENTITY`: with no DTD there is no entity expansion (billion laughs) and no external entity
-  (XXE); SVG needs neither. Also `<?xml-stylesheet ...?>` (an external style sheet);
+* any ENTITY declaration, and any reference to an entity that is not one of XML's five: so no entity expansion
+  (billion laughs) and no external entity (XXE). This is decided by parsing (expat's declaration handlers), not by
+  matching text: a DOCTYPE without entities is accepted, the plain `<!DOCTYPE svg>` and the public SVG 1.1 one
+  (`PUBLIC "-//W3C//DTD SVG 1.1//EN" "http://www.w3.org/.../svg11.dtd"`, which matplotlib and many editors write)
+  included, because its external subset is never read (expat's parameter-entity parsing is off here, and
+  cairosvg parses with defusedxml, external references forbidden). Also `<?xml-stylesheet ...?>` (an external
+  style sheet);
 * malformed XML, a root element other than `svg`, more than `max_elements` elements, nesting deeper than
   `max_depth`, a root `width`/`height` (or viewBox size) above `max_dimension` user units or not finite;
 * any reference other than a same-document `#fragment`: `href`/`xlink:href` values and `url(...)` in attributes and
@@ -27,7 +32,7 @@ import base64
 import math
 import re
 import sys
-import xml.etree.ElementTree as ElementTree
+import xml.parsers.expat as expat
 from typing import Any
 
 OPTIONS: dict[str, Any] = {
@@ -38,8 +43,6 @@ OPTIONS: dict[str, Any] = {
 }
 """Defaults of the per-render options (see the module docstring)."""
 
-_DECLARATION = re.compile(rb"<!\s*(doctype|entity)", re.IGNORECASE)
-_STYLESHEET_PI = re.compile(rb"<\?\s*xml-stylesheet", re.IGNORECASE)
 _URL = re.compile(r"url\(\s*(['\"]?)(.*?)\1\s*\)", re.IGNORECASE | re.DOTALL)
 _NUMBER = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)")
 _DATA_IMAGE = re.compile(r"^data:image/(png|jpe?g)(?:;[^,;]*)*;base64,", re.IGNORECASE)
@@ -70,7 +73,7 @@ def check_svg(source: str | bytes, options: dict[str, Any] | None = None) -> byt
         raise RenderRefused(f"svg refused: {len(data)} bytes, more than {opts['max_bytes']}")
     if data[:2] == b"\x1f\x8b":
         raise RenderRefused("svg refused: compressed (svgz) input is not accepted")
-    # The text checks below read the bytes as UTF-8; another encoding could spell a DOCTYPE they do not see.
+    # Only UTF-8 (or its ASCII subset) is parsed, so what the checks read is what cairosvg reads.
     declared = _ENCODING.search(data[:200])
     if b"\x00" in data or (declared is not None and declared.group(1).lower() not in (b"utf-8", b"utf8", b"us-ascii")):
         raise RenderRefused("svg refused: only UTF-8 input is accepted")
@@ -78,18 +81,22 @@ def check_svg(source: str | bytes, options: dict[str, Any] | None = None) -> byt
         data.decode("utf-8")
     except UnicodeDecodeError:
         raise RenderRefused("svg refused: only UTF-8 input is accepted") from None
-    if _DECLARATION.search(data):
-        raise RenderRefused("svg refused: DOCTYPE and ENTITY declarations are not allowed")
-    if _STYLESHEET_PI.search(data):
-        raise RenderRefused("svg refused: external style sheets (xml-stylesheet) are not allowed")
     counter = _Checker(opts)
-    parser = ElementTree.XMLParser(target=counter)
+    parser = expat.ParserCreate(namespace_separator="}")  # names come as "namespace}local", as ElementTree's
+    parser.SetParamEntityParsing(expat.XML_PARAM_ENTITY_PARSING_NEVER)  # never read an external DTD subset
+    parser.StartElementHandler = counter.start
+    parser.EndElementHandler = counter.end
+    parser.CharacterDataHandler = counter.data
+    parser.EntityDeclHandler = _refuse_entity
+    parser.UnparsedEntityDeclHandler = lambda name, *rest: _refuse_entity(name)
+    parser.ExternalEntityRefHandler = lambda context, base, system_id, public_id: _refuse_entity(system_id)
+    parser.SkippedEntityHandler = _refuse_undeclared
+    parser.ProcessingInstructionHandler = _check_instruction
     try:
-        parser.feed(data)
-        parser.close()
+        parser.Parse(data, True)
     except RenderRefused:
         raise
-    except ElementTree.ParseError as e:
+    except expat.ExpatError as e:
         raise RenderRefused(f"svg refused: not well-formed XML ({e})") from None
     if counter.root is None:
         raise RenderRefused("svg refused: no root element")
@@ -157,6 +164,21 @@ class _Checker:
                 continue  # cairosvg reads it as 0 / auto
             if not math.isfinite(value) or abs(value) > limit:
                 raise RenderRefused(f"svg refused: {key} {text.strip()!r} is larger than {limit:g}")
+
+
+def _refuse_entity(name: str | None, *rest: Any) -> None:
+    raise RenderRefused(
+        f"svg refused: ENTITY declarations and external entities in the DOCTYPE are not allowed ({name!r})"
+    )
+
+
+def _refuse_undeclared(name: str, is_parameter_entity: bool) -> None:
+    raise RenderRefused(f"svg refused: reference to the undeclared entity {name!r}")
+
+
+def _check_instruction(target: str, data: str) -> None:
+    if target.strip().lower() == "xml-stylesheet":
+        raise RenderRefused("svg refused: external style sheets (xml-stylesheet) are not allowed")
 
 
 def _local(name: str) -> str:

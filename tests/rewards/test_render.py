@@ -157,7 +157,13 @@ def test_sandbox_layers_are_up():
     ("source", "reason"),
     [
         ('<!DOCTYPE svg [<!ENTITY a "b">]><svg/>', "DOCTYPE"),
-        (f"<svg {NS}><!ENTITY a 'b'></svg>", "DOCTYPE"),
+        (f"<svg {NS}><!ENTITY a 'b'></svg>", "not well-formed"),  # a declaration outside the DOCTYPE is not XML
+        ('<!DOCTYPE svg [<!ENTITY xxe SYSTEM "file:///etc/passwd">]><svg/>', "DOCTYPE"),
+        ('<!DOCTYPE svg [<!ENTITY % p SYSTEM "http://x/p.dtd"> %p;]><svg/>', "DOCTYPE"),
+        ('<!DOCTYPE svg [<!ENTITY i SYSTEM "x.png" NDATA png>]><svg/>', "DOCTYPE"),
+        (f'<!DOCTYPE svg SYSTEM "http://x/a.dtd"><svg {NS}><text>&nbsp;</text></svg>', "undeclared entity"),
+        # A default attribute from the internal subset is checked like a written one.
+        (f'<!DOCTYPE svg [<!ATTLIST image href CDATA "file:///etc/passwd">]><svg {NS}><image/></svg>', "external"),
         ('<?xml version="1.0" encoding="UTF-16"?><svg/>', "UTF-8"),
         ('<?xml-stylesheet href="http://x/s.css"?><svg/>', "style sheets"),
         ("<html/>", "not <svg>"),
@@ -181,6 +187,50 @@ def test_sandbox_layers_are_up():
 def test_check_svg_refuses(source, reason):
     with pytest.raises(RenderRefused, match=reason):
         check_svg(source)
+
+
+SVG11_DOCTYPE = '<!DOCTYPE svg PUBLIC "-//W3C//DTD SVG 1.1//EN" "http://www.w3.org/Graphics/SVG/1.1/DTD/svg11.dtd">'
+
+
+@pytest.mark.parametrize(
+    "doctype", ["<!DOCTYPE svg>", SVG11_DOCTYPE, '<!DOCTYPE svg [<!ATTLIST rect fill CDATA "green">]>']
+)
+def test_a_doctype_without_entities_renders_as_without_it(doctype):
+    body = '<rect width="20" height="30" fill="#ff0000"/><rect x="20" width="20" height="30"/>'
+    plain = render("svg", svg(body), size=(40, 30))
+    declared = render(
+        "svg", '<?xml version="1.0" encoding="utf-8" standalone="no"?>\n' + doctype + svg(body), (40, 30)
+    )
+    assert plain.ok and declared.ok, declared.reason
+    if "ATTLIST" in doctype:  # the declared default fills the second rect, as in any XML parser
+        assert declared.image[15, 30].tolist() == [0, 128, 0] and plain.image[15, 30].tolist() == [0, 0, 0]
+    else:
+        assert torch.equal(declared.image, plain.image)
+
+
+def test_matplotlib_svg_renders_in_the_sandbox_as_outside():
+    """An SVG as matplotlib writes it (XML declaration, the SVG 1.1 DOCTYPE, CSS, clip paths, text as paths)."""
+    import io
+
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from rewards.render import svg as svg_module
+
+    figure, axes = plt.subplots(figsize=(2, 1.5), dpi=72)
+    axes.plot([0, 1, 2], [1, 0, 2], color="tab:red")
+    axes.set_title("ok")
+    buffer = io.StringIO()
+    figure.savefig(buffer, format="svg")
+    plt.close(figure)
+    source = buffer.getvalue()
+    assert "<!DOCTYPE svg PUBLIC" in source
+    sandboxed = render("svg", source, size=(144, 108))
+    assert sandboxed.ok, sandboxed.reason
+    outside = svg_module.render(source, 144, 108, {})  # the same rasteriser, in this process, no sandbox
+    assert sandboxed.image.flatten().tolist() == list(outside)
+    assert (sandboxed.image < 250).any()  # something was drawn
 
 
 def test_check_svg_accepts_internal_references():
