@@ -42,7 +42,8 @@ Layers, from the outside in (the child applies them in this order before it look
 5. **Audit hook** (`sys.addaudithook`, PEP 578), installed last, so it only sees the untrusted part: refuses
    `open` outside the allowed roots (and any write outside scratch), `os.system`, `os.exec*`, `os.fork`,
    `os.posix_spawn`, `subprocess.Popen`, socket creation, `ctypes`, `os.kill`, `os.chdir`, links, and importing
-   a denylist of modules (ctypes, cffi, multiprocessing, cv2, ...). A refusal ends the render at once with the
+   the modules whose harm raises no audit event (ctypes, cffi, cv2); any other module may be imported, since what
+   it could do with the network, processes or files raises a refused event. A refusal ends the render at once with the
    reason, so a `try/except` in the untrusted code cannot swallow it.
 6. **Input checks** (SVG, in `svg.py`): size cap, no ENTITY declaration or undeclared entity (found by
    parsing, so no entity expansion or XXE; a DOCTYPE without entities is fine), caps on

@@ -32,6 +32,25 @@ CHART_CASES = {
     "bytearray_bomb": ("x = bytearray(10**10)\n", "memory"),
     "string_bomb": ("x = 'a' * 10**10\n", "memory"),
     "fork": ("import os\nos.fork()\n", "sandbox refused os.fork"),
+    # Modules any script may import (issue 20) whose harmful use is refused by its audit event.
+    "multiprocessing": (
+        "import multiprocessing\nmultiprocessing.Process(target=print).start()\n",
+        r"sandbox refused (os\.fork|os\.posix_spawn|subprocess)",
+    ),
+    "ssl_socket": (
+        "import socket, ssl\nssl.create_default_context().wrap_socket(socket.socket())\n",
+        "sandbox refused",
+    ),
+    "smtplib": ("import smtplib\nsmtplib.SMTP('127.0.0.1', 1, timeout=1)\n", "sandbox refused (smtplib|socket)"),
+    "webbrowser": (  # a browser that runs a command (with none registered, open() does nothing at all)
+        "import webbrowser\nwebbrowser.GenericBrowser('ls').open('http://127.0.0.1:1/')\n",
+        "sandbox refused webbrowser.open",
+    ),
+    "pty": ("import pty\npty.spawn('ls')\n", "sandbox refused (pty|os)"),
+    "asyncio_subprocess": (
+        "import asyncio\nasyncio.run(asyncio.create_subprocess_exec('ls'))\n",
+        "sandbox refused",
+    ),
     "subprocess": ("import subprocess\nsubprocess.run(['ls'])\n", "sandbox refused subprocess.Popen"),
     "os_system": ("import os\nos.system('touch " + PWNED + "')\n", "sandbox refused os.system"),
     "read_passwd": ("print(open('/etc/passwd').read())\n", r"sandbox refused open\('/etc/passwd'\)"),

@@ -98,6 +98,16 @@ def test_chart_render():
     assert missing.image is None and "no matplotlib figure" in missing.reason
 
 
+def test_chart_scripts_may_import_harmless_modules():
+    """Importing is not using: ssl, smtplib, asyncio, multiprocessing and webbrowser load; their use is refused
+    (tests/rewards/test_hostile.py). Only modules whose harm raises no audit event stay refused at import."""
+    imports = "import asyncio, csv, json, multiprocessing, smtplib, ssl, statistics, urllib.request, webbrowser\n"
+    result = render("chart", imports + "import matplotlib.pyplot as plt\nplt.plot([0, 1], [1, 0])\n", size=32)
+    assert result.ok, result.reason
+    refused = render("chart", "import cffi\n", size=32)
+    assert not refused.ok and ("import of 'cffi'" in refused.reason or "No module named" in refused.reason)
+
+
 def test_render_batch_keeps_order_and_mixes_failures():
     colors = ["#ff0000", "#00ff00", "#0000ff", "#ffff00", "#00ffff"]
     sources: list = [svg(f'<rect width="40" height="30" fill="{c}"/>') for c in colors]
