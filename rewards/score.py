@@ -22,7 +22,8 @@ file, or an inline string: a model's answer, parsed for a box by ``box_iou``). I
 ``<?xml``) and takes anything else as text. Relative paths are relative to the JSON-lines file.
 
 A **target** is an image path (``{"image": path}`` or a string with an image extension; ``.png``/``.jpg`` files in
-folder mode), a box ``[x1, y1, x2, y2]`` (``{"box": [...]}``; a ``.json`` file in folder mode), or a text
+folder mode), a source rendered like a prediction and compared as an image (a ``.svg`` or ``.py`` file, or
+``{"svg": ...}``, ``{"chart": ...}``, ``{"cad": ...}`` inline; each distinct target is rendered once a run), a box ``[x1, y1, x2, y2]`` (``{"box": [...]}``; a ``.json`` file in folder mode), or a text
 (``{"text": ...}``, any other string; a ``.txt`` file). ``{"reference_length": N}`` on a line gives
 ``code_length`` its reference.
 
@@ -34,9 +35,10 @@ prediction image against a text target. ``box_iou``: the box parsed from a text 
 ``text_f1``: word F1 of a text prediction against a text target. ``code_length``: the source's length against
 ``reference_length`` (or ``--reference-length``).
 
-A metric that does not apply to a row's kinds is left empty (NaN, and out of the summary). A prediction that fails
-(render refused, timed out or crashed; unreadable file; no box in the text) scores 0.0 on every metric that
-applies, and the row says why. Nothing in the data makes the command fail.
+A metric that does not apply to a row's kinds is left empty (NaN, and out of the summary), and the row's reason
+says which and why. A prediction that fails (render refused, timed out or crashed; unreadable file; no box in the
+text) scores 0.0 on every metric that applies, and the row says why. The summary starts with how many renders were
+refused or failed and the commonest reasons. Nothing in the data makes the command fail.
 """
 
 from __future__ import annotations
@@ -139,6 +141,7 @@ def score_items(
     if "embedding" in metrics and encoder is None:
         raise ValueError("the embedding metric needs an image encoder (--encoder PATH)")
     pools: dict[str, RenderPool] = {}
+    target_renders: dict[tuple[str, str], Any] = {}  # (kind, source) -> RenderResult: each target rendered once
     bar = tqdm(
         total=len(items),
         unit="pair",
@@ -147,7 +150,8 @@ def score_items(
     try:
         for start in range(0, len(items), batch_size):
             chunk = items[start : start + batch_size]
-            _score_chunk(chunk, metrics, size, timeout, workers, pools, encoder, reference_length)
+            _score_chunk(chunk, metrics, size, timeout, workers, pools, encoder, reference_length, target_renders)
+            _note_empty_scores(chunk, metrics)
             bar.update(len(chunk))
     finally:
         bar.close()
@@ -165,6 +169,7 @@ def _score_chunk(
     pools: dict[str, RenderPool],
     encoder: Callable[[torch.Tensor], torch.Tensor] | None,
     reference_length: float | None,
+    target_renders: dict[tuple[str, str], Any],
 ) -> None:
     # ------------------------------------------------------------------------------------------ images, both sides
     pred_images: dict[int, torch.Tensor] = {}
@@ -190,8 +195,26 @@ def _score_chunk(
                     item.pred_error = f"cannot read prediction image: {type(e).__name__}: {e}"
     target_images: dict[int, torch.Tensor] = {}
     if any(m in IMAGE_METRICS for m in metrics):
+        for kind in CODE_KINDS:  # targets given as sources: rendered in the sandbox like predictions, once each
+            rows = [i for i, item in enumerate(chunk) if item.target_render == kind and not item.target_error]
+            missing = list(
+                dict.fromkeys(
+                    chunk[i].target_value for i in rows if (kind, chunk[i].target_value) not in target_renders
+                )
+            )
+            if missing:
+                if kind not in pools:
+                    pools[kind] = RenderPool(kind, workers)
+                for source, result in zip(missing, pools[kind].render_batch(missing, size, timeout=timeout)):
+                    target_renders[kind, source] = result
+            for i in rows:
+                result = target_renders[kind, chunk[i].target_value]
+                if result.image is None:
+                    chunk[i].target_error = f"target render failed: {result.reason}"
+                else:
+                    target_images[i] = result.image
         for i, item in enumerate(chunk):
-            if item.target_kind == "image" and not item.target_error:
+            if item.target_kind == "image" and not item.target_render and not item.target_error:
                 try:
                     target_images[i] = load_image(item.target_value, size)
                 except Exception as e:
@@ -253,6 +276,18 @@ def _score_chunk(
                     item.scores[name] = math.nan
 
 
+def _note_empty_scores(chunk: list[Item], metrics: Sequence[str]) -> None:
+    """Gives every row whose asked-for metrics are partly empty without a failure the reason: they do not apply."""
+    needs = {name: "an image target" for name in IMAGE_METRICS}
+    needs.update(ocr="a text target", box_iou="a box target", text_f1="a text prediction and target")
+    needs["code_length"] = "a source prediction and a reference length"
+    for item in chunk:
+        empty = [name for name in metrics if math.isnan(item.scores.get(name, math.nan))]
+        if empty and not item.pred_error and not item.target_error:
+            what = "; ".join(f"{name} needs {needs[name]}" for name in empty)
+            item.note = f"empty: {what} (here a {item.pred_kind} prediction and a {item.target_kind} target)"
+
+
 # =========================================================================================================== OUTPUT
 
 
@@ -281,8 +316,27 @@ def write_rows(items: Sequence[Item], metrics: Sequence[str], out: Path) -> None
 
 
 def summary(items: Sequence[Item], metrics: Sequence[str], *, top: int = 5) -> str:
-    """A table of mean/std/min/max per metric over the rows where it applies, then the failures and their reasons."""
-    lines = [f"{'metric':16s} {'n':>6s} {'mean':>8s} {'std':>8s} {'min':>8s} {'max':>8s}"]
+    """What was refused and why first, then a table of mean/std/min/max per metric over the rows where it applies."""
+    failed = [item for item in items if item.pred_error or item.target_error]
+    renders = [item for item in items if item.pred_kind in CODE_KINDS]
+    failed_renders = [item for item in renders if item.pred_error.startswith("render failed")]
+    refused = [item for item in failed_renders if "refused" in item.pred_error]
+    target_renders = [item for item in items if item.target_render]
+    failed_targets = [item for item in target_renders if item.target_error.startswith("target render failed")]
+    lines = [
+        f"{len(items)} pairs; {len(failed_renders)} of {len(renders)} renders failed ({len(refused)} refused by the "
+        f"sandbox's checks)" + (f"; {len(failed_targets)} of {len(target_renders)} target renders failed" if target_renders else "")
+        + f"; {len(failed)} pairs with a problem"
+    ]  # fmt: skip
+    if failed:
+        reasons = Counter(_reason_key("; ".join(r for r in (i.pred_error, i.target_error) if r)) for i in failed)
+        lines.append("top reasons:")
+        lines.extend(f"  {count:5d}  {reason}" for reason, count in reasons.most_common(top))
+    notes = Counter(_reason_key(item.note) for item in items if item.note)
+    if notes:
+        lines.append("empty scores:")
+        lines.extend(f"  {count:5d}  {note}" for note, count in notes.most_common(top))
+    lines += ["", f"{'metric':16s} {'n':>6s} {'mean':>8s} {'std':>8s} {'min':>8s} {'max':>8s}"]
     for name in metrics:
         values = [item.scores[name] for item in items if not math.isnan(item.scores.get(name, math.nan))]
         if values:
@@ -292,16 +346,6 @@ def summary(items: Sequence[Item], metrics: Sequence[str], *, top: int = 5) -> s
             )
         else:
             lines.append(f"{name:16s} {0:6d} {'-':>8s} {'-':>8s} {'-':>8s} {'-':>8s}")
-    failed = [item for item in items if item.reason]
-    renders = [item for item in items if item.pred_kind in CODE_KINDS]
-    failed_renders = [item for item in renders if item.pred_error.startswith("render failed")]
-    lines.append(
-        f"\n{len(items)} pairs; {len(failed)} with a problem; {len(failed_renders)} of {len(renders)} renders failed"
-    )
-    if failed:
-        reasons = Counter(_reason_key(item.reason) for item in failed)
-        lines.append("top reasons:")
-        lines.extend(f"  {count:5d}  {reason}" for reason, count in reasons.most_common(top))
     return "\n".join(lines)
 
 

@@ -31,12 +31,15 @@ class Item:
         pred_kind: "svg", "chart", "image", "text", or "" if unreadable.
         pred_value: SVG/chart source, an image path, or the text.
         target_kind: "image", "box", "text", or "".
-        target_value: an image path, 4 floats, or the text.
+        target_value: an image path, 4 floats, or the text; for a target given as source, the source.
+        target_render: for a target given as source (an SVG, chart or CAD script), its render kind: the target is
+            rendered like a prediction and compared as an image. "" otherwise.
         reference_length: for `code_length`.
         pred_error: why the prediction could not be read or rendered ("" if it could): its metrics score 0.0.
         target_error: why the target could not be read ("" if it could): metrics that need it are NaN.
         scores: metric -> score (NaN where the metric does not apply).
         render_seconds: the sandbox's time for this prediction, if it was rendered.
+        note: why some asked-for metrics are empty though nothing failed (they do not apply to these kinds).
     """
 
     id: str
@@ -46,16 +49,18 @@ class Item:
     pred_value: Any = None
     target_kind: str = ""
     target_value: Any = None
+    target_render: str = ""
     reference_length: float | None = None
     pred_error: str = ""
     target_error: str = ""
     scores: dict[str, float] = field(default_factory=dict)
     render_seconds: float | None = None
+    note: str = ""
 
     @property
     def reason(self) -> str:
-        """Everything wrong with the row, "" if nothing."""
-        return "; ".join(r for r in (self.pred_error, self.target_error) if r)
+        """Everything wrong with the row, then why any empty score is empty; "" if nothing."""
+        return "; ".join(r for r in (self.pred_error, self.target_error, self.note) if r)
 
 
 # =========================================================================================================== READING
@@ -180,6 +185,14 @@ def _read_prediction(item: Item, value: Any, base: Path, render: str) -> None:
 
 
 def _read_target(item: Item, value: Any, base: Path) -> None:
+    if isinstance(value, dict) and len(value) == 1 and next(iter(value)) in CODE_KINDS:
+        kind, source = next(iter(value.items()))  # {"svg": "<svg ...>"}: inline source, rendered
+        item.target, item.target_kind, item.target_render = _shorten(str(source)), "image", kind
+        if isinstance(source, str):
+            item.target_value = source
+        else:
+            item.target_error = f"target {kind} source is {type(source).__name__}, not a string"
+        return
     if isinstance(value, dict):
         if "box" in value:
             value = value["box"]
@@ -210,6 +223,13 @@ def _read_target(item: Item, value: Any, base: Path) -> None:
         path = _as_path(value, base)
         if path is not None and path.suffix.lower() in IMAGE_EXTENSIONS:
             item.target, item.target_kind, item.target_value = str(path), "image", path
+            return
+        if path is not None and path.suffix.lower() in (".svg", ".py"):  # a source file: rendered like a prediction
+            text = _read_text(path)
+            kind = "svg" if path.suffix.lower() == ".svg" else "cad" if text and "build123d" in text else "chart"
+            item.target, item.target_kind, item.target_render, item.target_value = str(path), "image", kind, text
+            if text is None:
+                item.target_error = f"cannot read target file {path.name}"
             return
         if path is not None and path.suffix.lower() == ".txt":
             text = _read_text(path)

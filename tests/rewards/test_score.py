@@ -55,7 +55,9 @@ def test_score_jsonl_rows(jsonl):
     by_id = {item.id: item for item in items}
     assert len(items) == 10 and by_id["10"].pred_error.startswith("line 10 is not JSON")
     assert by_id["same"].scores["pixel"] == pytest.approx(1.0) and by_id["same"].scores["ssim"] == pytest.approx(1.0)
-    assert by_id["same"].reason == "" and by_id["same"].render_seconds is not None
+    assert by_id["same"].pred_error == by_id["same"].target_error == "" and by_id["same"].render_seconds is not None
+    # Its empty scores say why they are empty.
+    assert math.isnan(by_id["same"].scores["box_iou"]) and "box_iou needs a box target" in by_id["same"].reason
     assert by_id["file"].scores["pixel"] == pytest.approx(1 - 0.5 * 2 / 3, abs=0.02)  # half the pixels, 2 channels
     assert by_id["image"].scores["pixel"] == pytest.approx(1 - 2 / 3, abs=1e-6)  # red vs blue: 2 channels of 3
     for name in ("broken", "hostile"):  # the prediction failed: 0.0 and the reason
@@ -102,6 +104,54 @@ def test_folder_mode_matches_stems(tmp_path, capsys):
     assert "0 files named c.*" in items["c"].reason
     printed = capsys.readouterr().out
     assert "pixel" in printed and "box_iou" in printed
+
+
+def test_targets_given_as_sources_are_rendered_once_and_compared_as_images(tmp_path, capsys):
+    (tmp_path / "pred").mkdir()
+    (tmp_path / "target").mkdir()
+    for stem in ("a", "b"):
+        (tmp_path / "pred" / f"{stem}.svg").write_text(RED if stem == "a" else HALF)
+        (tmp_path / "target" / f"{stem}.svg").write_text(RED)
+    (tmp_path / "pred" / "c.svg").write_text(RED)
+    (tmp_path / "target" / "c.svg").write_text(f'<svg {NS}><image href="file:///etc/passwd"/></svg>')
+    (tmp_path / "pred" / "d.svg").write_text(RED)
+    (tmp_path / "target" / "d.txt").write_text("a caption")
+    out = tmp_path / "scores.jsonl"
+    argv = ["score", str(tmp_path), "--metrics", "ssim", "--size", "8", "--workers", "1", "--out", str(out)]
+    assert main(argv) == 0
+    rows = {row["id"]: row for row in map(json.loads, out.read_text().splitlines())}
+    assert rows["a"]["ssim"] == pytest.approx(1.0) and rows["a"]["reason"] == ""
+    assert rows["b"]["ssim"] < 0.9  # half the canvas differs
+    assert rows["c"]["ssim"] is None and rows["c"]["reason"].startswith("target render failed")
+    assert "external reference" in rows["c"]["reason"]
+    assert (
+        rows["d"]["ssim"] is None and "ssim needs an image target" in rows["d"]["reason"]
+    )  # no empty score without why
+    printed = capsys.readouterr().out
+    assert printed.index("renders failed") < printed.index("mean")  # refusals come first in the summary
+    assert "1 of 3 target renders failed" in printed
+    # Inline sources as targets, the same source rendered once for all rows that share it.
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(
+        "\n".join(json.dumps({"id": str(i), "prediction": RED, "target": {"svg": RED}}) for i in range(3))
+    )
+    items = read_items(pairs)
+    calls = []
+    from rewards import score as score_module
+
+    original = score_module.RenderPool.render_batch
+
+    def counting(self, sources, *args, **kwargs):
+        calls.append(len(sources))
+        return original(self, sources, *args, **kwargs)
+
+    score_module.RenderPool.render_batch = counting
+    try:
+        score_items(items, ["ssim"], size=(8, 8), workers=1, progress=False)
+    finally:
+        score_module.RenderPool.render_batch = original
+    assert [item.scores["ssim"] for item in items] == pytest.approx([1.0] * 3)
+    assert sorted(calls) == [1, 3]  # 3 predictions, and the shared target once
 
 
 def test_cli_usage_errors(tmp_path, capsys):
