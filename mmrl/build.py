@@ -27,7 +27,7 @@ from .config import ModelConfig, TrainConfig, to_dict
 from .critic import Critic
 from .curriculum import Curriculum
 from .evaluate import held_out
-from .logging import MetricsLogger
+from .logging import MetricsLogger, TensorBoardSink, WandbSink, require_backends
 from .policy import VLMPolicy, add_action_tokens, apply_model_options, build_tiny
 from .report import report_before
 from .sft import collect_demonstrations, train_on_demonstrations
@@ -128,6 +128,7 @@ def build(cfg: TrainConfig, policy: VLMPolicy | None, generation_shards: int | N
     however the run ends, also when building fails half-way.
     """
     tc, ac = cfg.trainer, cfg.algo
+    require_backends(tc.log_with)  # a missing logging extra fails here, before anything is loaded or trained
     world = distributed.init_world(cfg.model.device)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -205,8 +206,12 @@ def build(cfg: TrainConfig, policy: VLMPolicy | None, generation_shards: int | N
     # Rank 0 writes the metrics; the others log into the void (they still use the logged values).
     metrics_path = out / "metrics.jsonl" if world.is_main else os.devnull
     logger = MetricsLogger(
-        metrics_path, resume_step=start_step if resume_from is not None else None, final_step=tc.total_steps
+        metrics_path,
+        resume_step=start_step if resume_from is not None else None,
+        final_step=tc.total_steps,
+        sinks=metric_sinks(cfg, out, start_step if resume_from is not None else None) if world.is_main else (),
     )
+    live.callback(logger.close)
     if "eval_before" not in state:
         before = held_out(policy, cfg, world)
         state["eval_before"] = before.metrics
@@ -217,3 +222,13 @@ def build(cfg: TrainConfig, policy: VLMPolicy | None, generation_shards: int | N
         cfg, world, out, policy, model, reference, optimizer, scheduler, trainable, master, sampling, collector,
         curriculum, logger, start_step, state, critic,
     )  # fmt: skip
+
+
+def metric_sinks(cfg: TrainConfig, out: Path, resume_step: int | None) -> list:
+    """The TensorBoard / W&B sinks `trainer.log_with` asks for (the JSON lines are the logger itself)."""
+    tc, sinks = cfg.trainer, []
+    if "tensorboard" in tc.log_with:
+        sinks.append(TensorBoardSink(out / "tensorboard", purge_step=None if resume_step is None else resume_step + 1))
+    if "wandb" in tc.log_with:
+        sinks.append(WandbSink(out / "wandb", tc.wandb_project, tc.wandb_mode, to_dict(cfg), resume_step is not None))
+    return sinks

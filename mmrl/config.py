@@ -16,6 +16,8 @@ import yaml
 from .algos import ADVANTAGES, CRITIC_ADVANTAGES, POLICY_LOSSES, STEP_ADVANTAGES
 from .types import Sampling
 
+LOG_BACKENDS = ("jsonl", "tensorboard", "wandb")
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -233,6 +235,12 @@ class TrainerConfig:
     # then recomputed and the rollout correction applies, see algo.old_logprobs); 0 collects synchronously.
     max_staleness: int = 0
     rollout_timeout_s: float = 600.0  # a worker that does not return a shard in this time is replaced, and it reruns
+    # Where metrics go: "jsonl" (metrics.jsonl, always; resume and the returned history read it), "tensorboard"
+    # (event files in <output_dir>/tensorboard; extra mmrl[tensorboard]), "wandb" (Weights & Biases, a run folder
+    # in <output_dir>/wandb; extra mmrl[wandb]); the end-of-run plots go to both as images.
+    log_with: list[str] = field(default_factory=lambda: ["jsonl"])
+    wandb_project: str = "mmrl"
+    wandb_mode: Literal["offline", "online"] = "offline"  # offline needs no network or account; `wandb sync` later
 
     def __post_init__(self):
         for name in ("prompts_per_step", "micro_batch_size", "eval_episodes", "eval_batch_size", "keep_checkpoints"):
@@ -253,6 +261,13 @@ class TrainerConfig:
             not k or self.rollout_timeout_s > 0,
             "trainer.rollout_timeout_s",
             f"must be > 0, got {self.rollout_timeout_s}",
+        )
+        unknown = [name for name in self.log_with if name not in LOG_BACKENDS]
+        _require(not unknown, "trainer.log_with", f"unknown {unknown}; choose from {', '.join(LOG_BACKENDS)}")
+        _require(
+            "jsonl" in self.log_with,
+            "trainer.log_with",
+            f"must include jsonl (resume and the run's returned history read metrics.jsonl), got {self.log_with}",
         )
 
 

@@ -1,9 +1,23 @@
-"""One metrics stream: JSON lines always, TensorBoard when asked. Every value is synced to Python here, once."""
+"""One metrics stream: JSON lines always, TensorBoard and Weights & Biases when asked (`trainer.log_with`).
+
+Every value is synced to Python here, once, and the same row goes to every sink. The JSON lines are the record
+(resume and the returned history read them); TensorBoard and W&B are views of it:
+
+* TensorBoard (`torch.utils.tensorboard.SummaryWriter`, extra `mmrl[tensorboard]`): `<output_dir>/tensorboard`,
+  one scalar per metric, flushed every row so a killed run loses nothing written. On resume from step k the writer
+  purges the events after k (`purge_step`), as the JSON lines drop their rows after k.
+* Weights & Biases (extra `mmrl[wandb]`): `<output_dir>/wandb`, offline by default (`trainer.wandb_mode`; no
+  network or account needed, `wandb sync` uploads later); the run id is kept in `<output_dir>/wandb_id` so a
+  resumed run continues the same W&B run.
+
+A missing package is an `ImportError` naming the extra, raised when the run is built, before anything trains.
+"""
 
 from __future__ import annotations
 
 import json
 import math
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +30,78 @@ def to_float(value: Any) -> float:
     return float(value)
 
 
+EXTRAS = {"tensorboard": "tensorboard", "wandb": "wandb"}  # backend -> the package (and mmrl extra) it needs
+
+
+def require_backends(log_with: list[str]) -> None:
+    """Raises the `ImportError` naming the extra for a `trainer.log_with` backend whose package is missing."""
+    import importlib.util
+
+    for name in log_with:
+        if name in EXTRAS and importlib.util.find_spec(EXTRAS[name]) is None:
+            raise ImportError(
+                f"trainer.log_with includes {name}, but the {EXTRAS[name]} package is not installed: "
+                f"pip install 'mmrl[{name}]'"
+            )
+
+
+class TensorBoardSink:
+    """Scalars (and end-of-run images) to TensorBoard event files."""
+
+    def __init__(self, folder: Path, purge_step: int | None):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise ImportError(
+                "trainer.log_with includes tensorboard, but the tensorboard package is not installed: "
+                "pip install 'mmrl[tensorboard]'"
+            ) from None
+        self.writer = SummaryWriter(str(folder), purge_step=purge_step)
+
+    def log(self, step: int, row: dict[str, Any]) -> None:
+        for key, value in row.items():
+            if key != "step" and value is not None:
+                self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def image(self, step: int, tag: str, image: Any) -> None:
+        self.writer.add_image(tag, torch.tensor(image), step, dataformats="HWC")
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbSink:
+    """Scalars (and end-of-run images) to a Weights & Biases run, offline unless asked otherwise."""
+
+    def __init__(self, folder: Path, project: str, mode: str, config: dict[str, Any], resume: bool):
+        try:
+            import wandb
+        except ImportError:
+            raise ImportError(
+                "trainer.log_with includes wandb, but the wandb package is not installed: pip install 'mmrl[wandb]'"
+            ) from None
+        self.wandb = wandb
+        folder.mkdir(parents=True, exist_ok=True)
+        id_file = folder.parent / "wandb_id"
+        run_id = id_file.read_text().strip() if resume and id_file.exists() else uuid.uuid4().hex[:12]
+        id_file.write_text(run_id)
+        self.run = wandb.init(
+            project=project, dir=str(folder.parent), mode=mode, id=run_id, resume="allow", config=config,
+            name=folder.parent.name,
+        )  # fmt: skip
+
+    def log(self, step: int, row: dict[str, Any]) -> None:
+        self.run.log({k: v for k, v in row.items() if k != "step" and v is not None}, step=step)
+
+    def image(self, step: int, tag: str, image: Any) -> None:
+        self.run.log({tag: self.wandb.Image(image)}, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
 class MetricsLogger:
     """Appends `{"step": k, ...}` lines to `metrics.jsonl`.
 
@@ -25,7 +111,10 @@ class MetricsLogger:
     evaluated again by the resumed run).
     """
 
-    def __init__(self, path: str | Path, resume_step: int | None = None, final_step: int | None = None):
+    def __init__(
+        self, path: str | Path, resume_step: int | None = None, final_step: int | None = None, sinks: tuple = ()
+    ):
+        self.sinks = list(sinks)  # TensorBoardSink / WandbSink: each gets every row
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if resume_step is None:
@@ -44,7 +133,27 @@ class MetricsLogger:
         row = {k: (v if not (isinstance(v, float) and math.isnan(v)) else None) for k, v in row.items()}
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
+        for sink in self.sinks:
+            sink.log(step, row)
         return row
+
+    def images(self, step: int, paths: list[Path]) -> None:
+        """Image files (the end-of-run plots) to the sinks that take images, tagged by file stem."""
+        if not self.sinks:
+            return
+        import numpy as np
+        from PIL import Image
+
+        for path in paths:
+            with Image.open(path) as image:
+                pixels = np.asarray(image.convert("RGB"))
+            for sink in self.sinks:
+                sink.image(step, f"plots/{path.stem}", pixels)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+        self.sinks = []
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

@@ -74,6 +74,7 @@ def train(
         run.logger.log(cfg.trainer.total_steps, {f"eval/{k}": v for k, v in after.metrics.items()})
         if run.world.is_main:
             report(run.cfg, run.state["eval_before"], after, run.out)
+            run.logger.images(cfg.trainer.total_steps, sorted(run.out.glob("*.png")))  # to TensorBoard / W&B
         run.world.barrier()
         return read_metrics(run.out / "metrics.jsonl")
 
