@@ -20,6 +20,7 @@ from .build import load_policy  # noqa: E402
 from .config import ConfigError, load_config  # noqa: E402
 from .distributed import close_world  # noqa: E402
 from .evaluate import held_out  # noqa: E402
+from .export import export  # noqa: E402
 from .report import metric_label  # noqa: E402
 from .trainer import train  # noqa: E402
 
@@ -30,6 +31,7 @@ EPILOG = """examples:
   torchrun --nproc_per_node=2 -m mmrl train configs/grounding_tiny.yaml model.device=cuda
   mmrl eval configs/grounding_tiny.yaml checkpoint=runs/short/checkpoints/step_00000050
   mmrl envs
+  mmrl export runs/short exported/short
   mmrl score pairs.jsonl --metrics ssim,pixel,edge --render svg --size 256 --out scores.csv
 """
 
@@ -44,6 +46,15 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("config", help="a YAML preset from configs/")
         p.add_argument("overrides", nargs="*", help="section.field=value overrides, e.g. trainer.lr=1e-5")
     sub.add_parser("envs", help="list the registered environments")
+    exporter = sub.add_parser(
+        "export",
+        help="write a run's policy as a standalone Hugging Face model folder (LoRA merged)",
+        description="Write a run's (latest) or a checkpoint's policy as a folder that AutoModelForImageTextToText "
+        "and the tokenizer and image processor load, LoRA adapters merged, training state left behind.",
+    )
+    exporter.add_argument("source", help="a run's output folder (its latest checkpoint) or a checkpoint folder")
+    exporter.add_argument("out", help="the folder to write (must not exist or be empty)")
+    exporter.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
 
     score = sub.add_parser(
         "score",
@@ -57,6 +68,14 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "score":
         return run_score(args)
+    if args.command == "export":
+        try:
+            out = export(args.source, args.out, args.dtype)
+        except (FileNotFoundError, FileExistsError) as e:
+            print(f"mmrl export: {e}", file=sys.stderr)
+            return 2
+        print(f"exported to {out}")
+        return 0
 
     if args.command == "envs":
         print(f"{'name':14s} {'actions':10s} {'image':9s} {'steps':5s}  description")

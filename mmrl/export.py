@@ -1,0 +1,67 @@
+"""`mmrl export RUN_OR_CHECKPOINT OUT`: a trained policy as a standalone Hugging Face model folder.
+
+The source is a run's output folder (its latest checkpoint is taken) or one checkpoint folder. LoRA adapters are
+merged into the weights (`merge_lora`), so the folder needs no PEFT; training state (optimiser, scheduler, RNG) is
+left behind. What is written: the model (`config.json`, `model.safetensors`, `generation_config.json`), the
+tokenizer with its chat template, the image processor's config, and for a VLA the action codec (`action_codec.json`,
+read by `VLMPolicy.from_pretrained`; the action tokens themselves are in the tokenizer and the embedding rows).
+`AutoModelForImageTextToText.from_pretrained(OUT)`, `AutoTokenizer` and `AutoImageProcessor` load it; so does
+`AutoProcessor` where torchvision is installed (transformers builds Qwen-VL processors with a video processor,
+which needs it).
+
+    mmrl export runs/grounding_tiny exported/grounding_tiny [--dtype bfloat16]
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from .checkpoint import latest_checkpoint
+from .policy import VLMPolicy
+from .policy.options import is_lora, merge_lora
+
+EXPORT_DTYPES = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def checkpoint_of(source: str | Path) -> Path:
+    """The checkpoint folder `source` names: itself, or a run folder's latest checkpoint."""
+    source = Path(source)
+    if (source / "config.json").is_file() and (source / "model.safetensors").exists():
+        return source
+    found = latest_checkpoint(source) if (source / "checkpoints").is_dir() else None
+    if found is None:
+        raise FileNotFoundError(f"{source} is neither a checkpoint folder nor a run folder with checkpoints/")
+    return found
+
+
+def export(source: str | Path, out: str | Path, dtype: str = "auto") -> Path:
+    """Write the policy at `source` (a run or checkpoint folder) to `out` as a standalone model; returns `out`.
+
+    Args:
+        source: a run's output folder or a checkpoint folder.
+        out: the folder to write; must not exist or be empty.
+        dtype: the weights' dtype: "auto" (as stored: float32 masters stay float32), "bfloat16", "float16",
+            "float32".
+    """
+    if dtype not in EXPORT_DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(EXPORT_DTYPES)}")
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"{out} exists and is not empty; export writes a fresh folder")
+    checkpoint = checkpoint_of(source)
+    policy = VLMPolicy.from_pretrained(checkpoint, dtype=EXPORT_DTYPES[dtype])
+    merged = is_lora(policy)
+    if merged:
+        merge_lora(policy)
+    out.mkdir(parents=True, exist_ok=True)
+    policy.model.save_pretrained(out)
+    policy.processor.save_pretrained(out)
+    if policy.action_codec is not None:
+        policy.action_codec.save(out)
+    (out / "mmrl_export.json").write_text(
+        json.dumps({"source": str(checkpoint), "lora_merged": merged, "dtype": str(policy.model.dtype)}, indent=2)
+    )
+    return out
