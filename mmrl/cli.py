@@ -19,9 +19,9 @@ from rewards.score import run as run_score  # noqa: E402
 from .build import load_policy  # noqa: E402
 from .config import ConfigError, load_config  # noqa: E402
 from .distributed import close_world  # noqa: E402
-from .evaluate import held_out  # noqa: E402
+from .evaluate import evaluate_k, held_out  # noqa: E402
 from .export import export  # noqa: E402
-from .report import metric_label  # noqa: E402
+from .report import metric_label, write_sampled_report  # noqa: E402
 from .trainer import train  # noqa: E402
 
 EPILOG = """examples:
@@ -30,6 +30,7 @@ EPILOG = """examples:
   mmrl train configs/grounding_tiny.yaml output_dir=runs/short resume=true
   torchrun --nproc_per_node=2 -m mmrl train configs/grounding_tiny.yaml model.device=cuda
   mmrl eval configs/grounding_tiny.yaml checkpoint=runs/short/checkpoints/step_00000050
+  mmrl eval configs/grounding_tiny.yaml checkpoint=runs/short/checkpoints/step_00000050 eval.k=8
   mmrl envs
   mmrl export runs/short exported/short
   mmrl score pairs.jsonl --metrics ssim,pixel,edge --render svg --size 256 --out scores.csv
@@ -115,11 +116,20 @@ def main(argv: list[str] | None = None) -> int:
             if not Path(cfg.checkpoint).is_dir():
                 print(f"mmrl eval: no checkpoint folder at {cfg.checkpoint}", file=sys.stderr)
                 return 2
-            result = held_out(load_policy(cfg.model, checkpoint=cfg.checkpoint), cfg)
+            policy = load_policy(cfg.model, checkpoint=cfg.checkpoint)
+            result = held_out(policy, cfg)
             label = metric_label(cfg)
             for key, value in sorted(result.metrics.items()):
                 print(f"{key:16s} {value:.4f}")
             print(f"held-out {label}: {result.metrics[cfg.env.eval_metric]:.3f}")
+            if cfg.eval.k > 0:  # k sampled answers per item: avg@k, pass@k, and a report
+                sampled = evaluate_k(policy, cfg)
+                for key, value in sampled.summary().items():
+                    print(f"{key:16s} {value:.4f}")
+                if sampled.correct is None:
+                    print(f"(no pass@k: the {cfg.env.name} env reports no success per episode)")
+                path = write_sampled_report(cfg, result.metrics, sampled, Path(cfg.output_dir) / "eval")
+                print(f"report: {path}")
     except (ValueError, KeyError) as e:  # bad env options, unknown registry names: name them, no traceback
         if isinstance(e, KeyError | ValueError) and ("unknown" in str(e) or "valid" in str(e)):
             print(f"mmrl: {e.args[0] if e.args else e}", file=sys.stderr)

@@ -313,6 +313,26 @@ class CurriculumConfig:
 
 
 @dataclass(frozen=True)
+class EvalConfig:
+    """`mmrl eval`'s sampled evaluation (the greedy one always runs, on `trainer.eval_episodes` held-out seeds)."""
+
+    k: int = 0  # > 0: also sample k answers (episodes) per held-out item and report avg@k and pass@1..pass@k
+    temperature: float = 1.0  # of the k samples
+    episodes: int = 0  # held-out items for the k samples; 0: trainer.eval_episodes
+    batch_size: int = 0  # episodes played at once (items x k); 0: trainer.eval_batch_size
+    report_items: int = 5  # best and worst items shown in the report
+
+    def __post_init__(self):
+        for name in ("k", "episodes", "batch_size", "report_items"):
+            _require(getattr(self, name) >= 0, f"eval.{name}", f"must be >= 0, got {getattr(self, name)}")
+        _require(
+            self.temperature > 0,
+            "eval.temperature",
+            f"must be > 0 (the greedy answers are always reported), got {self.temperature}",
+        )
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
@@ -321,6 +341,7 @@ class TrainConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     output_dir: str = "runs/default"
     resume: bool = False  # continue from the last complete checkpoint in output_dir
     checkpoint: str | None = None  # a checkpoint folder to evaluate (mmrl eval) or to start from

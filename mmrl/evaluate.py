@@ -155,3 +155,97 @@ def held_out(policy: VLMPolicy, cfg: TrainConfig, world: World | None = None) ->
             max_new_tokens=cfg.sampling.max_new_tokens,
             world=world,
         )
+
+
+# ------------------------------------------------------------------------------------------------ k samples per item
+def pass_at_k(n: int, correct: int, k: int) -> float:
+    """The unbiased estimate of pass@k from `n` samples of which `correct` are correct: 1 - C(n-c, k) / C(n, k).
+
+    Computed as a product (Chen et al. 2021, the Codex paper), which stays exact where the binomials overflow.
+    """
+    if not 0 < k <= n or not 0 <= correct <= n:
+        raise ValueError(f"pass@k needs 0 < k <= n and 0 <= correct <= n, got n={n}, correct={correct}, k={k}")
+    if n - correct < k:
+        return 1.0
+    value = 1.0
+    for i in range(n - correct + 1, n + 1):
+        value *= 1.0 - k / i
+    return 1.0 - value
+
+
+@dataclass(frozen=True)
+class SampledResult:
+    """`evaluate_k`'s result: per held-out item, the metric of each of its k sampled episodes."""
+
+    metric: str
+    k: int
+    seeds: list[int]  # [N] held-out seeds
+    values: torch.Tensor  # [N, k] the metric of each sampled episode
+    correct: torch.Tensor | None  # [N, k] bool, the episode succeeded (None: the env has no success)
+    instructions: list[str]  # [N]
+    texts: list[list[str]]  # [N][k] each sample's first answer
+    images: torch.Tensor  # [N, H, W, 3] each item's first observation
+
+    def summary(self) -> dict[str, float]:
+        """avg@k (the metric's mean over items and samples), best@k (its per-item maximum, averaged), and where the
+        env has success, pass@j for j = 1, 2, 4, ..., k (unbiased, averaged over items)."""
+        out = {f"avg@{self.k}": float(self.values.mean()), f"best@{self.k}": float(self.values.max(1).values.mean())}
+        if self.correct is not None:
+            counts = self.correct.sum(1).tolist()
+            ks = sorted({1, self.k, *(2**i for i in range(1, self.k.bit_length()) if 2**i < self.k)})
+            for j in ks:
+                out[f"pass@{j}"] = sum(pass_at_k(self.k, c, j) for c in counts) / len(counts)
+        return out
+
+
+@torch.no_grad()
+def evaluate_k(policy: VLMPolicy, cfg: TrainConfig) -> SampledResult:
+    """`cfg.eval.k` sampled episodes (temperature `cfg.eval.temperature`) of each of the held-out items.
+
+    The items are the first `cfg.eval.episodes` (default `trainer.eval_episodes`) held-out seeds, the same ones the
+    greedy evaluation plays; each is played k times as one group (the G = k copies of a GRPO group), in batches of
+    `eval.batch_size` episodes. One process (not under torchrun).
+    """
+    ec, tc = cfg.eval, cfg.trainer
+    if ec.k < 1:
+        raise ValueError("eval.k must be >= 1 for sampled evaluation")
+    seeds = eval_seeds(ec.episodes or tc.eval_episodes)
+    per_batch = max(1, (ec.batch_size or tc.eval_batch_size) // ec.k)
+    sampling = Sampling(max_new_tokens=cfg.sampling.max_new_tokens, temperature=ec.temperature,
+                        top_p=cfg.sampling.top_p, top_k=cfg.sampling.top_k)  # fmt: skip
+    metric = cfg.env.eval_metric
+    values, correct, texts, instructions, images = [], [], [], [], []
+    env = None
+    try:
+        for start in range(0, len(seeds), per_batch):
+            chunk = seeds[start : start + per_batch]
+            if env is None or env.num_envs != len(chunk) * ec.k:
+                if env is not None:
+                    env.close()
+                env = sim.make(cfg.env.name, num_envs=len(chunk) * ec.k, **cfg.env.options)
+            eps = collect_episodes(policy, env, [s for s in chunk for _ in range(ec.k)], ec.k, sampling)
+            parts = {"reward": eps.returns(), **eps.components, "episode_steps": eps.env_steps}
+            if eps.success is not None:
+                parts["success"] = eps.success
+            if metric not in parts:
+                raise KeyError(f"env.eval_metric {metric!r} is not one of this env's metrics: {sorted(parts)}")
+            values.append(parts[metric].float().view(len(chunk), ec.k))
+            correct.append(None if eps.success is None else eps.success.view(len(chunk), ec.k))
+            turn0 = (eps.turn == 0).nonzero().squeeze(-1).tolist()  # each world's first generation, in world order
+            answers = [eps.rollout.texts[i] for i in turn0]
+            texts += [answers[i * ec.k : (i + 1) * ec.k] for i in range(len(chunk))]
+            instructions += eps.start.instruction[:: ec.k]
+            images.append(eps.start.image[:: ec.k])
+    finally:
+        if env is not None:
+            env.close()
+    return SampledResult(
+        metric=metric,
+        k=ec.k,
+        seeds=list(seeds),
+        values=torch.cat(values),
+        correct=None if any(c is None for c in correct) else torch.cat(correct),
+        instructions=instructions,
+        texts=texts,
+        images=torch.cat(images),
+    )

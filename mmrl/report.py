@@ -18,7 +18,7 @@ from .collect import Collected
 from .config import TrainConfig
 from .curriculum import Curriculum
 from .distributed import World
-from .evaluate import EvalResult
+from .evaluate import EvalResult, SampledResult
 from .logging import read_metrics
 
 METRIC_LABELS = {"iou": "mean IoU", "reward": "mean reward", "success": "success"}
@@ -130,3 +130,64 @@ def report(cfg: TrainConfig, before: dict, after: EvalResult, out: Path) -> None
         before = scores["initial"]
     (out / "eval.json").write_text(json.dumps(scores, indent=2))
     print(f"held-out {label}: {before[metric]:.3f} -> {after.metrics[metric]:.3f}")
+
+
+def write_sampled_report(cfg: TrainConfig, greedy: dict[str, float], sampled: SampledResult, folder: Path) -> Path:
+    """`mmrl eval`'s report of k samples per item: `report.json` (every item), `report.md` (the summary and the
+    best and worst items, their images in `items/`). Returns the Markdown file."""
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "items").mkdir(exist_ok=True)
+    summary = sampled.summary()
+    means = sampled.values.mean(1)  # [N]
+    items = [
+        {
+            "seed": seed,
+            "instruction": sampled.instructions[i],
+            f"mean_{sampled.metric}": float(means[i]),
+            f"best_{sampled.metric}": float(sampled.values[i].max()),
+            "correct": None if sampled.correct is None else int(sampled.correct[i].sum()),
+            "answers": sampled.texts[i],
+        }
+        for i, seed in enumerate(sampled.seeds)
+    ]
+    payload = {
+        "checkpoint": cfg.checkpoint,
+        "env": cfg.env.name,
+        "metric": sampled.metric,
+        "k": sampled.k,
+        "temperature": cfg.eval.temperature,
+        "items": len(items),
+        "greedy": greedy,
+        "sampled": summary,
+        "per_item": items,
+    }
+    (folder / "report.json").write_text(json.dumps(payload, indent=2))
+    order = torch.argsort(means, descending=True, stable=True).tolist()
+    shown = cfg.eval.report_items
+    lines = [
+        f"# {cfg.env.name}: {len(items)} held-out items, {sampled.k} samples each at temperature {cfg.eval.temperature}",
+        "",
+        f"Checkpoint: `{cfg.checkpoint}`. Metric: `{sampled.metric}`.",
+        "",
+        "| measure | value |",
+        "|---|---|",
+        f"| greedy {sampled.metric} | {greedy.get(sampled.metric, float('nan')):.4f} |",
+        *(f"| {key} | {value:.4f} |" for key, value in summary.items()),
+    ]
+    if sampled.correct is None:
+        lines += ["", f"No pass@k: the {cfg.env.name} env reports no success per episode."]
+    for title, picked in (("Best items", order[:shown]), ("Worst items", order[::-1][:shown])):
+        lines += ["", f"## {title}", "", f"| image | instruction | mean {sampled.metric} | correct | first answer |",
+                  "|---|---|---|---|---|"]  # fmt: skip
+        for i in picked:
+            name = f"items/{sampled.seeds[i]}.png"
+            Image.fromarray(sampled.images[i].cpu().numpy()).save(folder / name)
+            answer = sampled.texts[i][0].replace("|", "\\|").replace("\n", " ")[:80]
+            instruction = sampled.instructions[i].replace("|", "\\|")[:80]
+            correct = "-" if sampled.correct is None else f"{int(sampled.correct[i].sum())}/{sampled.k}"
+            lines.append(f"| ![]({name}) | {instruction} | {float(means[i]):.3f} | {correct} | `{answer}` |")
+    markdown = folder / "report.md"
+    markdown.write_text("\n".join(lines) + "\n")
+    return markdown

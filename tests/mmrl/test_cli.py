@@ -85,6 +85,31 @@ def test_eval_prints_the_held_out_line_for_a_checkpoint(one_step_checkpoint, cap
         assert re.search(rf"^{key}\s+\d+\.\d{{4}}$", out, re.MULTILINE), f"no {key} line in:\n{out}"
 
 
+def test_eval_with_k_samples_reports_avg_and_pass_at_k(one_step_checkpoint, tmp_path, capsys):
+    import json
+
+    out = tmp_path / "eval_out"
+    args = ["eval", PRESET, *TINY, f"checkpoint={one_step_checkpoint}", "trainer.eval_episodes=3", "eval.k=4",
+            "eval.batch_size=8", "eval.report_items=2", f"output_dir={out}", "trainer.threads=1"]  # fmt: skip
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    for key in ("avg@4", "best@4", "pass@1", "pass@2", "pass@4"):
+        assert re.search(rf"^{key}\s+\d+\.\d{{4}}$", printed, re.MULTILINE), f"no {key} line in:\n{printed}"
+    report = json.loads((out / "eval" / "report.json").read_text())
+    assert report["k"] == 4 and report["items"] == 3 and len(report["per_item"]) == 3
+    assert all(len(item["answers"]) == 4 for item in report["per_item"])
+    # The summary is what the items say: avg@k their mean, pass@1 the fraction correct.
+    means = [item["mean_iou"] for item in report["per_item"]]
+    assert report["sampled"]["avg@4"] == pytest.approx(sum(means) / 3, abs=1e-6)
+    assert report["sampled"]["pass@1"] == pytest.approx(sum(i["correct"] for i in report["per_item"]) / 12)
+    assert report["sampled"]["pass@4"] >= report["sampled"]["pass@1"]
+    markdown = (out / "eval" / "report.md").read_text()
+    assert "## Best items" in markdown and "## Worst items" in markdown
+    assert len(list((out / "eval" / "items").glob("*.png"))) >= 2
+    assert main([*args[:-1], "eval.temperature=0"]) == 2  # greedy is always reported; k samples need a temperature
+    assert "eval.temperature" in capsys.readouterr().err
+
+
 def test_eval_without_checkpoint_exits_2(capsys):
     assert main(["eval", PRESET, *TINY]) == 2
     assert "checkpoint=" in capsys.readouterr().err
