@@ -36,6 +36,9 @@ class ModelConfig:
     # Real-size training on one GPU.
     gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, ~30% slower)
     freeze_vision: bool = False  # keep the vision tower (and its merger) fixed; only the language model trains
+    # Parts kept fixed, any of "vision" (the vision encoder), "projector" (its merger into the language model's
+    # space; Qwen3-VL's deepstack mergers too), "language" (the language model, embeddings and head included).
+    freeze: list[str] = field(default_factory=list)
     lora_r: int = 0  # > 0 trains LoRA adapters of this rank (PEFT) instead of every weight
     lora_alpha: int = 32
     lora_dropout: float = 0.0
@@ -53,6 +56,14 @@ class ModelConfig:
         _require(self.action_chunk >= 1, "model.action_chunk", "must be >= 1")
         _require(self.lora_r >= 0, "model.lora_r", "must be >= 0 (0: no LoRA)")
         _require(0 < self.vllm_gpu_memory_utilization <= 1, "model.vllm_gpu_memory_utilization", "must be in (0, 1]")
+        parts = ("vision", "projector", "language")  # mmrl.policy.options.FREEZE_PARTS (no import: a leaf module)
+        unknown = [part for part in self.freeze if part not in parts]
+        _require(not unknown, "model.freeze", f"unknown part(s) {unknown}; choose from {', '.join(parts)}")
+        _require(
+            self.lora_r > 0 or set(parts) - set(self.freeze),
+            "model.freeze",
+            f"freezes every part ({self.freeze}) and model.lora_r is 0: nothing would train",
+        )
 
 
 @dataclass(frozen=True)

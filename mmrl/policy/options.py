@@ -93,6 +93,41 @@ def find_vision_modules(model) -> dict[str, torch.nn.Module]:
     return found
 
 
+FREEZE_PARTS = ("vision", "projector", "language")
+PROJECTOR_NAMES = (*VISION_PROJECTOR_NAMES, "deepstack_merger_list")  # Qwen3-VL's deepstack mergers project too
+
+
+def part_parameters(model) -> dict[str, dict[str, torch.nn.Parameter]]:
+    """The model's parameters split into `FREEZE_PARTS`: the vision encoder, its projector (mergers), and the rest
+    (the language model with its embeddings and head). `{part: {qualified name: parameter}}`."""
+    plain = plain_model(model)
+    towers = [name for name in find_vision_modules(plain) if name.rsplit(".", 1)[-1] in VISION_TOWER_NAMES]
+    parts: dict[str, dict[str, torch.nn.Parameter]] = {part: {} for part in FREEZE_PARTS}
+    for name, param in plain.named_parameters():
+        pieces = name.split(".")
+        if any(piece in PROJECTOR_NAMES for piece in pieces):
+            parts["projector"][name] = param
+        elif any(name.startswith(tower + ".") for tower in towers):
+            parts["vision"][name] = param
+        else:
+            parts["language"][name] = param
+    return parts
+
+
+def freeze_parts(policy: ModelHolder, parts: list[str]) -> list[str]:
+    """Freeze (`requires_grad=False`) the named parts of `FREEZE_PARTS`; returns the frozen parameter names."""
+    unknown = [part for part in parts if part not in FREEZE_PARTS]
+    if unknown:
+        raise ValueError(f"unknown model part(s) {unknown}; choose from {', '.join(FREEZE_PARTS)}")
+    split = part_parameters(policy.model)
+    frozen = []
+    for part in parts:
+        for name, param in split[part].items():
+            param.requires_grad_(False)
+            frozen.append(name)
+    return frozen
+
+
 def freeze_vision(policy: ModelHolder) -> list[str]:
     """Freeze the vision tower and its projector (`requires_grad=False`); returns their qualified names."""
     modules = find_vision_modules(policy.model)
@@ -250,6 +285,8 @@ def apply_model_options(policy: ModelHolder, cfg: ModelConfig) -> ModelHolder:
         enable_gradient_checkpointing(policy)
     if cfg.freeze_vision:
         freeze_vision(policy)
+    if cfg.freeze:
+        freeze_parts(policy, cfg.freeze)
     if cfg.lora_r > 0 and not is_lora(policy):
         apply_lora(
             policy,
