@@ -39,6 +39,10 @@ class ModelConfig:
     # Parts kept fixed, any of "vision" (the vision encoder), "projector" (its merger into the language model's
     # space; Qwen3-VL's deepstack mergers too), "language" (the language model, embeddings and head included).
     freeze: list[str] = field(default_factory=list)
+    # Each image's area after resizing, in pixels, as qwen-vl-utils' min_pixels/max_pixels (0: the processor's own);
+    # bounds the image tokens per image (about area / (patch * merge)^2).
+    min_pixels: int = 0
+    max_pixels: int = 0
     lora_r: int = 0  # > 0 trains LoRA adapters of this rank (PEFT) instead of every weight
     lora_alpha: int = 32
     lora_dropout: float = 0.0
@@ -56,6 +60,17 @@ class ModelConfig:
         _require(self.action_chunk >= 1, "model.action_chunk", "must be >= 1")
         _require(self.lora_r >= 0, "model.lora_r", "must be >= 0 (0: no LoRA)")
         _require(0 < self.vllm_gpu_memory_utilization <= 1, "model.vllm_gpu_memory_utilization", "must be in (0, 1]")
+        for name in ("min_pixels", "max_pixels"):
+            _require(
+                getattr(self, name) >= 0,
+                f"model.{name}",
+                f"must be >= 0 (0: the processor's own), got {getattr(self, name)}",
+            )
+        _require(
+            not (self.min_pixels and self.max_pixels) or self.min_pixels <= self.max_pixels,
+            "model.min_pixels",
+            f"({self.min_pixels}) is above model.max_pixels ({self.max_pixels})",
+        )
         parts = ("vision", "projector", "language")  # mmrl.policy.options.FREEZE_PARTS (no import: a leaf module)
         unknown = [part for part in self.freeze if part not in parts]
         _require(not unknown, "model.freeze", f"unknown part(s) {unknown}; choose from {', '.join(parts)}")

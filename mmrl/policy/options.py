@@ -281,6 +281,8 @@ def apply_model_options(policy: ModelHolder, cfg: ModelConfig) -> ModelHolder:
     options = {"gpu_memory_utilization": cfg.vllm_gpu_memory_utilization} if cfg.generation_backend == "vllm" else {}
     if cfg.generation_backend != policy.generation_backend or options:
         policy.set_generation_backend(cfg.generation_backend, **options)
+    if cfg.min_pixels or cfg.max_pixels:
+        policy.processor.set_pixel_range(cfg.min_pixels, cfg.max_pixels)
     if cfg.gradient_checkpointing:
         enable_gradient_checkpointing(policy)
     if cfg.freeze_vision:

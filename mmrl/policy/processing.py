@@ -49,6 +49,23 @@ class VisionTextProcessor:
             image_processor = AutoImageProcessor.from_pretrained(path)
             return cls(tokenizer, image_processor)
 
+    def set_pixel_range(self, min_pixels: int = 0, max_pixels: int = 0) -> None:
+        """Bound each image's resized area in pixels, as qwen-vl-utils' `min_pixels`/`max_pixels` do (0 keeps the
+        processor's own bound). The image is resized, aspect ratio kept, to a multiple of the patch grid inside the
+        range, so the number of image tokens follows: fewer for a small `max_pixels`, more for a large `min_pixels`."""
+        if min_pixels < 0 or max_pixels < 0 or (min_pixels and max_pixels and min_pixels > max_pixels):
+            raise ValueError(
+                f"need 0 <= min_pixels <= max_pixels (0: the processor's own), got {min_pixels}, {max_pixels}"
+            )
+        size = dict(self.image_processor.size)
+        if min_pixels:
+            size["shortest_edge"] = (
+                min_pixels  # transformers' Qwen-VL processors keep the pixel bounds under these keys
+            )
+        if max_pixels:
+            size["longest_edge"] = max_pixels
+        self.image_processor.size = {k: v for k, v in size.items() if v is not None}
+
     def save_pretrained(self, path: str | Path) -> None:
         self.tokenizer.save_pretrained(path)
         self.image_processor.save_pretrained(path)

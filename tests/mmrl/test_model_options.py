@@ -1,4 +1,4 @@
-"""`model.freeze`: the vision encoder, its projector and the language model frozen separately."""
+"""`model.freeze` (vision encoder, projector, language model separately) and `model.min_pixels`/`max_pixels`."""
 
 from __future__ import annotations
 
@@ -40,3 +40,22 @@ def test_freeze_mistakes_name_the_field():
     with pytest.raises(ConfigError, match=r"model\.freeze.*nothing would train"):
         ModelConfig(freeze=["vision", "projector", "language"])
     ModelConfig(freeze=["vision", "projector", "language"], lora_r=4)  # LoRA adapters still train
+
+
+def test_pixel_bounds_set_the_image_tokens_and_the_policy_stays_consistent(tiny_policy, grounding_obs):
+    from mmrl.policy import Sampling
+
+    obs = grounding_obs("qwen2_vl", [0, 0])
+    counts = {}
+    for bounds in ((0, 0), (0, 56 * 56), (200_000, 0)):
+        policy = tiny_policy("qwen2_vl", seed=0)
+        apply_model_options(policy, ModelConfig(min_pixels=bounds[0], max_pixels=bounds[1]))
+        torch.manual_seed(0)
+        rollout = policy.generate(obs, 2, Sampling(max_new_tokens=4))
+        counts[bounds] = int((rollout.prompt_ids[0] == policy.processor.image_token_id).sum())
+        mask = rollout.completion_mask
+        torch.testing.assert_close(rollout.logprobs[mask], policy.logprobs(rollout).detach()[mask], rtol=0, atol=1e-4)
+    assert counts[(0, 56 * 56)] < counts[(0, 0)] < counts[(200_000, 0)]
+    assert counts[(0, 56 * 56)] <= 56 * 56 // (14 * 2) ** 2  # at most area / (patch * merge)^2 tokens
+    with pytest.raises(ConfigError, match=r"model\.min_pixels"):
+        ModelConfig(min_pixels=10_000, max_pixels=100)
