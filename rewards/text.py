@@ -41,6 +41,33 @@ def format_reward(texts: list[str], *, require_answer_tag: bool = True) -> torch
     return torch.tensor(scores, dtype=torch.float32)  # [R]
 
 
+_THINK_ANSWER = re.compile(r"\s*<think>(?P<think>.*?)</think>\s*<answer>(?P<answer>.*?)</answer>\s*", re.DOTALL)
+
+
+@REWARDS.register("think_answer_format")
+def think_answer_format_reward(texts: list[str]) -> torch.Tensor:
+    """1.0 where a completion is exactly `<think>...</think><answer>...</answer>` (DeepSeek-R1's format), else 0.0.
+
+    Both parts must be non-empty and appear once each, the think first, with nothing but whitespace around and
+    between them; what the answer holds is the task reward's business.
+
+    >>> think_answer_format_reward(["<think>left of it</think> <answer>[1,2,3,4]</answer>", "<answer>1</answer>"])
+    tensor([1., 0.])
+    """
+    scores = []
+    for text in texts:
+        match = _THINK_ANSWER.fullmatch(text) if isinstance(text, str) else None
+        ok = (
+            match is not None
+            and match["think"].strip() != ""
+            and match["answer"].strip() != ""
+            and "<think>" not in match["think"] + match["answer"]
+            and "<answer>" not in match["answer"]
+        )
+        scores.append(float(ok))
+    return torch.tensor(scores, dtype=torch.float32)  # [R]
+
+
 def _is_tagged_box(text: str) -> bool:
     if not isinstance(text, str):
         return False

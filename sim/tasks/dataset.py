@@ -34,6 +34,11 @@ record gets the reward of its target: `box` -> `box_iou`, `point` -> `point_in_b
 "-3.5", "45%") -> `numeric_match`, any other `answer` -> `exact_match`. Each reward used is logged as a component
 (0 in rows it does not score).
 
+**Extra rewards** (`extra_rewards`, rewards in YAML): a list of `{name, weight, kwargs}` entries (`rewards.RewardSpec`),
+each a registered reward scored on every answer with the same targets and added to the record's reward times its
+weight, e.g. `extra_rewards: [{name: think_answer_format, weight: 0.2}]` for an R1-style format bonus. Each is
+logged as its own component (its unweighted score); a row it does not apply to (its target missing) adds 0.
+
 **Success** where the reward has a natural one: IoU >= 0.5 (`box_iou`, `box_giou`: the IoU of the same answer), a
 hit (`point_in_box`), a match (`exact_match`, `numeric_match`, `multiple_choice`); rows scored by other rewards
 count as not successful, and `info["success"]` is left out when no reward in use has one.
@@ -62,7 +67,7 @@ import torch
 from PIL import Image
 
 from rewards import REWARDS, answer_region, parse_box, parse_choice, parse_number, parse_point
-from rewards.combine import BoundReward
+from rewards.combine import BoundReward, RewardSpec
 from sim.base import SingleStepImageEnv
 from sim.registry import ENVS
 from sim.seeds import EVAL_SEED_BASE
@@ -96,6 +101,8 @@ class DatasetEnv(SingleStepImageEnv):
         shuffle_seed: Seeds those orders.
         point_tolerance: Half-side of the square around a point target, as a fraction of `image_size`.
         reward_kwargs: Reward name -> options bound to that reward (`{"numeric_match": {"rel_tol": 0.05}}`).
+        extra_rewards: `{name, weight, kwargs}` entries of rewards added to every row's reward, weighted (see
+            "Extra rewards" above).
         answer_hint: Append one sentence saying how to format the answer to each question.
         hf_split: The split of a saved `DatasetDict` to read.
         cache_size: Prepared (decoded, letterboxed) images kept in memory.
@@ -118,6 +125,7 @@ class DatasetEnv(SingleStepImageEnv):
         hf_split: str = "train",
         cache_size: int = 1024,
         device: str = "cpu",
+        extra_rewards: list[Mapping[str, Any]] | None = None,
     ):
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
@@ -157,6 +165,16 @@ class DatasetEnv(SingleStepImageEnv):
         if unknown:
             raise ValueError(f"reward_kwargs names rewards {unknown} that no record uses; used: {', '.join(used)}")
         self._fns = {name: BoundReward(name, REWARDS.get(name), kwargs.get(name, {})) for name in used}
+        self._extras: list[tuple[BoundReward, float]] = []
+        for entry in extra_rewards or []:
+            spec = RewardSpec.from_dict(entry)
+            if spec.name not in REWARDS:
+                raise ValueError(
+                    f"extra_rewards: unknown reward {spec.name!r}; registered: {', '.join(REWARDS.names())}"
+                )
+            if spec.name in self._fns or any(fn.name == spec.name for fn, _ in self._extras):
+                raise ValueError(f"extra_rewards: {spec.name!r} already scores these records; name it once")
+            self._extras.append((BoundReward(spec.name, REWARDS.get(spec.name), spec.kwargs), spec.weight))
         self._has_success = any(name in _SUCCESS_AT or name in ("box_giou", "point_in_box") for name in used)
 
         self._prepared = functools.lru_cache(maxsize=cache_size)(self._prepare)
@@ -228,6 +246,12 @@ class DatasetEnv(SingleStepImageEnv):
                     reasons[k] = _reason(name, texts[k], float(scores[row]), None if hit is None else bool(hit[row]))
             components[name] = component
             reward += component
+        if self._extras:
+            targets = {"target_box": self._target_boxes.clone(), "answer": [record.answer for record in records]}
+            for fn, weight in self._extras:
+                scores = torch.nan_to_num(fn(list(texts), **targets).to(torch.float32), nan=0.0)  # [N]
+                components[fn.name] = scores
+                reward += weight * scores
         info: dict[str, Any] = {
             "reward_components": components,
             "reasons": reasons,

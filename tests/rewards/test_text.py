@@ -183,3 +183,23 @@ def test_fuzz_text_rewards_on_arbitrary_completions(completions):
         exact_match(completions, ["a cat"] * n),
     ):
         assert got.shape == (n,) and bool(((got == 0) | (got == 1)).all())
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("<think>the red one</think><answer>[1, 2, 3, 4]</answer>", 1.0),
+        ("  <think>a\nb</think>\n\n<answer>B</answer>\n", 1.0),
+        ("<answer>B</answer>", 0.0),  # no reasoning
+        ("<think>a</think>", 0.0),  # no answer
+        ("<think> </think><answer>B</answer>", 0.0),  # empty reasoning
+        ("<think>a</think><answer>B</answer> and more", 0.0),  # text after the answer
+        ("<answer>B</answer><think>a</think>", 0.0),  # wrong order
+        ("<think>a</think><answer>B</answer><answer>C</answer>", 0.0),  # two answers
+        ("<think>a<think>b</think><answer>C</answer>", 0.0),  # nested think
+    ],
+)
+def test_think_answer_format_by_hand(text, expected):
+    from rewards.text import think_answer_format_reward
+
+    assert think_answer_format_reward([text]).tolist() == [expected]

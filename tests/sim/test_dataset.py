@@ -249,3 +249,34 @@ def test_expert_noise_is_seeded_and_default_path_ships():
     assert rewards.mean() < 1.0 and math.isfinite(rewards.sum())
     with pytest.raises(ValueError, match="Generator"):
         env.expert_action(noise=0.5)
+
+
+def test_extra_rewards_from_the_config_add_weighted_components(mixed):
+    from mmrl.config import load_config
+
+    plain = DatasetEnv(num_envs=4, path=mixed, split="all", shuffle=False)
+    extra = DatasetEnv(
+        num_envs=4, path=mixed, split="all", shuffle=False,
+        extra_rewards=[{"name": "think_answer_format", "weight": 0.5}, {"name": "format", "weight": 0.25,
+                       "kwargs": {"require_answer_tag": True}}],
+    )  # fmt: skip
+    for env in (plain, extra):
+        env.reset(seed=[0, 1, 2, 3])
+    answers = [f"<think>it is there</think>{a}" for a in plain.expert_action()]  # the expert's are tagged answers
+    answers[1] = plain.expert_action()[1]  # no think block: no format bonus
+    base, more = plain.step(answers), extra.step(answers)
+    think = more.info["reward_components"]["think_answer_format"]
+    fmt = more.info["reward_components"]["format"]  # a box in an answer tag: only the box record's answer
+    assert think.tolist() == [1.0, 0.0, 1.0, 1.0]
+    torch.testing.assert_close(more.reward, base.reward + 0.5 * think + 0.25 * fmt)
+    assert fmt[0] == 1.0 and fmt[2] == 0.0
+    with pytest.raises(ValueError, match="extra_rewards: unknown reward 'fromat'"):
+        DatasetEnv(num_envs=1, path=mixed, extra_rewards=[{"name": "fromat"}])
+    with pytest.raises(ValueError, match="unknown key"):
+        DatasetEnv(num_envs=1, path=mixed, extra_rewards=[{"name": "format", "wieght": 1}])
+    # From YAML and key=value, as a user writes it.
+    cfg = load_config(None, ["env.name=dataset", f"env.options.path={mixed}",
+                             "env.options.extra_rewards=[{name: think_answer_format, weight: 0.2}]"])  # fmt: skip
+    env = make(cfg.env.name, num_envs=2, **cfg.env.options)
+    env.reset(seed=[0, 1])
+    assert "think_answer_format" in env.step(["<think>a</think><answer>b</answer>"] * 2).info["reward_components"]
