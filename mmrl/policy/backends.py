@@ -151,6 +151,35 @@ class _SamplingLogprobs(LogitsProcessor):
         return torch.stack(steps, dim=1)
 
 
+def _plan(policy: GenerationTarget, group_size: int, sampling: Sampling) -> tuple[bool, int, float, int]:
+    """(greedy, copies, temperature, max_new_tokens) of a `sample` call.
+
+    Greedy samples of one prompt are all the same: each prompt is decoded once and its row repeated G times
+    (`_finish`); transformers also refuses num_return_sequences > 1 without sampling. The recorded log-probs of a
+    greedy draw are at temperature 1. A VLA generates exactly its codec's tokens per generation.
+    """
+    greedy = sampling.temperature <= 0
+    codec = policy.action_codec
+    max_new_tokens = codec.tokens_per_generation if codec is not None else sampling.max_new_tokens
+    return greedy, 1 if greedy else group_size, 1.0 if greedy else sampling.temperature, max_new_tokens
+
+
+def _finish(
+    policy: GenerationTarget, completion_ids: torch.Tensor, logprobs: torch.Tensor, copies: int, group_size: int
+) -> Completions:
+    """The `Completions` of `[R', L]` generated ids and their log-probs: masked after EOS (pad ids, 0 log-probs),
+    and each row repeated to G rows where one copy per prompt was decoded (greedy)."""
+    mask = completion_mask_from_ids(completion_ids, policy.eos_token_ids)
+    logprobs = logprobs.masked_fill(~mask, 0.0)
+    if policy.pad_token_id is not None:
+        completion_ids = completion_ids.masked_fill(~mask, policy.pad_token_id)
+    if copies != group_size:
+        completion_ids, mask, logprobs = (
+            x.repeat_interleave(group_size, dim=0) for x in (completion_ids, mask, logprobs)
+        )
+    return Completions(completion_ids=completion_ids, completion_mask=mask, logprobs=logprobs)
+
+
 class HFBackend:
     """transformers' `generate` (dynamic KV cache): the reference backend."""
 
@@ -169,14 +198,10 @@ class HFBackend:
         group_size: int,
         sampling: Sampling,
     ) -> Completions:
-        greedy = sampling.temperature <= 0
-        # Greedy samples of one prompt are all the same: decode each prompt once and repeat its row G times
-        # (transformers also refuses num_return_sequences > 1 without sampling).
-        copies = 1 if greedy else group_size
+        greedy, copies, temperature, max_new_tokens = _plan(policy, group_size, sampling)
         codec = policy.action_codec
-        max_new_tokens = codec.tokens_per_generation if codec is not None else sampling.max_new_tokens
         recorder = _SamplingLogprobs(
-            temperature=1.0 if greedy else sampling.temperature,
+            temperature=temperature,
             allowed=codec.token_ids if codec is not None else None,
             suppress=policy.suppress_token_ids,
             token_index=policy.token_index,
@@ -207,14 +232,7 @@ class HFBackend:
         finally:
             model.train(was_training)
         completion_ids = sequences[:, prompt_len:]  # [R, L]
-        mask = completion_mask_from_ids(completion_ids, policy.eos_token_ids)
-        logprobs = recorder.finish(completion_ids).masked_fill(~mask, 0.0)
-        completion_ids = completion_ids.masked_fill(~mask, policy.pad_token_id)
-        if copies != group_size:
-            completion_ids, mask, logprobs = (
-                x.repeat_interleave(group_size, dim=0) for x in (completion_ids, mask, logprobs)
-            )
-        return Completions(completion_ids=completion_ids, completion_mask=mask, logprobs=logprobs)
+        return _finish(policy, completion_ids, recorder.finish(completion_ids), copies, group_size)
 
 
 class StaticCacheBackend(HFBackend):
@@ -265,11 +283,8 @@ class LeanBackend:
         group_size: int,
         sampling: Sampling,
     ) -> Completions:
-        greedy = sampling.temperature <= 0
-        copies = 1 if greedy else group_size
-        temperature = 1.0 if greedy else sampling.temperature
+        greedy, copies, temperature, max_new_tokens = _plan(policy, group_size, sampling)
         codec = policy.action_codec
-        max_new_tokens = codec.tokens_per_generation if codec is not None else sampling.max_new_tokens
         model = policy.model
         base = plain_model(model)
         inner = getattr(base, "model", None)
@@ -340,13 +355,4 @@ class LeanBackend:
             model.train(was_training)
             if inner is not None and hasattr(inner, "rope_deltas"):
                 inner.rope_deltas = None  # B rows' deltas must not reach a later forward of another batch
-        completion_ids = torch.stack(tokens, dim=1)  # [R, L]
-        mask = completion_mask_from_ids(completion_ids, policy.eos_token_ids)
-        logprobs_ = torch.stack(logprobs, dim=1).masked_fill(~mask, 0.0)
-        if policy.pad_token_id is not None:
-            completion_ids = completion_ids.masked_fill(~mask, policy.pad_token_id)
-        if copies != group_size:
-            completion_ids, mask, logprobs_ = (
-                x.repeat_interleave(group_size, dim=0) for x in (completion_ids, mask, logprobs_)
-            )
-        return Completions(completion_ids=completion_ids, completion_mask=mask, logprobs=logprobs_)
+        return _finish(policy, torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1), copies, group_size)
