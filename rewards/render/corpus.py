@@ -24,6 +24,10 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
+from rewards.render import chart as chart_module
+from rewards.render import render_batch
+from rewards.render import svg as svg_module
+
 CHART_SCRIPTS: dict[str, str] = {
     "line_stdlib": (
         "import math, random, statistics, datetime, collections, itertools, json, csv, io, textwrap\n"
@@ -127,10 +131,6 @@ def matplotlib_svgs(scripts: dict[str, str] | None = None) -> dict[str, str]:
 
 def check(kind: str, sources: dict[str, str], size: int = 96) -> list[CorpusResult]:
     """Each source rendered in the sandbox and outside it with the same rasteriser; see the module docstring."""
-    from rewards.render import chart as chart_module
-    from rewards.render import render_batch
-    from rewards.render import svg as svg_module
-
     local = {"svg": svg_module.render, "chart": chart_module.render}[kind]
     names = list(sources)
     sandboxed = render_batch(kind, [sources[n] for n in names], size=size, timeout=60)
