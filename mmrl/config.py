@@ -17,6 +17,7 @@ from .algos import ADVANTAGES, CRITIC_ADVANTAGES, POLICY_LOSSES, STEP_ADVANTAGES
 from .types import Sampling
 
 LOG_BACKENDS = ("jsonl", "tensorboard", "wandb")
+FREEZE_PARTS = ("vision", "projector", "language")  # model.freeze: see mmrl.policy.options.part_parameters
 
 
 @dataclass(frozen=True)
@@ -71,11 +72,10 @@ class ModelConfig:
             "model.min_pixels",
             f"({self.min_pixels}) is above model.max_pixels ({self.max_pixels})",
         )
-        parts = ("vision", "projector", "language")  # mmrl.policy.options.FREEZE_PARTS (no import: a leaf module)
-        unknown = [part for part in self.freeze if part not in parts]
-        _require(not unknown, "model.freeze", f"unknown part(s) {unknown}; choose from {', '.join(parts)}")
+        unknown = [part for part in self.freeze if part not in FREEZE_PARTS]
+        _require(not unknown, "model.freeze", f"unknown part(s) {unknown}; choose from {', '.join(FREEZE_PARTS)}")
         _require(
-            self.lora_r > 0 or set(parts) - set(self.freeze),
+            self.lora_r > 0 or set(FREEZE_PARTS) - set(self.freeze),
             "model.freeze",
             f"freezes every part ({self.freeze}) and model.lora_r is 0: nothing would train",
         )

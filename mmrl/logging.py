@@ -30,18 +30,15 @@ def to_float(value: Any) -> float:
     return float(value)
 
 
-EXTRAS = {"tensorboard": "tensorboard", "wandb": "wandb"}  # backend -> the package (and mmrl extra) it needs
-
-
 def require_backends(log_with: list[str]) -> None:
-    """Raises the `ImportError` naming the extra for a `trainer.log_with` backend whose package is missing."""
+    """Raises the `ImportError` naming the extra for a `trainer.log_with` backend whose package is missing (each
+    backend's package and mmrl extra share its name; `build` calls this before anything loads)."""
     import importlib.util
 
     for name in log_with:
-        if name in EXTRAS and importlib.util.find_spec(EXTRAS[name]) is None:
+        if name != "jsonl" and importlib.util.find_spec(name) is None:
             raise ImportError(
-                f"trainer.log_with includes {name}, but the {EXTRAS[name]} package is not installed: "
-                f"pip install 'mmrl[{name}]'"
+                f"trainer.log_with includes {name}, but the {name} package is not installed: pip install 'mmrl[{name}]'"
             )
 
 
@@ -49,13 +46,8 @@ class TensorBoardSink:
     """Scalars (and end-of-run images) to TensorBoard event files."""
 
     def __init__(self, folder: Path, purge_step: int | None):
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            raise ImportError(
-                "trainer.log_with includes tensorboard, but the tensorboard package is not installed: "
-                "pip install 'mmrl[tensorboard]'"
-            ) from None
+        from torch.utils.tensorboard import SummaryWriter  # the package is checked by `require_backends`
+
         self.writer = SummaryWriter(str(folder), purge_step=purge_step)
 
     def log(self, step: int, row: dict[str, Any]) -> None:
@@ -76,12 +68,8 @@ class WandbSink:
     """Scalars (and end-of-run images) to a Weights & Biases run, offline unless asked otherwise."""
 
     def __init__(self, folder: Path, project: str, mode: str, config: dict[str, Any], resume: bool):
-        try:
-            import wandb
-        except ImportError:
-            raise ImportError(
-                "trainer.log_with includes wandb, but the wandb package is not installed: pip install 'mmrl[wandb]'"
-            ) from None
+        import wandb  # the package is checked by `require_backends`
+
         self.wandb = wandb
         folder.mkdir(parents=True, exist_ok=True)
         id_file = folder.parent / "wandb_id"

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import ModelConfig
+from ..config import FREEZE_PARTS, ModelConfig
 from .tokens import ModelHolder
 
 LORA_DIR = "lora"  # a LoRA checkpoint's adapters live in this subfolder (see VLMPolicy.save_pretrained)
@@ -93,7 +93,6 @@ def find_vision_modules(model) -> dict[str, torch.nn.Module]:
     return found
 
 
-FREEZE_PARTS = ("vision", "projector", "language")
 PROJECTOR_NAMES = (*VISION_PROJECTOR_NAMES, "deepstack_merger_list")  # Qwen3-VL's deepstack mergers project too
 
 
