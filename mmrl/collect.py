@@ -35,6 +35,7 @@ from . import distributed
 from .algos.data import difficulty_filter_keep, dynamic_sampling_keep, overlong_mask, soft_overlong_penalty
 from .config import AlgoConfig, TrainConfig
 from .curriculum import Curriculum
+from .judge import make_judge
 from .policy.vlm import VLMPolicy
 from .rollout import collect_episodes
 from .rollout_workers import RolloutWorkers
@@ -55,7 +56,7 @@ class Collected:
 def make_env(cfg: TrainConfig, num_envs: int, curriculum: Curriculum):
     """The training env at the curriculum's level: in this process, or its worlds spread over `env.workers` Ray
     actors."""
-    options = curriculum.options(cfg.env.options)
+    options = cfg.env.make_options(curriculum.options(cfg.env.options))
     return make_vec_env(cfg.env.name, num_envs, cfg.env.workers, cfg.env.worker_timeout_s, **options)
 
 
@@ -128,6 +129,7 @@ class Collector:
         self.shard_rows = tc.prompts_per_step // self.num_shards * cfg.algo.group_size  # worlds of one shard
         self.rows = len(self.my_shards) * self.shard_rows  # this process's R
         self.env = make_env(cfg, self.shard_rows, curriculum)  # the env holds one shard at a time
+        self.judge = make_judge(cfg.judge)  # None without judge.model
         self.workers: RolloutWorkers | None = None
         # Pipelined collection (trainer.max_staleness = 1): the next step's episodes, played by a copy of the policy
         # in a thread while this step updates.
@@ -176,8 +178,9 @@ class Collector:
         tc = self.cfg.trainer
         if tc.rollout_workers > 0:
             self.workers = RolloutWorkers(
-                policy, self.cfg.env.name, self.shard_rows, self.curriculum.options(self.cfg.env.options),
+                policy, self.cfg.env.name, self.shard_rows, self.cfg.env.make_options(self.curriculum.options(self.cfg.env.options)),
                 tc.rollout_workers, threads=max(tc.threads, 1), timeout_s=tc.rollout_timeout_s,
+                judge=self.cfg.judge if self.cfg.judge.enabled else None,
             )  # fmt: skip
 
     @torch.no_grad()
@@ -235,7 +238,7 @@ class Collector:
         parts = []
         for shard_seeds, group_size, sampling, sampling_seed in jobs:
             torch.manual_seed(sampling_seed)
-            parts.append(collect_episodes(policy, self.env, shard_seeds, group_size, sampling))
+            parts.append(collect_episodes(policy, self.env, shard_seeds, group_size, sampling, judge=self.judge))
         return parts
 
     def rebuild(self) -> None:
@@ -245,7 +248,7 @@ class Collector:
         self.env.close()
         self.env = make_env(self.cfg, self.shard_rows, self.curriculum)
         if self.workers is not None:
-            self.workers.set_env(self.curriculum.options(self.cfg.env.options))
+            self.workers.set_env(self.cfg.env.make_options(self.curriculum.options(self.cfg.env.options)))
         if self.world.is_main:
             level = self.cfg.curriculum.levels[self.curriculum.level]
             print(f"curriculum: {self.cfg.curriculum.option} = {level}", file=sys.stderr)
@@ -254,7 +257,7 @@ class Collector:
         """Close the env and stop the rollout workers (idempotent). Errors are printed, not raised: the run's own
         error, if any, is the one to see."""
         self.wait()
-        for name in ("env", "workers"):
+        for name in ("env", "workers", "judge"):
             thing = getattr(self, name, None)
             setattr(self, name, None)
             if thing is None:

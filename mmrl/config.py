@@ -13,6 +13,10 @@ from typing import Any, Literal
 
 import yaml
 
+from rewards import REWARDS
+from rewards.combine import RewardSpec
+from sim.mix import ENV_REWARD
+
 from .algos import ADVANTAGES, CRITIC_ADVANTAGES, POLICY_LOSSES, STEP_ADVANTAGES
 from .types import Sampling
 
@@ -86,6 +90,9 @@ class EnvConfig:
     name: str = "grounding"
     options: dict[str, Any] = field(default_factory=dict)  # constructor options, checked by sim.make
     eval_metric: str = "iou"  # the reward component (or "reward", "success") printed as held-out score
+    # Rewards in YAML (sim.mix): the env's reward becomes a weighted mix of registered rewards, each
+    # {name, weight, kwargs}; `name: env` is the env's own reward (left out, the mix replaces it). Empty: the env's own.
+    rewards: list[dict[str, Any]] = field(default_factory=list)
     # > 0 runs the worlds in this many Ray actors (sim.workers.RayVecEnv); 0 keeps them in this process.
     workers: int = 0
     worker_timeout_s: float = 120.0  # a worker that does not answer a call in this time is named, restarted, retried
@@ -93,6 +100,24 @@ class EnvConfig:
     def __post_init__(self):
         _require(self.workers >= 0, "env.workers", "must be >= 0 (0: the worlds live in this process)")
         _require(self.worker_timeout_s > 0, "env.worker_timeout_s", "must be > 0")
+        for entry in self.rewards:
+            _require(isinstance(entry, dict), "env.rewards", f"entries are {{name, weight, kwargs}}, got {entry!r}")
+            try:
+                spec = RewardSpec.from_dict(entry)
+            except ValueError as error:
+                raise ConfigError(f"env.rewards: {error}") from None
+            _require(
+                spec.name == ENV_REWARD or spec.name in REWARDS,
+                "env.rewards",
+                f"unknown reward {spec.name!r}; registered: {', '.join(REWARDS.names())} (and {ENV_REWARD!r}, the "
+                "env's own)",
+                sep=": ",
+            )
+
+    def make_options(self, options: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What `sim.make` takes: the env's options (`options`, default `self.options`) and the reward mix."""
+        options = dict(self.options if options is None else options)
+        return {**options, "rewards": [dict(entry) for entry in self.rewards]} if self.rewards else options
 
 
 # How completions are drawn: the policy's own dataclass, so config and policy cannot drift apart.
@@ -358,6 +383,46 @@ class EvalConfig:
         )
 
 
+DEFAULT_RUBRIC = (
+    "{image}The task for this image was: {instruction}\nThe answer given:\n{answer}\nHow well does the answer do the "
+    "task for this image? Reply with one digit, 0 (wrong) to 9 (perfect)."
+)
+
+
+@dataclass(frozen=True)
+class JudgeConfig:
+    """A judge model as a reward (`mmrl.judge`): a VLM scores each answer against the image it answers; the step's
+    reward becomes `env reward + weight * score`, the score in [0, 1] logged as `reward/judge`."""
+
+    model: str = ""  # a model folder (any AutoModelForImageTextToText with its processor); "" turns the judge off
+    weight: float = 1.0
+    # The judge's prompt: {image} places the image (else it comes first), {instruction} is the task's instruction
+    # and {answer} the policy's answer; ask for one digit 0..max_score.
+    rubric: str = DEFAULT_RUBRIC
+    # "expected": the judge's probability-weighted score over the digit tokens 0..max_score after the prompt (one
+    # forward, no sampling: G-Eval's score); "generate": its greedy reply, the first number in it (none: 0, a reason).
+    mode: Literal["expected", "generate"] = "expected"
+    max_score: int = 9
+    answer_prefix: str = ""  # text the judge's reply starts with, after the chat template's assistant header
+    max_new_tokens: int = 8  # of a "generate" reply
+    max_prompt_tokens: int = 4096  # text tokens (the image not counted); a longer prompt scores 0 with the reason
+    batch_size: int = 8  # prompts per forward
+    cache_size: int = 4096  # (image, instruction, answer) -> score, least recently used out
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: str = "cpu"
+    remote: bool = False  # one Ray actor holds the judge for every process and rollout worker (else one per process)
+
+    def __post_init__(self):
+        _require(1 <= self.max_score <= 9, "judge.max_score", f"must be in 1..9 (one digit), got {self.max_score}")
+        for name in ("batch_size", "cache_size", "max_new_tokens", "max_prompt_tokens"):
+            _require(getattr(self, name) >= 1, f"judge.{name}", f"must be >= 1, got {getattr(self, name)}")
+        _require("{answer}" in self.rubric, "judge.rubric", "must contain {answer}, where the answer to judge goes")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.model)
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -368,6 +433,7 @@ class TrainConfig:
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
     output_dir: str = "runs/default"
     resume: bool = False  # continue from the last complete checkpoint in output_dir
     checkpoint: str | None = None  # a checkpoint folder to evaluate (mmrl eval) or to start from

@@ -149,7 +149,7 @@ def held_out(policy: VLMPolicy, cfg: TrainConfig, world: World | None = None) ->
         return evaluate(
             policy,
             cfg.env.name,
-            cfg.env.options,
+            cfg.env.make_options(),
             episodes=cfg.trainer.eval_episodes,
             batch_size=cfg.trainer.eval_batch_size,
             max_new_tokens=cfg.sampling.max_new_tokens,
@@ -222,7 +222,7 @@ def evaluate_k(policy: VLMPolicy, cfg: TrainConfig) -> SampledResult:
             if env is None or env.num_envs != len(chunk) * ec.k:
                 if env is not None:
                     env.close()
-                env = sim.make(cfg.env.name, num_envs=len(chunk) * ec.k, **cfg.env.options)
+                env = sim.make(cfg.env.name, num_envs=len(chunk) * ec.k, **cfg.env.make_options())
             eps = collect_episodes(policy, env, [s for s in chunk for _ in range(ec.k)], ec.k, sampling)
             parts = {"reward": eps.returns(), **eps.components, "episode_steps": eps.env_steps}
             if eps.success is not None:

@@ -19,8 +19,9 @@ from typing import Any
 
 import torch
 
-from sim.base import Observation, VecEnv
+from sim.base import Observation, StepResult, VecEnv
 
+from .judge import Judge, RemoteJudge, judge_observation
 from .policy.vlm import VLMPolicy
 from .types import Episodes, Sampling, cat_rollouts
 
@@ -35,6 +36,7 @@ def collect_episodes(
     *,
     max_turns: int | None = None,
     record_frames: int = 0,
+    judge: Judge | RemoteJudge | None = None,
 ) -> Episodes:
     """Run R = len(seeds) episodes to their end and return every generation as a row.
 
@@ -47,6 +49,9 @@ def collect_episodes(
         max_turns: stop after this many generations even if worlds still run (default: as many as the env's
             `max_episode_steps` needs, given the chunk size).
         record_frames: keep every observation of the first K worlds (for episode videos).
+        judge: a judge model (`mmrl.judge`): each text answer's step reward gains `judge.cfg.weight` times the
+            judge's score of it against the observation it answered (the component `judge`); a reason the judge
+            gives is added to the step's `reasons`.
 
     Returns:
         The episodes.
@@ -56,6 +61,8 @@ def collect_episodes(
         raise ValueError("a continuous-action env needs a VLA policy: set model.action_bins to add action tokens")
     if env.action_kind == "text" and codec is not None:
         raise ValueError("a VLA policy (with action tokens) cannot act in a text env")
+    if judge is not None and env.action_kind != "text":
+        raise ValueError("judge.model scores text answers; this env takes continuous actions")
     if codec is not None and codec.action_dim != env.action_dim:
         raise ValueError(f"the policy's action codec has {codec.action_dim} dimensions, the env {env.action_dim}")
     num = len(seeds)
@@ -102,9 +109,14 @@ def collect_episodes(
         for actions in step_actions:
             if not running.any():
                 break
+            answered = obs
             result = env.step(actions)
             live = running.clone()  # the worlds this step counts for
-            step_rewards[:, t] += torch.where(live, result.reward.float().cpu(), 0.0)
+            reward = result.reward.float().cpu()
+            if judge is not None:
+                result = _judged(judge, result, answered, ids, rollout.texts, num)
+                reward = reward + judge.cfg.weight * result.info["reward_components"]["judge"]
+            step_rewards[:, t] += torch.where(live, reward, 0.0)
             env_steps += live.long()
             for name, value in result.info.get("reward_components", {}).items():
                 components.setdefault(name, torch.zeros(num))
@@ -136,6 +148,30 @@ def collect_episodes(
         start=start,
         frames=torch.stack(frames, dim=1) if record_frames else None,
     )
+
+
+def _judged(
+    judge: Judge | RemoteJudge,
+    result: StepResult,
+    answered: Observation,
+    ids: torch.Tensor,
+    texts: list[str],
+    num: int,
+) -> StepResult:
+    """`result` with the judge's scores of the answers `texts` of worlds `ids` as the component `judge` `[num]`
+    (0 elsewhere) and its reasons joined to the step's."""
+    judged = judge_observation(judge, answered, ids, texts)
+    scores = torch.zeros(num)
+    scores[ids.cpu()] = judged.scores
+    info = dict(result.info)
+    info["reward_components"] = {**info.get("reward_components", {}), "judge": scores}
+    if any(judged.reasons):
+        reasons = list(info.get("reasons", [""] * num))
+        for i, why in zip(ids.tolist(), judged.reasons):
+            if why:
+                reasons[i] = f"{reasons[i]}; {why}" if reasons[i] else why
+        info["reasons"] = reasons
+    return replace(result, info=info)
 
 
 def _scatter(actions: torch.Tensor, ids: torch.Tensor, num: int, dim: int) -> torch.Tensor:

@@ -188,6 +188,15 @@ class SingleStepImageEnv:
             raise AttributeError(f"{type(self).__name__} has no target boxes")
         return self._out(self._target_boxes)
 
+    @property
+    def reward_target_names(self) -> tuple[str, ...]:
+        """What `reward_targets` holds: the names registered rewards read targets by (`sim.mix`)."""
+        return ("target_box",) if self.has_boxes else ()
+
+    def reward_targets(self) -> dict[str, Any]:
+        """The current worlds' targets by the names registered rewards take (`target_box` `[N, 4]`), CPU copies."""
+        return {"target_box": self._target_boxes.clone()} if self.has_boxes else {}
+
     def reset(self, seed: int | Sequence[int], env_ids: Sequence[int] | None = None) -> Observation:
         """Draw new worlds for `env_ids` (all when None).
 

@@ -51,6 +51,18 @@ class Unmergeable(ValueError):
         self.where = where
 
 
+def _static_attr(env: Any, name: str) -> Any:
+    """`inspect.getattr_static(env, name)`, looked up through wrappers that forward to `env.env` (`sim.mix`)."""
+    while True:
+        try:
+            return inspect.getattr_static(env, name)
+        except AttributeError:
+            inner = inspect.getattr_static(env, "env", None)
+            if inner is None or inner is env:
+                raise
+            env = inner
+
+
 class EnvWorker:
     """The actor: one env holding a block of the worlds (a plain class; `RayVecEnv` wraps it with `ray.remote`).
 
@@ -85,7 +97,7 @@ class EnvWorker:
         for name in dir(env):
             if name.startswith("_"):
                 continue
-            static = inspect.getattr_static(env, name)
+            static = _static_attr(env, name)
             if isinstance(static, (property, functools.cached_property)):
                 properties.append(name)
                 continue

@@ -12,10 +12,12 @@ from typing import Any
 
 from rewards.registry import Registry
 
+from .mix import MixedRewards
+
 ENVS: Registry[type] = Registry("env")
 
 
-def make(name: str, num_envs: int, **options) -> Any:
+def make(name: str, num_envs: int, rewards: list[dict[str, Any]] | None = None, **options) -> Any:
     """Build the registered env `name` with `num_envs` worlds.
 
     Options are checked against the env's constructor before anything is built, so a typo fails at once and
@@ -24,6 +26,8 @@ def make(name: str, num_envs: int, **options) -> Any:
     Args:
         name: A name registered in `ENVS`, e.g. `"grounding"`.
         num_envs: N, the number of independent worlds.
+        rewards: A reward mix (`{name, weight, kwargs}` entries; `sim.mix`): the env comes wrapped in
+            `MixedRewards`, its reward the weighted mix. None (or empty) leaves the env's own reward.
         **options: Keyword arguments of the env's constructor (`image_size=64`, `device="cuda"`, ...).
 
     Returns:
@@ -39,7 +43,14 @@ def make(name: str, num_envs: int, **options) -> Any:
         for key in options:
             if key not in valid:
                 raise ValueError(f"unknown option {key!r} for env {name!r}; valid: {', '.join(valid)}")
-    return cls(num_envs=num_envs, **options)
+    env = cls(num_envs=num_envs, **options)
+    if rewards:
+        try:
+            return MixedRewards(env, rewards)
+        except Exception:
+            env.close()
+            raise
+    return env
 
 
 def constructor_options(cls: type) -> tuple[list[str], bool]:

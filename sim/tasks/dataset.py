@@ -12,10 +12,11 @@ the episode ends.
     {"image": "images/0001.png", "question": "Find the red car.", "box": [12, 30, 57, 64]}
     {"image": "/data/screens/17.png", "instruction": "Click 'Save'.", "point": [211.5, 40]}
     {"image": "charts/3.png", "question": "What is the peak value?", "answer": "42.5"}
+    {"image": "street.png", "question": "Find every car.", "boxes": [[3, 40, 21, 52], [30, 38, 60, 55]]}
 
 `image` is a path relative to the file's folder, or absolute; `question` (or `instruction`) the text; the target is
 one of `answer` (text, a number, or a list of accepted texts), `box` (`[x1, y1, x2, y2]` in pixels of the original
-image) or `point` (`[x, y]`, likewise). Blank lines are skipped. Or a folder written by Hugging Face `datasets`
+image), `boxes` (a list of such boxes, every object to find; `[]` when there is none) or `point` (`[x, y]`). Blank lines are skipped. Or a folder written by Hugging Face `datasets`
 (`Dataset.save_to_disk`; a `DatasetDict` is read at its `hf_split`) with the same columns, where `image` is an
 `Image` feature, image bytes, or a path relative to that folder. Bad records (unreadable JSON, a missing image file,
 a missing or malformed field) raise `ValueError` at construction, naming the line (or row) and the field.
@@ -29,19 +30,18 @@ resized one, S = `image_size`), so targets and answers are both in pixels of the
 function takes the targets it names; `reward_kwargs` maps a reward name to its options, e.g.
 `{"numeric_match": {"rel_tol": 0.05}}` for ChartQA's relaxed accuracy). Box targets feed `target_box`; a point
 target feeds `target_box` as the square of half-side `point_tolerance * image_size` around it (so `point_in_box`
-scores "within that many pixels of the point" on both axes); text targets feed `answer`. With `reward=None` each
-record gets the reward of its target: `box` -> `box_iou`, `point` -> `point_in_box`, a numeric `answer` ("42",
-"-3.5", "45%") -> `numeric_match`, any other `answer` -> `exact_match`. Each reward used is logged as a component
-(0 in rows it does not score).
-
-**Extra rewards** (`extra_rewards`, rewards in YAML): a list of `{name, weight, kwargs}` entries (`rewards.RewardSpec`),
-each a registered reward scored on every answer with the same targets and added to the record's reward times its
-weight, e.g. `extra_rewards: [{name: think_answer_format, weight: 0.2}]` for an R1-style format bonus. Each is
-logged as its own component (its unweighted score); a row it does not apply to (its target missing) adds 0.
+scores "within that many pixels of the point" on both axes); `boxes` feed `target_boxes` (`matched_iou`,
+`detection_f1`: the answer lists every box it finds); text targets feed `answer`. With `reward=None` each record gets
+the reward of its target: `box` -> `box_iou`, `boxes` -> `matched_iou`, `point` -> `point_in_box`, a numeric `answer`
+("42", "-3.5", "45%") -> `numeric_match`, any other `answer` -> `exact_match`. Each reward used is logged as a
+component (0 in rows it does not score). To add terms (a format bonus, a second box reward) or replace the record's
+reward, mix rewards in YAML with `env.rewards` (`sim.mix`); this env hands those rewards `target_box`,
+`target_boxes` and `answer`.
 
 **Success** where the reward has a natural one: IoU >= 0.5 (`box_iou`, `box_giou`: the IoU of the same answer), a
-hit (`point_in_box`), a match (`exact_match`, `numeric_match`, `multiple_choice`); rows scored by other rewards
-count as not successful, and `info["success"]` is left out when no reward in use has one.
+hit (`point_in_box`), a match (`exact_match`, `numeric_match`, `multiple_choice`), every object found at IoU >= 0.5
+and nothing else (`matched_iou`, `detection_f1`: the F1 at IoU 0.5 is 1); rows scored by other rewards count as not
+successful, and `info["success"]` is left out when no reward in use has one.
 
 **Seeds and the held-out split.** The last `eval_fraction` of the records (at least one when the fraction is > 0) is
 held out. With `split="auto"` (default), a seed below 1_000_000_000 (`EVAL_SEED_BASE`, where `mmrl.evaluate` starts
@@ -66,8 +66,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from rewards import REWARDS, answer_region, parse_box, parse_choice, parse_number, parse_point
-from rewards.combine import BoundReward, RewardSpec
+from rewards import REWARDS, answer_region, parse_box, parse_box_list, parse_choice, parse_number, parse_point
+from rewards.combine import BoundReward
 from sim.base import SingleStepImageEnv
 from sim.registry import ENVS
 from sim.seeds import EVAL_SEED_BASE
@@ -79,6 +79,7 @@ DEFAULT_PATH = REPO / "assets" / "datasets" / "shapes_qa" / "data.jsonl"
 # Rewards whose success is a threshold on their own score: name -> minimum score that counts.
 _SUCCESS_AT = {"box_iou": 0.5, "exact_match": 1.0, "numeric_match": 1.0, "multiple_choice": 1.0}
 _BOX_ANSWER_REWARDS = ("box_iou", "box_giou", "box_size")  # answers parsed with parse_box
+_BOX_LIST_REWARDS = ("matched_iou", "detection_f1")  # answers parsed with parse_box_list, scored on `target_boxes`
 
 
 @ENVS.register("dataset")
@@ -101,8 +102,6 @@ class DatasetEnv(SingleStepImageEnv):
         shuffle_seed: Seeds those orders.
         point_tolerance: Half-side of the square around a point target, as a fraction of `image_size`.
         reward_kwargs: Reward name -> options bound to that reward (`{"numeric_match": {"rel_tol": 0.05}}`).
-        extra_rewards: `{name, weight, kwargs}` entries of rewards added to every row's reward, weighted (see
-            "Extra rewards" above).
         answer_hint: Append one sentence saying how to format the answer to each question.
         hf_split: The split of a saved `DatasetDict` to read.
         cache_size: Prepared (decoded, letterboxed) images kept in memory.
@@ -125,7 +124,6 @@ class DatasetEnv(SingleStepImageEnv):
         hf_split: str = "train",
         cache_size: int = 1024,
         device: str = "cpu",
-        extra_rewards: list[Mapping[str, Any]] | None = None,
     ):
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
@@ -165,20 +163,25 @@ class DatasetEnv(SingleStepImageEnv):
         if unknown:
             raise ValueError(f"reward_kwargs names rewards {unknown} that no record uses; used: {', '.join(used)}")
         self._fns = {name: BoundReward(name, REWARDS.get(name), kwargs.get(name, {})) for name in used}
-        self._extras: list[tuple[BoundReward, float]] = []
-        for entry in extra_rewards or []:
-            spec = RewardSpec.from_dict(entry)
-            if spec.name not in REWARDS:
-                raise ValueError(
-                    f"extra_rewards: unknown reward {spec.name!r}; registered: {', '.join(REWARDS.names())}"
-                )
-            if spec.name in self._fns or any(fn.name == spec.name for fn, _ in self._extras):
-                raise ValueError(f"extra_rewards: {spec.name!r} already scores these records; name it once")
-            self._extras.append((BoundReward(spec.name, REWARDS.get(spec.name), spec.kwargs), spec.weight))
-        self._has_success = any(name in _SUCCESS_AT or name in ("box_giou", "point_in_box") for name in used)
+        self._has_success = any(
+            name in _SUCCESS_AT or name in ("box_giou", "point_in_box", *_BOX_LIST_REWARDS) for name in used
+        )
 
         self._prepared = functools.lru_cache(maxsize=cache_size)(self._prepare)
         self._record_ids = [-1] * num_envs  # target boxes are in pixels of the shown image, NaN for text targets
+        self._boxes: list[torch.Tensor | None] = [None] * num_envs  # [T, 4] per world with a `boxes` record
+
+    reward_target_names = ("target_box", "target_boxes", "answer")
+
+    def reward_targets(self) -> dict[str, Any]:
+        """The current worlds' targets for `env.rewards` (`sim.mix`): `target_box` `[N, 4]` (NaN rows without one),
+        `target_boxes` (N entries, `[T, 4]` or None) and `answer` (N entries, None without one), in pixels of the
+        shown image."""
+        return {
+            "target_box": self._target_boxes.clone(),
+            "target_boxes": [None if b is None else b.clone() for b in self._boxes],
+            "answer": [None if i < 0 else self.records[i].answer for i in self._record_ids],
+        }
 
     # ------------------------------------------------------------------------------------------------ contract
     def record_index(self, seed: int) -> int:
@@ -202,9 +205,10 @@ class DatasetEnv(SingleStepImageEnv):
         images, boxes, instructions = [], [], []
         for k, world_seed in zip(ids, seeds):
             index = self.record_index(world_seed)
-            image, box = self._prepared(index)
+            image, box, box_list = self._prepared(index)
             images.append(image)
             boxes.append(box)
+            self._boxes[k] = box_list
             self._record_ids[k] = index
             instructions.append(self._instruction(self.records[index]))
         return torch.stack(images), instructions, torch.stack(boxes)
@@ -235,6 +239,7 @@ class DatasetEnv(SingleStepImageEnv):
                 row_texts = [texts[k] for k in rows]
                 targets = {
                     "target_box": self._target_boxes[index].clone(),
+                    "target_boxes": [self._boxes[k] for k in rows],
                     "answer": [records[k].answer for k in rows],
                 }
                 scores = fn(row_texts, **targets).to(torch.float32)  # [K]
@@ -246,12 +251,6 @@ class DatasetEnv(SingleStepImageEnv):
                     reasons[k] = _reason(name, texts[k], float(scores[row]), None if hit is None else bool(hit[row]))
             components[name] = component
             reward += component
-        if self._extras:
-            targets = {"target_box": self._target_boxes.clone(), "answer": [record.answer for record in records]}
-            for fn, weight in self._extras:
-                scores = torch.nan_to_num(fn(list(texts), **targets).to(torch.float32), nan=0.0)  # [N]
-                components[fn.name] = scores
-                reward += weight * scores
         info: dict[str, Any] = {
             "reward_components": components,
             "reasons": reasons,
@@ -288,12 +287,12 @@ class DatasetEnv(SingleStepImageEnv):
         for k, index in enumerate(self._record_ids):
             if index < 0:
                 raise RuntimeError(f"world {k} was never reset; reset it first")
-            box = self._target_boxes[k]
+            box, box_list = self._target_boxes[k], self._boxes[k]
             if noise > 0 and float(torch.rand((), generator=generator)) < noise:
                 part = self.eval_ids if index >= len(self.train_ids) else self.train_ids
                 index = part[int(torch.randint(len(part), (), generator=generator))]
-                box = self._prepared(index)[1]
-            answers.append(_format_answer(self.records[index], box))
+                _, box, box_list = self._prepared(index)
+            answers.append(_format_answer(self.records[index], box, box_list))
         return answers
 
     # ------------------------------------------------------------------------------------------------ helpers
@@ -303,8 +302,9 @@ class DatasetEnv(SingleStepImageEnv):
             return np.arange(size)
         return _permutation(self.shuffle_seed % 2**63, int(held_out), epoch % 2**63, size)
 
-    def _prepare(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Record `index`'s letterboxed image `[S, S, 3]` uint8 and target box `[4]` (NaN for text targets)."""
+    def _prepare(self, index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Record `index`'s letterboxed image `[S, S, 3]` uint8, target box `[4]` (NaN for text targets) and target
+        boxes `[T, 4]` (None unless the record has `boxes`), in pixels of that image."""
         record = self.records[index]
         try:
             image = open_image(record.image, self._rows)
@@ -327,7 +327,13 @@ class DatasetEnv(SingleStepImageEnv):
             box = [x - r, y - r, x + r, y + r]
         else:
             box = [math.nan] * 4
-        return torch.from_numpy(np.asarray(canvas).copy()), torch.tensor(box, dtype=torch.float32)
+        box_list = None
+        if record.boxes is not None:
+            box_list = torch.tensor(
+                [[x1 * sx + left, y1 * sy + top, x2 * sx + left, y2 * sy + top] for x1, y1, x2, y2 in record.boxes],
+                dtype=torch.float32,
+            ).reshape(-1, 4)  # [T, 4]
+        return torch.from_numpy(np.asarray(canvas).copy()), torch.tensor(box, dtype=torch.float32), box_list
 
     def _instruction(self, record: Record) -> str:
         if not self.answer_hint:
@@ -336,6 +342,11 @@ class DatasetEnv(SingleStepImageEnv):
         name = record.reward
         if name in _BOX_ANSWER_REWARDS:
             hint = f"Answer with <answer>[x1, y1, x2, y2]</answer> in pixels of the {size} image."
+        elif name in _BOX_LIST_REWARDS:
+            hint = (
+                "Answer with <answer>[[x1, y1, x2, y2], ...]</answer>, one box per object ([] for none), in pixels "
+                f"of the {size} image."
+            )
         elif name == "point_in_box":
             hint = f"Answer with <answer>(x, y)</answer> in pixels of the {size} image."
         elif name == "numeric_match":
@@ -356,6 +367,9 @@ class DatasetEnv(SingleStepImageEnv):
         if name == "box_giou":
             kwargs = {k: v for k, v in self._fns[name].kwargs.items() if k != "iou_threshold"}
             return REWARDS.get("box_iou")(texts, targets["target_box"], **kwargs) >= 0.5
+        if name in _BOX_LIST_REWARDS:
+            kwargs = {k: v for k, v in self._fns[name].kwargs.items() if k != "iou_threshold"}
+            return REWARDS.get("detection_f1")(texts, targets["target_boxes"], iou_threshold=0.5, **kwargs) >= 1.0
         return None
 
 
@@ -369,9 +383,13 @@ def _permutation(seed: int, part: int, epoch: int, size: int) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def _format_answer(record: Record, box: torch.Tensor) -> str:
-    """The record's target written as its reward parses it; `box` is the target in pixels of the shown image."""
+def _format_answer(record: Record, box: torch.Tensor, box_list: torch.Tensor | None) -> str:
+    """The record's target written as its reward parses it; `box` (`box_list`) is the target box (boxes) in pixels of
+    the shown image."""
     name = record.reward
+    if box_list is not None and name in _BOX_LIST_REWARDS:
+        listed = ", ".join(f"[{', '.join(str(round(v)) for v in row)}]" for row in box_list.tolist())
+        return f"<answer>[{listed}]</answer>"
     if name == "point_in_box":  # the centre: the point itself for point targets, the box's centre for boxes
         x, y = ((box[0] + box[2]) / 2).item(), ((box[1] + box[3]) / 2).item()
         return f"<answer>({round(x)}, {round(y)})</answer>"
@@ -386,6 +404,9 @@ def _reason(name: str, text: str, score: float, hit: bool | None) -> str:
     if name in _BOX_ANSWER_REWARDS:
         parsed = parse_box(text)
         unread = parsed.reason if parsed.box is None else ""
+    elif name in _BOX_LIST_REWARDS:
+        listed = parse_box_list(text)
+        unread = listed.reason if listed.boxes is None else ""
     elif name == "point_in_box":
         point = parse_point(text)
         unread = point.reason if point.point is None and parse_box(text).box is None else ""

@@ -35,6 +35,7 @@ class Record:
     point: tuple[float, float] | None
     answer: str | tuple[str, ...] | None
     reward: str  # the registered reward that scores it
+    boxes: tuple[tuple[float, float, float, float], ...] | None = None  # every object to find (may be none)
 
 
 def read_records(path: Path, reward: str | None, hf_split: str) -> tuple[list[Record], Any]:
@@ -129,16 +130,19 @@ def _record(where: str, raw: Mapping[str, Any], image: Any, reward: str | None) 
     question = raw.get("question", raw.get("instruction"))
     if not isinstance(question, str) or not question.strip():
         raise ValueError(f"{where}: field 'question' (or 'instruction') must be a non-empty string, got {question!r}")
-    box = _numbers(where, "box", raw.get("box"), 4)
-    if box is not None and not (box[0] < box[2] and box[1] < box[3]):
-        raise ValueError(f"{where}: field 'box' must be [x1, y1, x2, y2] with x1 < x2 and y1 < y2, got {list(box)}")
+    box = _box(where, "box", raw.get("box"))
+    boxes = _box_list(where, raw.get("boxes"))
+    if box is not None and boxes is not None:
+        raise ValueError(f"{where}: give one of the fields 'box' (one object) and 'boxes' (several), not both")
     point = _numbers(where, "point", raw.get("point"), 2)
     answer = _answer(where, raw.get("answer"))
-    if box is None and point is None and answer is None:
-        raise ValueError(f"{where}: needs a target: one of the fields 'answer', 'box' or 'point'")
+    if box is None and boxes is None and point is None and answer is None:
+        raise ValueError(f"{where}: needs a target: one of the fields 'answer', 'box', 'boxes' or 'point'")
     if reward is None:
         if box is not None:
             name = "box_iou"
+        elif boxes is not None:
+            name = "matched_iou"
         elif point is not None:
             name = "point_in_box"
         else:
@@ -146,13 +150,16 @@ def _record(where: str, raw: Mapping[str, Any], image: Any, reward: str | None) 
     else:
         name = reward
         params = inspect.signature(REWARDS.get(name)).parameters
+        if "target_boxes" in params and boxes is None:
+            raise ValueError(f"{where}: reward {name!r} needs a field 'boxes' (a list of [x1, y1, x2, y2])")
         if "target_box" in params and box is None and point is None:
             raise ValueError(f"{where}: reward {name!r} needs a field 'box' or 'point'")
         if "answer" in params and "target_box" not in params and answer is None:
             raise ValueError(f"{where}: reward {name!r} needs a field 'answer'")
-        if "answer" not in params and "target_box" not in params:
+        if not {"answer", "target_box", "target_boxes"} & set(params):
             raise ValueError(
-                f"reward {name!r} reads neither 'target_box' nor 'answer'; the dataset env cannot feed it"
+                f"reward {name!r} reads none of 'target_box', 'target_boxes' and 'answer'; the dataset env cannot "
+                "feed it"
             )
         if name == "numeric_match" and not isinstance(answer, str):
             raise ValueError(f"{where}: reward 'numeric_match' needs one answer, got a list")
@@ -160,7 +167,25 @@ def _record(where: str, raw: Mapping[str, Any], image: Any, reward: str | None) 
             raise ValueError(f"{where}: field 'answer' = {answer!r} holds no number for reward 'numeric_match'")
         if name == "multiple_choice" and (not isinstance(answer, str) or parse_choice(answer).letter is None):
             raise ValueError(f"{where}: field 'answer' = {answer!r} is no choice letter for reward 'multiple_choice'")
-    return Record(where, image, question.strip(), box, point, answer, name)
+    return Record(where, image, question.strip(), box, point, answer, name, boxes)
+
+
+def _box(where: str, field: str, value: Any) -> tuple[float, float, float, float] | None:
+    box = _numbers(where, field, value, 4)
+    if box is not None and not (box[0] < box[2] and box[1] < box[3]):
+        raise ValueError(
+            f"{where}: field {field!r} must be [x1, y1, x2, y2] with x1 < x2 and y1 < y2, got {list(box)}"
+        )
+    return box  # type: ignore[return-value]
+
+
+def _box_list(where: str, value: Any) -> tuple[tuple[float, float, float, float], ...] | None:
+    """The field 'boxes': a list of [x1, y1, x2, y2] boxes; an empty list means there is nothing to find."""
+    if value is None:
+        return None
+    if not isinstance(value, list | tuple):
+        raise ValueError(f"{where}: field 'boxes' must be a list of [x1, y1, x2, y2] boxes, got {value!r}")
+    return tuple(_box(where, f"boxes[{i}]", box) for i, box in enumerate(value))  # type: ignore[misc]
 
 
 def _numbers(where: str, field: str, value: Any, count: int) -> tuple[float, ...] | None:

@@ -54,6 +54,30 @@ def test_family_preset_runs_end_to_end(preset, tmp_path):
     assert (tmp_path / "cold_start" / "initial_eval.json").exists()
 
 
+def test_mixed_rewards_preset_logs_every_component_of_its_mix(tmp_path):
+    shrink = [o for o in SHRINK if not o.startswith("sft.")]  # grounding starts from the warm start, no expert
+    cfg = load_config(REPO / "configs" / "mixed_rewards_tiny.yaml", [*shrink, f"output_dir={tmp_path}"])
+    assert [entry["name"] for entry in cfg.env.rewards] == ["env", "box_giou", "box_size"]
+    with contextlib.redirect_stdout(io.StringIO()):
+        metrics = train(cfg)
+    row = next(m for m in metrics if "loss/policy" in m)
+    for name in ("iou", "format", "box_giou", "box_size"):  # the env's own components, then the mix's
+        assert math.isfinite(row[f"reward/{name}"]), name
+    assert -1.0 <= row["reward/box_giou"] <= 1.0 and 0.0 <= row["reward/box_size"] <= 1.0
+
+
+def test_judge_preset_adds_the_judges_weighted_score(tmp_path):
+    shrink = [o for o in SHRINK if not o.startswith("sft.")]
+    cfg = load_config(REPO / "configs" / "judge_tiny.yaml", [*shrink, f"output_dir={tmp_path}"])
+    assert cfg.judge.enabled and cfg.judge.weight == 0.2
+    with contextlib.redirect_stdout(io.StringIO()):
+        metrics = train(cfg)
+    row = next(m for m in metrics if "loss/policy" in m)
+    assert 0.0 <= row["reward/judge"] <= 1.0
+    own = row["reward/iou"] + 0.1 * row["reward/format"]  # the grounding env's own reward
+    assert math.isclose(row["reward/total"], own + 0.2 * row["reward/judge"], rel_tol=1e-5, abs_tol=1e-6)
+
+
 def test_text_demonstrations_are_the_experts_answers_and_label_noise_makes_them_sloppy():
     env = sim.make("gui_click", num_envs=4, image_size=96)
     images, instructions, labels, rate = collect_demonstrations(env, None, episodes=8, seed=3)

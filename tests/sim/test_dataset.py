@@ -251,32 +251,58 @@ def test_expert_noise_is_seeded_and_default_path_ships():
         env.expert_action(noise=0.5)
 
 
-def test_extra_rewards_from_the_config_add_weighted_components(mixed):
-    from mmrl.config import load_config
+def test_several_boxes_per_record_reach_the_box_list_rewards(tmp_path):
+    write_png(tmp_path / "street.png", (40, 20), (0, 0, 200), [2, 2, 10, 10])
+    records = [
+        {"image": "street.png", "question": "Find every car.", "boxes": [[2, 2, 10, 10], [20, 4, 36, 16]]},
+        {"image": "street.png", "question": "Find every dog.", "boxes": []},  # nothing to find
+        {"image": "street.png", "question": "Find every car.", "boxes": [[2, 2, 10, 10]], "answer": "x"},
+    ]
+    path = write_jsonl(tmp_path / "data.jsonl", records)
+    env = DatasetEnv(num_envs=3, path=path, image_size=40, split="all", shuffle=False)
+    obs = env.reset(seed=0)
+    assert "one box per object ([] for none)" in obs.instruction[0]
+    # 40x20 letterboxed on 40x40: 10 rows down. Targets follow; a record with boxes has no single target box.
+    torch.testing.assert_close(env._boxes[0], torch.tensor([[2.0, 12.0, 10.0, 20.0], [20.0, 14.0, 36.0, 26.0]]))
+    assert env._boxes[1].shape == (0, 4) and torch.isnan(env._target_boxes).all()
+    expert = env.expert_action()
+    assert expert[:2] == ["<answer>[[2, 12, 10, 20], [20, 14, 36, 26]]</answer>", "<answer>[]</answer>"]
+    result = env.step(expert)
+    assert result.reward.tolist() == [1.0, 1.0, 1.0] and result.info["success"].all()
+    assert result.info["reward_components"]["matched_iou"].tolist() == [1.0, 1.0, 1.0]
 
-    plain = DatasetEnv(num_envs=4, path=mixed, split="all", shuffle=False)
-    extra = DatasetEnv(
-        num_envs=4, path=mixed, split="all", shuffle=False,
-        extra_rewards=[{"name": "think_answer_format", "weight": 0.5}, {"name": "format", "weight": 0.25,
-                       "kwargs": {"require_answer_tag": True}}],
-    )  # fmt: skip
-    for env in (plain, extra):
-        env.reset(seed=[0, 1, 2, 3])
-    answers = [f"<think>it is there</think>{a}" for a in plain.expert_action()]  # the expert's are tagged answers
-    answers[1] = plain.expert_action()[1]  # no think block: no format bonus
-    base, more = plain.step(answers), extra.step(answers)
-    think = more.info["reward_components"]["think_answer_format"]
-    fmt = more.info["reward_components"]["format"]  # a box in an answer tag: only the box record's answer
-    assert think.tolist() == [1.0, 0.0, 1.0, 1.0]
-    torch.testing.assert_close(more.reward, base.reward + 0.5 * think + 0.25 * fmt)
-    assert fmt[0] == 1.0 and fmt[2] == 0.0
-    with pytest.raises(ValueError, match="extra_rewards: unknown reward 'fromat'"):
-        DatasetEnv(num_envs=1, path=mixed, extra_rewards=[{"name": "fromat"}])
-    with pytest.raises(ValueError, match="unknown key"):
-        DatasetEnv(num_envs=1, path=mixed, extra_rewards=[{"name": "format", "wieght": 1}])
-    # From YAML and key=value, as a user writes it.
-    cfg = load_config(None, ["env.name=dataset", f"env.options.path={mixed}",
-                             "env.options.extra_rewards=[{name: think_answer_format, weight: 0.2}]"])  # fmt: skip
-    env = make(cfg.env.name, num_envs=2, **cfg.env.options)
-    env.reset(seed=[0, 1])
-    assert "think_answer_format" in env.step(["<think>a</think><answer>b</answer>"] * 2).info["reward_components"]
+    env.reset(seed=0)
+    # One of two cars found exactly (matched IoU averages over the larger count: 1/2); a box where there is nothing;
+    # an answer with no box list at all.
+    result = env.step(["<answer>[[2, 12, 10, 20]]</answer>", "<answer>[[1, 1, 5, 5]]</answer>", "a car"])
+    torch.testing.assert_close(result.reward, torch.tensor([0.5, 0.0, 0.0]))
+    assert not result.info["success"].any()
+    assert result.info["reasons"][0] == "wrong answer (matched_iou = 0.50)" and result.info["reasons"][2] != ""
+
+    f1 = DatasetEnv(num_envs=1, path=path, image_size=40, split="all", shuffle=False, reward="detection_f1")
+    f1.reset(seed=0)
+    # 1 of 2 found, nothing wrong: precision 1, recall 1/2, F1 2/3.
+    torch.testing.assert_close(f1.step(["<answer>[[2, 12, 10, 20]]</answer>"]).reward, torch.tensor([2 / 3]))
+
+
+@pytest.mark.parametrize(
+    ("field", "message"),
+    [
+        (
+            '"boxes": [[1, 1, 5, 5], [6, 6, 2, 9]]',
+            r"line 1: field 'boxes\[1\]' must be \[x1, y1, x2, y2\] with x1 < x2",
+        ),
+        ('"boxes": {"a": 1}', r"line 1: field 'boxes' must be a list"),
+        ('"boxes": [[1, 1, 5, 5]], "box": [1, 1, 5, 5]', r"line 1: give one of the fields 'box' .* and 'boxes'"),
+    ],
+)
+def test_bad_box_lists_are_named(tmp_path, field, message):
+    write_png(tmp_path / "a.png", (8, 8), (0, 0, 0))
+    path = write_jsonl(tmp_path / "data.jsonl", ['{"image": "a.png", "question": "Q?", ' + field + "}"])
+    with pytest.raises(ValueError, match=message):
+        DatasetEnv(num_envs=1, path=path)
+
+
+def test_a_box_list_reward_on_a_record_without_boxes_is_named(mixed):
+    with pytest.raises(ValueError, match=r"line 1: reward 'matched_iou' needs a field 'boxes'"):
+        DatasetEnv(num_envs=1, path=mixed, reward="matched_iou")

@@ -78,8 +78,10 @@ def ray_cluster() -> Iterator[float]:
 
 @pytest.fixture(scope="module")
 def grounding_pair(ray_cluster) -> Iterator[tuple[RayVecEnv, object]]:
-    remote = RayVecEnv("grounding", 4, workers=2, cpus_per_worker=CPUS, **GROUNDING)
-    local = sim.make("grounding", num_envs=4, **GROUNDING)
+    # With a reward mix (sim.mix): each worker wraps its block of worlds; the wrapped env's attributes still reach here.
+    mix = [{"name": "env"}, {"name": "think_answer_format", "weight": 0.5}]
+    remote = RayVecEnv("grounding", 4, workers=2, cpus_per_worker=CPUS, rewards=mix, **GROUNDING)
+    local = sim.make("grounding", num_envs=4, rewards=mix, **GROUNDING)
     yield remote, local
     remote.close()
 
@@ -142,6 +144,7 @@ def test_grounding_keeps_the_contract_and_equals_the_in_process_env(grounding_pa
     assert_same(got, want, "step")
     assert got.reward[0] > 1.0 and got.reward[1] == 0.0  # the values compared are not trivially equal
     assert got.info["reasons"][1] != "" and torch.isnan(got.info["pred_box"][1]).all()
+    assert "think_answer_format" in got.info["reward_components"]  # the mix ran in the workers
 
     # Constants are served here; per-world lists stay in the workers, and so does the absent expert.
     assert (remote.action_kind, remote.max_episode_steps, remote.image_size) == ("text", 1, 32)
