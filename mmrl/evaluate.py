@@ -100,7 +100,7 @@ def _samples(first: Episodes, k: int) -> dict[str, Any]:
     """The `EvalResult` fields of the first `k` episodes of a batch."""
     turn0 = (first.turn == 0).nonzero().squeeze(-1)[:k]  # rows of the first turn, in world order
     return {
-        "images": first.start.image[:k],
+        "images": first.start.first_view[:k],
         "instructions": first.start.instruction[:k],
         "texts": [first.rollout.texts[i] for i in turn0.tolist()],
         "info": {key: v[:k] for key, v in first.info.items() if isinstance(v, torch.Tensor | list)},
@@ -235,7 +235,7 @@ def evaluate_k(policy: VLMPolicy, cfg: TrainConfig) -> SampledResult:
             answers = [eps.rollout.texts[i] for i in turn0]
             texts += [answers[i * ec.k : (i + 1) * ec.k] for i in range(len(chunk))]
             instructions += eps.start.instruction[:: ec.k]
-            images.append(eps.start.image[:: ec.k])
+            images.append(eps.start.first_view[:: ec.k])
     finally:
         if env is not None:
             env.close()

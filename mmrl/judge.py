@@ -93,8 +93,8 @@ class Judge:
         self.forwards = 0  # batches the model ran (a cache hit runs none)
 
     # ------------------------------------------------------------------------------------------------ prompts
-    def prompt(self, instruction: str, answer: str) -> str:
-        """The chat-formatted prompt for one answer (the image placeholder where the rubric says `{image}`)."""
+    def prompt(self, instruction: str, answer: str, num_images: int = 1) -> str:
+        """The chat-formatted prompt for one answer (the image placeholders where the rubric says `{image}`)."""
         rubric = self.cfg.rubric
         before, after = rubric.split("{image}", 1) if "{image}" in rubric else ("", rubric)
 
@@ -102,14 +102,17 @@ class Judge:
             return text.replace("{instruction}", instruction).replace("{answer}", answer)
 
         escaped = fill(before).replace("{", "{{").replace("}", "}}")
-        text = self.policy.processor.prompt_text(fill(after), template=escaped + "{image}{instruction}")
+        text = self.policy.processor.prompt_text(
+            fill(after), num_images=num_images, template=escaped + "{image}{instruction}"
+        )
         return text + self.cfg.answer_prefix
 
     # ------------------------------------------------------------------------------------------------ scoring
     @torch.no_grad()
     def score(self, images: torch.Tensor, instructions: list[str], answers: list[str]) -> Judged:
-        """Score N answers, each against its image `[N, H, W, 3]` uint8 and instruction."""
+        """Score N answers, each against its image(s) (`[N, H, W, 3]` or `[N, V, H, W, 3]` uint8) and instruction."""
         n = len(answers)
+        views = images if images.dim() == 5 else images.unsqueeze(1)  # [N, V, H, W, 3]
         if images.shape[0] != n or len(instructions) != n:
             raise ValueError(f"{images.shape[0]} images, {len(instructions)} instructions, {n} answers")
         scores, mass = torch.zeros(n), torch.full((n,), float("nan"))
@@ -123,7 +126,7 @@ class Judge:
             else:
                 todo.setdefault(key, []).append(i)
         firsts = [rows[0] for rows in todo.values()]  # one prompt per distinct (image, instruction, answer)
-        prompts = {i: self.prompt(instructions[i], answers[i]) for i in firsts}
+        prompts = {i: self.prompt(instructions[i], answers[i], views.shape[1]) for i in firsts}
         runnable = []
         for i in firsts:
             length = len(self.policy.processor.tokenizer(prompts[i], add_special_tokens=False)["input_ids"])
@@ -137,7 +140,7 @@ class Judge:
         for start in range(0, len(runnable), size):
             batch = runnable[start : start + size]
             try:
-                got, got_mass, got_reasons = self._run(images[batch], [prompts[i] for i in batch])
+                got, got_mass, got_reasons = self._run(views[batch], [prompts[i] for i in batch])
             except Exception as error:  # noqa: BLE001  (a failed judge is a zero reward with the reason, not a crash)
                 for i in batch:
                     reasons[i] = f"judge failed: {type(error).__name__}: {error}"[:300]
@@ -151,10 +154,10 @@ class Judge:
                 scores[i], mass[i], reasons[i] = scores[rows[0]], mass[rows[0]], reasons[rows[0]]
         return Judged(scores, reasons, mass)
 
-    def _run(self, images: torch.Tensor, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
-        """One batch through the model: scores `[B]`, digit mass `[B]` and reasons."""
+    def _run(self, views: torch.Tensor, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+        """One batch through the model (`views` `[B, V, H, W, 3]`): scores `[B]`, digit mass `[B]` and reasons."""
         policy = self.policy
-        inputs = policy.processor(prompts, [to_pil(image) for image in images])
+        inputs = policy.processor(prompts, [to_pil(image) for row in views for image in row])
         inputs = policy._with_token_types({k: v.to(policy.device) for k, v in inputs.items()})
         self.forwards += 1
         b = len(prompts)

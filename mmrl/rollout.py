@@ -81,7 +81,7 @@ def collect_episodes(
     components: dict[str, torch.Tensor] = {}
     first_info: dict[str, Any] = {}
     parts, worlds, turn_ids = [], [], []
-    frames = [obs.image[:record_frames].clone()] if record_frames else []
+    frames = [obs.first_view[:record_frames].clone()] if record_frames else []  # videos show the first view
 
     for t in range(turns):
         ids = running.nonzero().squeeze(-1)  # [n] worlds still running
@@ -129,7 +129,7 @@ def collect_episodes(
             running &= ~(result.terminated.bool().cpu() | result.truncated.bool().cpu())
             obs = result.obs
             if record_frames:
-                frames.append(obs.image[:record_frames].clone())
+                frames.append(obs.first_view[:record_frames].clone())
         if env.max_episode_steps <= env_steps.max():
             running[:] = False
 

@@ -34,6 +34,7 @@ def supervised_batch(policy: VLMPolicy, obs: Observation, targets: list[str]) ->
         logprobs=torch.zeros(completion_ids.shape, device=device),
         texts=list(targets),
         group_size=1,
+        images_per_row=obs.views.shape[1],
     )
 
 
@@ -65,6 +66,7 @@ def action_batch(policy: VLMPolicy, obs: Observation, token_ids: torch.Tensor) -
         logprobs=torch.zeros(token_ids.shape, device=device),
         texts=[""] * len(obs),
         group_size=1,
+        images_per_row=obs.views.shape[1],
     )
 
 

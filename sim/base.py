@@ -1,7 +1,8 @@
 """The one environment contract every task, simulator and renderer is wrapped into.
 
-A `VecEnv` holds N independent worlds. Observations carry images as uint8 tensors `[N, H, W, 3]` and one
-instruction string per world. Actions are either text (a list of N strings the env parses) or continuous
+A `VecEnv` holds N independent worlds. Observations carry images as uint8 tensors `[N, H, W, 3]` (or
+`[N, V, H, W, 3]`: V views of each world, such as two cameras, shown to the policy in order) and one instruction
+string per world. Actions are either text (a list of N strings the env parses) or continuous
 (a float tensor `[N, D]`). There is no autoreset: the caller decides which worlds to reset with `env_ids`.
 Single-step tasks (visual RLVR) are envs whose episodes end after one step.
 
@@ -24,12 +25,22 @@ ActionKind = Literal["text", "continuous"]
 class Observation:
     """What the policy sees of N worlds."""
 
-    image: torch.Tensor  # [N, H, W, 3] uint8
+    image: torch.Tensor  # [N, H, W, 3] uint8, or [N, V, H, W, 3]: V views of each world (cameras), in order
     instruction: list[str]  # N strings
     state: torch.Tensor | None = None  # [N, S] privileged state, optional
 
     def __len__(self) -> int:
         return len(self.instruction)
+
+    @property
+    def views(self) -> torch.Tensor:
+        """Every world's images as `[N, V, H, W, 3]` (V = 1 for one image per world); not a copy."""
+        return self.image if self.image.dim() == 5 else self.image.unsqueeze(1)
+
+    @property
+    def first_view(self) -> torch.Tensor:
+        """Each world's first (or only) image `[N, H, W, 3]`: what pictures of an episode show; not a copy."""
+        return self.image[:, 0] if self.image.dim() == 5 else self.image
 
     def select(self, rows: Sequence[int] | torch.Tensor) -> Observation:
         """The observation of a subset of worlds (copies)."""

@@ -152,8 +152,8 @@ def _check_observation(obs: Any, n: int, where: str) -> None:
     image = obs.image
     assert isinstance(image, torch.Tensor), f"{where}: obs.image must be a tensor, got {type(image).__name__}"
     assert image.dtype == torch.uint8, f"{where}: obs.image must be uint8, got {image.dtype}"
-    assert image.dim() == 4 and image.shape[0] == n and image.shape[3] == 3, (
-        f"{where}: obs.image must be [N={n}, H, W, 3], got {tuple(image.shape)}"
+    assert image.dim() in (4, 5) and image.shape[0] == n and image.shape[-1] == 3, (
+        f"{where}: obs.image must be [N={n}, H, W, 3] (or [N, V, H, W, 3] for V views), got {tuple(image.shape)}"
     )
     assert image.is_contiguous(), f"{where}: obs.image must be contiguous (strides {image.stride()})"
     assert isinstance(obs.instruction, list) and len(obs.instruction) == n, (

@@ -73,9 +73,15 @@ def require_vllm():
 
 # ---------------------------------------------------------------------------------------------- pure parts
 def vllm_requests(policy: GenerationTarget, prompts: Observation) -> list[dict[str, Any]]:
-    """vLLM multimodal prompts for each world of `prompts`: chat text with an image placeholder, plus the image."""
-    texts = [policy.processor.prompt_text(s, template=policy.prompt_template) for s in prompts.instruction]
-    return [{"prompt": t, "multi_modal_data": {"image": to_pil(img)}} for t, img in zip(texts, prompts.image)]
+    """vLLM multimodal prompts for each world of `prompts`: chat text with its image placeholders, plus the images
+    (one PIL image, or the list of a world's views)."""
+    views = prompts.views  # [N, V, H, W, 3]
+    texts = [
+        policy.processor.prompt_text(s, num_images=views.shape[1], template=policy.prompt_template)
+        for s in prompts.instruction
+    ]
+    images = [to_pil(row[0]) if len(row) == 1 else [to_pil(v) for v in row] for row in views]
+    return [{"prompt": t, "multi_modal_data": {"image": image}} for t, image in zip(texts, images)]
 
 
 def sampling_params_kwargs(

@@ -140,10 +140,29 @@ class VLMPolicy:
 
     # ------------------------------------------------------------------ inputs
     def encode(self, obs: Observation) -> dict[str, torch.Tensor]:
-        """Model inputs for every world of `obs`: one image and one instruction per row."""
-        texts = [self.processor.prompt_text(s, template=self.prompt_template) for s in obs.instruction]
-        images = [to_pil(img) for img in obs.image]
-        return self._with_token_types({k: v.to(self.device) for k, v in self.processor(texts, images).items()})
+        """Model inputs for every world of `obs`: its V images (`obs.views`, in order) and its instruction per row."""
+        views = obs.views  # [N, V, H, W, 3]
+        texts = [
+            self.processor.prompt_text(s, num_images=views.shape[1], template=self.prompt_template)
+            for s in obs.instruction
+        ]
+        images = [to_pil(img) for row in views for img in row]
+        inputs = self.processor(texts, images)
+        # Prompts are never truncated (a cut through an image's placeholder tokens would make the model read
+        # features that do not line up): one longer than the model's context is an error instead.
+        length, limit = inputs["input_ids"].shape[1], self.context_length
+        if limit is not None and length > limit:
+            raise ValueError(
+                f"a prompt of {length} tokens (its {views.shape[1]} image(s) included) is longer than the model's "
+                f"context of {limit}; lower model.max_pixels (fewer tokens per image) or shorten the instruction"
+            )
+        return self._with_token_types({k: v.to(self.device) for k, v in inputs.items()})
+
+    @property
+    def context_length(self) -> int | None:
+        """The model's maximum sequence length (`max_position_embeddings`), where its config states one."""
+        config = self.model.config
+        return getattr(getattr(config, "text_config", config), "max_position_embeddings", None)
 
     def _with_token_types(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if self._wants_mm_token_types:
@@ -170,16 +189,19 @@ class VLMPolicy:
         out = self._backend.sample(self, prompts, inputs, group_size, sampling)
         texts = self.processor.tokenizer.batch_decode(out.completion_ids, skip_special_tokens=True)
         repeat = lambda x: x.repeat_interleave(group_size, dim=0)  # noqa: E731
+        per_row = obs.views.shape[1]  # images per world
+        grid = inputs["image_grid_thw"]  # [B*I, 3]
         return Rollout(
             prompt_ids=repeat(inputs["input_ids"]),
             prompt_mask=repeat(inputs["attention_mask"]).bool(),
-            pixel_values=_repeat_images(inputs["pixel_values"], inputs["image_grid_thw"], group_size),
-            image_grid_thw=repeat(inputs["image_grid_thw"]),
+            pixel_values=_repeat_images(inputs["pixel_values"], grid, group_size, per_row),
+            image_grid_thw=grid.view(-1, per_row, 3).repeat_interleave(group_size, dim=0).reshape(-1, 3),
             completion_ids=out.completion_ids,
             completion_mask=out.completion_mask,
             logprobs=out.logprobs,
             texts=texts,
             group_size=group_size,
+            images_per_row=per_row,
         )
 
     # ------------------------------------------------------------------ scoring
@@ -203,7 +225,9 @@ class VLMPolicy:
                 "image_grid_thw": batch.image_grid_thw,
             }
         )
-        embeds = embeds_sharing_images(self.model, input_ids, batch.pixel_values, batch.image_grid_thw)
+        embeds = embeds_sharing_images(
+            self.model, input_ids, batch.pixel_values, batch.image_grid_thw, batch.images_per_row
+        )
         if embeds is not None:  # each distinct image encoded once (a group's rows share theirs); same values
             inputs.update(inputs_embeds=embeds, pixel_values=None)
         out = self.model(
@@ -222,12 +246,15 @@ class VLMPolicy:
 SHARED_IMAGE_MODELS = ("Qwen2VLModel", "Qwen2_5_VLModel")  # vision features enter as input embeddings only
 
 
-def embeds_sharing_images(model, input_ids: torch.Tensor, pixel_values: torch.Tensor, grid_thw: torch.Tensor):
+def embeds_sharing_images(
+    model, input_ids: torch.Tensor, pixel_values: torch.Tensor, grid_thw: torch.Tensor, images_per_row: int = 1
+):
     """Input embeddings `[R, T, H]` with every distinct image of the batch encoded once, or None to run as usual.
 
     The rows of a GRPO group hold copies of one image (`_repeat_images`), so the training forward would run the
     vision tower G times on the same pixels: on the tiny benchmark model that is about a third of the update's
-    forward and backward. Here an image equal to the one before it (same grid, same pixels) reuses its features;
+    forward and backward. Here an image equal to the same view of the row before (same grid, same pixels; with
+    `images_per_row` I, the image I places earlier) reuses its features;
     the features are gathered back to every row and scattered into the token embeddings at the image
     placeholders, as the model's forward does, and the model receives `inputs_embeds` (with `input_ids`, which it
     still reads for the M-RoPE positions) and no `pixel_values`. The gradient of a shared image is the sum over its
@@ -244,10 +271,11 @@ def embeds_sharing_images(model, input_ids: torch.Tensor, pixel_values: torch.Te
     if any(isinstance(p, DTensor) for p in base.lm_head.parameters()):
         return None
     chunks = pixel_values.split(grid_thw.prod(-1).tolist(), dim=0)
-    owner = [0]  # image i's features are those of image owner[i]
-    for i in range(1, len(chunks)):
-        same = torch.equal(grid_thw[i], grid_thw[i - 1]) and torch.equal(chunks[i], chunks[i - 1])
-        owner.append(owner[-1] if same else i)
+    step = images_per_row
+    owner = list(range(min(step, len(chunks))))  # image i's features are those of image owner[i]
+    for i in range(step, len(chunks)):
+        same = torch.equal(grid_thw[i], grid_thw[i - step]) and torch.equal(chunks[i], chunks[i - step])
+        owner.append(owner[i - step] if same else i)
     distinct = sorted(set(owner))
     if len(distinct) == len(chunks):
         return None
@@ -262,9 +290,10 @@ def embeds_sharing_images(model, input_ids: torch.Tensor, pixel_values: torch.Te
     return embeds.masked_scatter(placeholders, features.to(embeds.dtype))
 
 
-def _repeat_images(pixel_values: torch.Tensor, grid_thw: torch.Tensor, times: int) -> torch.Tensor:
-    """Repeat each image's patch rows `times` times, keeping images in order."""
+def _repeat_images(pixel_values: torch.Tensor, grid_thw: torch.Tensor, times: int, per_row: int = 1) -> torch.Tensor:
+    """Repeat each row's patch rows `times` times, a row being `per_row` consecutive images, keeping rows in order."""
     if times == 1:
         return pixel_values
     chunks = pixel_values.split(grid_thw.prod(-1).tolist(), dim=0)
-    return torch.cat([c for c in chunks for _ in range(times)], dim=0)
+    rows = [torch.cat(chunks[r : r + per_row]) for r in range(0, len(chunks), per_row)]
+    return torch.cat([row for row in rows for _ in range(times)], dim=0)

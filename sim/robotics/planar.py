@@ -13,7 +13,8 @@ to `gripper_xy + action * action_scale`, clipped to the workspace, and the physi
 nothing blocks it, so an action maps simply to a displacement. The default `action_scale=0.05` crosses half the
 workspace (0.2 m) in 4 steps.
 
-**Observation.** `image` uint8 `[N, H, W, 3]` from the top camera (H = W = `image_size`, a multiple of 32);
+**Observation.** `image` uint8 `[N, H, W, 3]` from the top camera (H = W = `image_size`, a multiple of 32; with
+`camera=["top", "ego"]`, `[N, 2, H, W, 3]`, both cameras);
 `instruction`, N strings; `state` float32 `[N, S]` privileged state, in metres (layouts below).
 
 **Backends.** `backend="mujoco"` (default) steps each world with `mj_step` and renders it with OpenGL on the CPU.
@@ -110,7 +111,8 @@ class PlanarMujocoEnv:
         shadows: Render shadows of the scene's sun light. Off by default: shadow maps dominate CPU render time.
         camera: `"top"`, the fixed view of the whole workspace, or `"ego"`, an egocentric view that rides with the
             gripper (0.64 m across, the gripper at the centre): the action then depends only on where the target
-            appears in the image, which a small policy learns much faster.
+            appears in the image, which a small policy learns much faster. A list (`["top", "ego"]`) renders every
+            camera: the observation is then `[N, V, H, W, 3]`, the views in that order (the `mujoco` backend).
         device: Where the returned tensors live, and where the `warp` backend runs.
         backend: `"mujoco"` (default): plain MuJoCo on the CPU, one `mj_step` and one OpenGL render per world.
             `"warp"`: all N worlds stepped and ray-traced as one batch by MuJoCo Warp on `device` (a GPU; the CPU
@@ -132,7 +134,7 @@ class PlanarMujocoEnv:
         reward: Literal["dense", "sparse"] = "dense",
         shadows: bool = False,
         device: str = "cpu",
-        camera: Literal["top", "ego"] = "top",
+        camera: Literal["top", "ego"] | list[Literal["top", "ego"]] = "top",
         backend: Literal["mujoco", "warp"] = "mujoco",
     ):
         max_episode_steps = self.default_max_episode_steps if max_episode_steps is None else max_episode_steps
@@ -146,8 +148,11 @@ class PlanarMujocoEnv:
             raise ValueError(f"need action_scale > 0 and frame_skip >= 1, got {action_scale}, {frame_skip}")
         if reward not in ("dense", "sparse"):
             raise ValueError(f"reward must be 'dense' or 'sparse', got {reward!r}")
-        if camera not in ("top", "ego"):
-            raise ValueError(f"camera must be 'top' or 'ego', got {camera!r}")
+        cameras = [camera] if isinstance(camera, str) else list(camera)
+        if not cameras or any(c not in ("top", "ego") for c in cameras) or len(set(cameras)) != len(cameras):
+            raise ValueError(f"camera must be 'top', 'ego' or a list of distinct ones, got {camera!r}")
+        if len(cameras) > 1 and backend != "mujoco":
+            raise ValueError(f"several cameras ({cameras}) need backend='mujoco'; the warp renderer draws one")
         if backend not in ("mujoco", "warp"):
             raise ValueError(f"backend must be 'mujoco' or 'warp', got {backend!r}")
         mujoco = import_mujoco()
@@ -170,10 +175,15 @@ class PlanarMujocoEnv:
             self.model.vis.quality.shadowsize = _SHADOW_MAP
         # One MjData per world. With backend="warp" they are the host mirror where seeding and task logic run.
         self.datas = [mujoco.MjData(self.model) for _ in range(num_envs)]
-        self._camera = mujoco.MjvCamera()
-        self._camera.type = mujoco.mjtCamera.mjCAMERA_FIXED
-        self.camera = camera
-        self._camera.fixedcamid = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_CAMERA, camera)
+        self._cameras = []
+        for name in cameras:
+            view = mujoco.MjvCamera()
+            view.type = mujoco.mjtCamera.mjCAMERA_FIXED
+            view.fixedcamid = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_CAMERA, name)
+            self._cameras.append(view)
+        self._camera = self._cameras[0]  # the first view: what `world_to_pixel` maps to
+        self.camera = cameras[0]
+        self.cameras = tuple(cameras)
         self.backend = backend
         self._renderer = None
         self._warp: WarpWorlds | None = None
@@ -188,7 +198,8 @@ class PlanarMujocoEnv:
         self.workspace_size = 2.0 * self.half_width
         self.gripper_radius = float(self.model.geom_size[self._geom("gripper"), 0])
 
-        self._images = np.zeros((num_envs, image_size, image_size, 3), dtype=np.uint8)  # [N, H, W, 3]
+        views = () if len(cameras) == 1 else (len(cameras),)
+        self._images = np.zeros((num_envs, *views, image_size, image_size, 3), dtype=np.uint8)  # [N, (V,) H, W, 3]
         self._instructions = [""] * num_envs
         self._elapsed = np.zeros(num_envs, dtype=np.int64)  # [N] steps since the world's reset
         self._terminated = np.zeros(num_envs, dtype=bool)  # [N]
@@ -332,8 +343,13 @@ class PlanarMujocoEnv:
         return np.stack([column, row], axis=-1)
 
     def _render(self, k: int) -> None:
-        self._renderer.update_scene(self.datas[k], camera=self._camera)
-        self._renderer.render(out=self._images[k])
+        if len(self._cameras) == 1:
+            self._renderer.update_scene(self.datas[k], camera=self._camera)
+            self._renderer.render(out=self._images[k])
+            return
+        for v, view in enumerate(self._cameras):
+            self._renderer.update_scene(self.datas[k], camera=view)
+            self._renderer.render(out=self._images[k, v])
 
     def _observation(self) -> Observation:
         return Observation(

@@ -18,6 +18,7 @@ from PIL import Image
 
 from mmrl.policy import TINY_ARCHS, Sampling, VLMPolicy, add_action_tokens
 from mmrl.policy.vllm_backend import completions_from_vllm, sampling_params_kwargs, vllm_requests
+from sim.base import Observation
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 SAMPLING = Sampling(max_new_tokens=8, temperature=0.7)
@@ -88,6 +89,26 @@ def test_lean_loop_gives_the_hf_greedy_tokens_and_the_training_logprobs(arch, ti
         recomputed = policy.logprobs(got, temperature=sampling.temperature).detach()
         torch.testing.assert_close(got.logprobs[mask], recomputed[mask], rtol=0, atol=1e-4)
         assert (got.completion_ids[~mask] == policy.pad_token_id).all()
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_two_views_per_world_decode_alike_in_lean_and_hf(arch, tiny_policy, grounding_obs):
+    policy = tiny_policy(arch, seed=0)
+    first, second = grounding_obs(arch, [0, 1]), grounding_obs(arch, [5, 6])
+    obs = Observation(image=torch.stack([first.image, second.image], dim=1), instruction=first.instruction)
+    greedy = Sampling(max_new_tokens=8, temperature=0.0)
+    want, got = generate(policy, "hf", obs, 1, greedy), generate(policy, "lean", obs, 1, greedy)
+    torch.testing.assert_close(got.completion_ids, want.completion_ids, rtol=0, atol=0)
+    torch.testing.assert_close(got.logprobs, want.logprobs, rtol=0, atol=1e-5)
+    for backend in ("lean", "hf"):  # groups: each prompt's cache (hf: its inputs) repeated with both images
+        sampled = generate(policy, backend, obs.select([0, 0, 1, 1]), 2, SAMPLING, seed=2)
+        assert sampled.images_per_row == 2 and sampled.image_grid_thw.shape[0] == 8
+        mask = sampled.completion_mask
+        recomputed = policy.logprobs(sampled, temperature=SAMPLING.temperature).detach()
+        torch.testing.assert_close(sampled.logprobs[mask], recomputed[mask], rtol=0, atol=1e-4)
+    requests = vllm_requests(policy, obs)  # vLLM takes a world's views as a list, in order
+    assert [len(r["multi_modal_data"]["image"]) for r in requests] == [2, 2]
+    assert all(r["prompt"].count("<|image_pad|>") == 2 for r in requests)
 
 
 def test_lean_loop_stops_at_eos_and_keeps_min_new_tokens(tiny_policy, grounding_obs):

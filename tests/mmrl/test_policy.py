@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from mmrl.policy import TINY_ARCHS, Rollout, Sampling, VLMPolicy, completion_mask_from_ids
+from sim.base import Observation
 
 TEMPERATURE = 0.7
 SAMPLING = Sampling(max_new_tokens=8, temperature=TEMPERATURE)
@@ -55,18 +56,23 @@ def assert_close_on(mask: torch.Tensor, got: torch.Tensor, want: torch.Tensor, a
     torch.testing.assert_close(got[mask], want[mask], atol=atol, rtol=0)
 
 
-@pytest.fixture(scope="module", params=TINY_ARCHS)
+@pytest.fixture(scope="module", params=[(arch, views) for views in (1, 2) for arch in TINY_ARCHS],
+                ids=lambda p: f"{p[0]}-{p[1]}view")  # fmt: skip
 def sampled(request, tiny_policy, grounding_obs):
     """(arch, policy, rollout): B=2 prompts x G=2 samples x 8 tokens, EOS made likely so some rows end early.
 
     With the EOS logit raised by 3, rows end at different lengths (some run to the limit) and the rest of each row
     is right padding, which every comparison below has to get right. (The sampler's draws decide the lengths; the
-    first of ten seeds that gives both kinds of rows is used.)
+    first of ten seeds that gives both kinds of rows is used.) With 2 views, each world shows two images (`[N, 2,
+    H, W, 3]`, a second scene as the second camera), so every test below also runs with 2 images per row.
     """
-    arch = request.param
+    arch, views = request.param
     policy = tiny_policy(arch, seed=0)
     boost_logits(policy, policy.eos_token_ids, 3.0)
     obs = grounding_obs(arch, [0, 0, 1, 1])
+    if views == 2:
+        second = grounding_obs(arch, [7, 7, 8, 8]).image
+        obs = Observation(image=torch.stack([obs.image, second], dim=1), instruction=obs.instruction)
     for seed in range(10):  # the first seed whose draw has rows of different lengths
         torch.manual_seed(seed)
         rollout = policy.generate(obs, group_size=2, sampling=SAMPLING)
@@ -128,6 +134,22 @@ def test_shared_images_are_encoded_once_with_the_same_gradients(sampled):
         assert patches_seen == [total // 2]
 
 
+def test_every_view_of_a_world_is_seen(sampled):
+    arch, policy, rollout = sampled
+    if rollout.images_per_row == 1:
+        pytest.skip("one view")
+    assert rollout.image_grid_thw.shape[0] == 2 * len(rollout)
+    # Blacken the second view of every row: the same completions then score differently.
+    per_image = rollout.image_grid_thw.prod(-1)
+    second = torch.arange(len(per_image)) % 2 == 1
+    rows = second.repeat_interleave(per_image)
+    dark = replace(
+        rollout, pixel_values=torch.where(rows.unsqueeze(-1), rollout.pixel_values.min(), rollout.pixel_values)
+    )
+    mask = rollout.completion_mask
+    assert not torch.allclose(reference_logprobs(policy, dark, TEMPERATURE)[mask], rollout.logprobs[mask], atol=ATOL)
+
+
 def test_rows_is_a_self_contained_slice(sampled):
     _, policy, rollout = sampled
     full = policy.logprobs(rollout, temperature=TEMPERATURE).detach()
@@ -141,9 +163,11 @@ def test_rows_is_a_self_contained_slice(sampled):
 
 def test_rows_of_a_group_share_prompt_and_image_but_not_completions(sampled):
     _, _, rollout = sampled
-    group_size = rollout.group_size
+    group_size, per_row = rollout.group_size, rollout.images_per_row
     patches = rollout.image_grid_thw.prod(-1).tolist()
-    images = rollout.pixel_values.split(patches)  # one chunk per row
+    chunks = rollout.pixel_values.split(patches)  # one chunk per image
+    images = [torch.cat(chunks[r * per_row : (r + 1) * per_row]) for r in range(len(rollout))]  # one per row
+    assert len(chunks) == per_row * len(rollout)
     for g in range(len(rollout) // group_size):
         rows = range(g * group_size, (g + 1) * group_size)
         for r in rows:
@@ -245,6 +269,21 @@ def test_vision_placeholder_tokens_are_never_generated(tiny_policy, grounding_ob
     policy.suppress_token_ids = []
     rollout = policy.generate(obs, group_size=1, sampling=Sampling(max_new_tokens=4, temperature=1.0))
     assert torch.isin(rollout.completion_ids, torch.tensor(placeholders)).all()
+
+
+def test_a_prompt_longer_than_the_context_is_refused_never_cut(tiny_policy, grounding_obs):
+    policy = tiny_policy("qwen2_vl", seed=0)
+    obs = grounding_obs("qwen2_vl", [0, 1])
+    length = policy.encode(obs)["input_ids"].shape[1]
+    config = policy.model.config.text_config
+    limit = config.max_position_embeddings
+    try:
+        config.max_position_embeddings = length - 1
+        with pytest.raises(ValueError, match=rf"a prompt of {length} tokens .* longer than the model's context of "
+                                             rf"{length - 1}; lower model.max_pixels"):  # fmt: skip
+            policy.generate(obs)
+    finally:
+        config.max_position_embeddings = limit
 
 
 @pytest.mark.parametrize("arch", TINY_ARCHS)

@@ -260,17 +260,24 @@ def test_curriculum_in_the_trainer(tiny_run_config, letters_env, tmp_path):
     assert levels == [0, 0, 1]
 
 
-def test_vla_reach_preset_runs_on_mujoco(tmp_path):
-    """The shipped VLA preset, shrunk: demos from the scripted expert, SFT, one GRPO step, held-out success."""
+@pytest.mark.parametrize(
+    ("preset", "options"),
+    [
+        ("vla_reach_tiny.yaml", "{image_size: 64}"),
+        ("vla_reach_two_cameras_tiny.yaml", "{image_size: 64, camera: [ego, top]}"),
+    ],
+)
+def test_vla_reach_preset_runs_on_mujoco(tmp_path, preset, options):
+    """The shipped VLA presets, shrunk: demos from the scripted expert, SFT, one GRPO step, held-out success."""
     pytest.importorskip("mujoco")
     from pathlib import Path
 
     from mmrl.config import load_config
 
-    preset = Path(__file__).resolve().parents[2] / "configs" / "vla_reach_tiny.yaml"
+    preset = Path(__file__).resolve().parents[2] / "configs" / preset
     cfg = load_config(
         preset,
-        [f"output_dir={tmp_path / 'reach'}", "env.options={image_size: 64}", "sft.episodes=4", "sft.steps=2",
+        [f"output_dir={tmp_path / 'reach'}", f"env.options={options}", "sft.episodes=4", "sft.steps=2",
          "sft.batch_size=8", "algo.group_size=2", "trainer.prompts_per_step=2", "trainer.total_steps=1",
          "trainer.eval_episodes=4", "trainer.eval_batch_size=4", "trainer.eval_every=0", "trainer.threads=1"],
     )  # fmt: skip

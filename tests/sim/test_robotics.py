@@ -42,6 +42,7 @@ def _uniform_policy(seed: int):
     ("name", "options"),
     [
         ("reach", {}),
+        ("reach", {"camera": ["ego", "top"]}),
         ("push", {"num_squares": 3}),
         ("gym_mujoco", {"env_id": "Reacher-v5"}),
         ("gym_mujoco", {"env_id": "Pusher-v5"}),
@@ -232,6 +233,23 @@ def test_dense_progress_sums_to_the_distance_covered_and_sparse_pays_success_onl
     sparse.close()
 
 
+def test_two_cameras_are_the_two_single_camera_views_in_order():
+    both = sim.make("push", num_envs=2, camera=["top", "ego"], num_squares=3)
+    top, ego = (sim.make("push", num_envs=2, camera=c, num_squares=3) for c in ("top", "ego"))
+    try:
+        for env in (both, top, ego):
+            env.reset(seed=[3, 4])
+        action = torch.tensor([[0.8, -0.3], [-1.0, 0.5]])
+        results = [env.step(action) for env in (both, top, ego)]
+        image = results[0].obs.image
+        assert image.shape == (2, 2, 64, 64, 3) and torch.equal(results[0].obs.first_view, image[:, 0])
+        assert torch.equal(image[:, 0], results[1].obs.image) and torch.equal(image[:, 1], results[2].obs.image)
+        torch.testing.assert_close(results[0].reward, results[1].reward)  # the cameras change what is seen only
+    finally:
+        for env in (both, top, ego):
+            env.close()
+
+
 def test_bad_options_fail_early():
     with pytest.raises(ValueError, match="multiple of 32"):
         ReachEnv(num_envs=1, image_size=48)
@@ -239,6 +257,10 @@ def test_bad_options_fail_early():
         ReachEnv(num_envs=1, num_targets=5)
     with pytest.raises(ValueError, match="reward"):
         PushEnv(num_envs=1, reward="shaped")
+    with pytest.raises(ValueError, match="camera must be 'top', 'ego' or a list of distinct ones"):
+        ReachEnv(num_envs=1, camera=["top", "top"])
+    with pytest.raises(ValueError, match=r"several cameras \(\['top', 'ego'\]\) need backend='mujoco'"):
+        ReachEnv(num_envs=1, camera=["top", "ego"], backend="warp")
 
 
 def test_gym_reacher_success_rule_and_components():
