@@ -61,7 +61,7 @@ class Run:
 
 def load_policy(cfg: ModelConfig, checkpoint: str | Path | None = None) -> VLMPolicy:
     """The policy a config names: a checkpoint folder, a model folder, or a random "tiny:<arch>" model."""
-    kwargs = {"prompt_template": cfg.prompt_template}
+    kwargs = {"prompt_template": cfg.prompt_template, "history_turns": cfg.history_turns}
     if checkpoint is not None:
         return VLMPolicy.from_pretrained(checkpoint, dtype=DTYPES[cfg.dtype], device=cfg.device, **kwargs)
     if cfg.path.startswith("tiny:"):
@@ -99,7 +99,7 @@ def starting_policy(
         raise ValueError(f"sft.episodes > 0 needs an env with a scripted expert; {cfg.env.name!r} has none")
     initial = held_out(policy, cfg, world)
     sft = cfg.sft
-    images, instructions, labels, rate = collect_demonstrations(
+    images, instructions, labels, rate, previous = collect_demonstrations(
         env, policy.action_codec, sft.episodes, noise=sft.noise, seed=cfg.trainer.seed, label_noise=sft.label_noise
     )
     if world.is_main:
@@ -110,7 +110,7 @@ def starting_policy(
     # Every process runs the seeded cold start (no long wait at a barrier); shard_model gives all rank 0's.
     train_on_demonstrations(
         policy, images, instructions, labels, steps=sft.steps, batch_size=sft.batch_size, lr=sft.lr,
-        seed=cfg.trainer.seed,
+        seed=cfg.trainer.seed, previous=previous,
     )  # fmt: skip
     if world.is_main:
         tmp = out / "cold_start.tmp"

@@ -21,6 +21,7 @@ from .config import ConfigError, load_config  # noqa: E402
 from .distributed import close_world  # noqa: E402
 from .evaluate import evaluate_k, held_out  # noqa: E402
 from .export import export  # noqa: E402
+from .policy import apply_model_options  # noqa: E402
 from .report import metric_label, write_sampled_report  # noqa: E402
 from .trainer import train  # noqa: E402
 
@@ -116,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
             if not Path(cfg.checkpoint).is_dir():
                 print(f"mmrl eval: no checkpoint folder at {cfg.checkpoint}", file=sys.stderr)
                 return 2
-            policy = load_policy(cfg.model, checkpoint=cfg.checkpoint)
+            # The training run's model options too (pixel range, history), so the checkpoint sees what it trained on.
+            policy = apply_model_options(load_policy(cfg.model, checkpoint=cfg.checkpoint), cfg.model)
             result = held_out(policy, cfg)
             label = metric_label(cfg)
             for key, value in sorted(result.metrics.items()):

@@ -33,6 +33,9 @@ class ModelConfig:
     device: str = "cpu"
     # How an env instruction becomes the user turn of the chat; `{instruction}` is replaced.
     prompt_template: str = "{instruction}"
+    # Multi-turn episodes as conversations: each turn's prompt keeps the world's last K turns (their images, the
+    # instructions and the exact tokens the policy sampled as answers) before the current observation; 0: none.
+    history_turns: int = 0
     seed: int = 0  # initialisation seed for "tiny:" models and LoRA adapters
     # A VLA: > 0 adds this many action tokens (uniform bins per action dimension, bounds from the env) so the model
     # acts in continuous-action envs; 0 keeps a text policy. A checkpoint that already has a codec keeps its own.
@@ -63,6 +66,12 @@ class ModelConfig:
             self.action_bins == 0 or self.action_bins >= 2, "model.action_bins", "must be 0 (a text policy) or >= 2"
         )
         _require(self.action_chunk >= 1, "model.action_chunk", "must be >= 1")
+        _require(self.history_turns >= 0, "model.history_turns", "must be >= 0 (0: the current observation only)")
+        _require(
+            not (self.history_turns and self.generation_backend == "vllm"),
+            "model.history_turns",
+            "> 0 needs model.generation_backend lean, hf or static (conversations are not sent to vLLM)",
+        )
         _require(self.lora_r >= 0, "model.lora_r", "must be >= 0 (0: no LoRA)")
         _require(0 < self.vllm_gpu_memory_utilization <= 1, "model.vllm_gpu_memory_utilization", "must be in (0, 1]")
         for name in ("min_pixels", "max_pixels"):

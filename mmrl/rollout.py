@@ -23,7 +23,7 @@ from sim.base import Observation, StepResult, VecEnv
 
 from .judge import Judge, RemoteJudge, judge_observation
 from .policy.vlm import VLMPolicy
-from .types import Episodes, Sampling, cat_rollouts
+from .types import Episodes, Sampling, Turn, cat_rollouts
 
 
 @torch.no_grad()
@@ -49,6 +49,10 @@ def collect_episodes(
         max_turns: stop after this many generations even if worlds still run (default: as many as the env's
             `max_episode_steps` needs, given the chunk size).
         record_frames: keep every observation of the first K worlds (for episode videos).
+
+    With `policy.history_turns` K > 0 (`model.history_turns`), each later turn's prompt is a conversation: the
+    world's last K turns (their images, instructions and the exact tokens sampled as answers), then the current
+    observation. The rows train on their own completions as always; the earlier answers are prompt tokens.
         judge: a judge model (`mmrl.judge`): each text answer's step reward gains `judge.cfg.weight` times the
             judge's score of it against the observation it answered (the component `judge`); a reason the judge
             gives is added to the step's `reasons`.
@@ -72,6 +76,8 @@ def collect_episodes(
     turns = max_turns or max(1, math.ceil(env.max_episode_steps / chunk))
 
     obs = start = env.reset(seed=seeds)
+    keep = getattr(policy, "history_turns", 0)  # earlier turns each prompt keeps (0: the current observation)
+    history: list[list[Turn]] = [[] for _ in range(num)]
     running = torch.ones(num, dtype=torch.bool)  # [R]
     step_rewards = torch.zeros(num, turns)
     active = torch.zeros(num, turns, dtype=torch.bool)
@@ -92,8 +98,16 @@ def collect_episodes(
         if t == 0 and group_size > 1:
             rollout = policy.generate(obs, group_size=group_size, sampling=sampling)
         else:
-            rollout = policy.generate(obs.select(ids) if len(ids) < num else obs, group_size=1, sampling=sampling)
+            shown = obs.select(ids) if len(ids) < num else obs
+            past = [history[i] for i in ids.tolist()] if keep else None
+            rollout = policy.generate(shown, group_size=1, sampling=sampling, history=past)
             rollout = replace(rollout, group_size=group_size)
+        if keep:  # this turn joins each world's conversation: its images, instruction and sampled tokens
+            views = obs.views
+            for row, i in enumerate(ids.tolist()):
+                answer = rollout.completion_ids[row][rollout.completion_mask[row]].tolist()
+                turn = Turn(views[i].clone(), obs.instruction[i], answer)
+                history[i] = [*history[i], turn][-keep:]
         parts.append(rollout)
         worlds.append(ids)
         turn_ids.append(torch.full((len(ids),), t, dtype=torch.long))

@@ -8,14 +8,31 @@ from sim.base import Observation
 from sim.seeds import DEMO_SEED_BASE
 
 from .policy.vlm import VLMPolicy
-from .types import Rollout
+from .types import Rollout, Turn
 
 
-def supervised_batch(policy: VLMPolicy, obs: Observation, targets: list[str]) -> Rollout:
-    """A `Rollout` whose completions are the given target texts (each followed by EOS), for teacher forcing."""
-    inputs = policy.encode(obs)
-    tok = policy.processor.tokenizer
-    ids = [tok(t, add_special_tokens=False)["input_ids"] + [policy.eos_token_ids[0]] for t in targets]
+def _prompt_inputs(
+    policy: VLMPolicy, obs: Observation, history: list[list[Turn]] | None
+) -> tuple[dict[str, torch.Tensor], int | torch.Tensor]:
+    """The prompts' model inputs, as conversations where `history` holds earlier turns, and the images per row."""
+    if history is not None and any(history):
+        inputs, counts = policy.encode_conversations(obs, history)
+        return inputs, counts[0] if len(set(counts)) == 1 else torch.tensor(counts)
+    return policy.encode(obs), obs.views.shape[1]
+
+
+def target_ids(policy: VLMPolicy, target: str) -> list[int]:
+    """The tokens a text target is taught as: its tokens, then EOS."""
+    return policy.processor.tokenizer(target, add_special_tokens=False)["input_ids"] + [policy.eos_token_ids[0]]
+
+
+def supervised_batch(
+    policy: VLMPolicy, obs: Observation, targets: list[str], history: list[list[Turn]] | None = None
+) -> Rollout:
+    """A `Rollout` whose completions are the given target texts (each followed by EOS), for teacher forcing; with
+    `history`, each prompt is the world's conversation so far (`VLMPolicy.encode_conversations`)."""
+    inputs, per_row = _prompt_inputs(policy, obs, history)
+    ids = [target_ids(policy, t) for t in targets]
     length = max(map(len, ids))
     completion_ids = torch.full((len(ids), length), policy.pad_token_id, dtype=torch.long)
     for i, row in enumerate(ids):
@@ -34,7 +51,7 @@ def supervised_batch(policy: VLMPolicy, obs: Observation, targets: list[str]) ->
         logprobs=torch.zeros(completion_ids.shape, device=device),
         texts=list(targets),
         group_size=1,
-        images_per_row=obs.views.shape[1],
+        images_per_row=per_row,
     )
 
 
@@ -52,9 +69,11 @@ def sft_loss(logprobs: torch.Tensor, completion_mask: torch.Tensor) -> torch.Ten
 # ---------------------------------------------------------------------------------------------- demonstrations
 
 
-def action_batch(policy: VLMPolicy, obs: Observation, token_ids: torch.Tensor) -> Rollout:
+def action_batch(
+    policy: VLMPolicy, obs: Observation, token_ids: torch.Tensor, history: list[list[Turn]] | None = None
+) -> Rollout:
     """A `Rollout` whose completions are given action tokens `[N, C*D]` (a VLA's teacher forcing)."""
-    inputs = policy.encode(obs)
+    inputs, per_row = _prompt_inputs(policy, obs, history)
     device = policy.device
     return Rollout(
         prompt_ids=inputs["input_ids"],
@@ -66,7 +85,7 @@ def action_batch(policy: VLMPolicy, obs: Observation, token_ids: torch.Tensor) -
         logprobs=torch.zeros(token_ids.shape, device=device),
         texts=[""] * len(obs),
         group_size=1,
-        images_per_row=obs.views.shape[1],
+        images_per_row=per_row,
     )
 
 
@@ -91,8 +110,9 @@ def collect_demonstrations(env, codec, episodes: int, noise: float = 0.0, seed: 
         label_noise: scale of the noise of the labels (0: clean labels).
 
     Returns:
-        `(images [M, H, W, 3] uint8, instructions [M], labels, success_rate)` where labels are token ids
-        `[M, C*D]` for a continuous env and M strings for a text env.
+        `(images [M, H, W, 3] uint8, instructions [M], labels, success_rate, previous)` where labels are token ids
+        `[M, C*D]` for a continuous env and M strings for a text env, and `previous[m]` is the index of the same
+        episode's step before step m (-1 at an episode's first step), from which conversations are rebuilt.
     """
     if not hasattr(env, "expert_action"):
         raise ValueError(f"{type(env).__name__} has no scripted expert (expert_action) to demonstrate with")
@@ -100,17 +120,21 @@ def collect_demonstrations(env, codec, episodes: int, noise: float = 0.0, seed: 
     if not text and codec is None:
         raise ValueError("a continuous-action env needs the policy's action codec to label demonstrations")
     generator = torch.Generator().manual_seed(seed)
-    images, instructions, labels, successes = [], [], [], []
+    images, instructions, labels, successes, previous = [], [], [], [], []
     num = env.num_envs
     chunk = 1 if text else codec.chunk
     for start in range(0, episodes, num):
         obs = env.reset(seed=DEMO_SEED_BASE + seed * episodes + start)
         running = torch.ones(num, dtype=torch.bool)
         success = torch.zeros(num, dtype=torch.bool)
+        last = [-1] * num  # each world's latest demonstration step
         while running.any():
             ids = running.nonzero().squeeze(-1)
             images.append(obs.image[ids])
-            instructions += [obs.instruction[i] for i in ids.tolist()]
+            for i in ids.tolist():
+                previous.append(last[i])
+                last[i] = len(instructions)
+                instructions.append(obs.instruction[i])
             step_labels = []
             for _ in range(chunk):
                 label = (
@@ -132,7 +156,7 @@ def collect_demonstrations(env, codec, episodes: int, noise: float = 0.0, seed: 
                 labels.append(codec.encode(torch.stack(step_labels, dim=1)[ids]))  # [n, C*D]
         successes.append(success[: min(num, episodes - start)])
     rate = float(torch.cat(successes).float().mean())
-    return torch.cat(images), instructions, (labels if text else torch.cat(labels)), rate
+    return torch.cat(images), instructions, (labels if text else torch.cat(labels)), rate, previous
 
 
 def train_on_demonstrations(
@@ -145,24 +169,36 @@ def train_on_demonstrations(
     batch_size: int,
     lr: float,
     seed: int = 0,
+    previous: list[int] | None = None,
 ) -> list[float]:
     """Behaviour cloning: minimise the NLL of the expert's answers (action tokens `[M, C*D]` for a VLA, M strings
-    for a text policy). Returns the loss of every step."""
+    for a text policy). Returns the loss of every step.
+
+    With `policy.history_turns` K > 0 and `previous` (from `collect_demonstrations`), each step is taught in the
+    conversation it is played in: its episode's K steps before it, their images and the expert's answers, as the
+    prompt (the same format as the RL episodes).
+    """
     from tqdm.auto import tqdm
 
     generator = torch.Generator().manual_seed(seed)
     model = policy.model
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    keep = getattr(policy, "history_turns", 0)
     losses = []
     bar = tqdm(range(steps), desc="sft on demos", dynamic_ncols=True)
     for _ in bar:
         idx = torch.randint(len(instructions), (min(batch_size, len(instructions)),), generator=generator)
         obs = Observation(image=images[idx], instruction=[instructions[i] for i in idx.tolist()])
+        history = None
+        if keep and previous is not None:
+            history = [
+                _demonstrated_turns(policy, images, instructions, labels, previous, i, keep) for i in idx.tolist()
+            ]
         if isinstance(labels, torch.Tensor):
-            batch = action_batch(policy, obs, labels[idx])
+            batch = action_batch(policy, obs, labels[idx], history)
         else:
-            batch = supervised_batch(policy, obs, [labels[i] for i in idx.tolist()])
+            batch = supervised_batch(policy, obs, [labels[i] for i in idx.tolist()], history)
         loss = sft_loss(policy.logprobs(batch), batch.completion_mask)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -172,3 +208,23 @@ def train_on_demonstrations(
         bar.set_postfix(loss=f"{losses[-1]:.3f}")
     bar.close()
     return losses
+
+
+def _demonstrated_turns(
+    policy: VLMPolicy,
+    images: torch.Tensor,
+    instructions: list[str],
+    labels: torch.Tensor | list[str],
+    previous: list[int],
+    index: int,
+    keep: int,
+) -> list[Turn]:
+    """The (at most `keep`) demonstration steps of the episode before step `index`, oldest first, as `Turn`s."""
+    turns: list[Turn] = []
+    j = previous[index]
+    while j >= 0 and len(turns) < keep:
+        views = images[j] if images[j].dim() == 4 else images[j].unsqueeze(0)  # [V, H, W, 3]
+        answer = labels[j].tolist() if isinstance(labels, torch.Tensor) else target_ids(policy, labels[j])
+        turns.append(Turn(views, instructions[j], answer))
+        j = previous[j]
+    return turns[::-1]

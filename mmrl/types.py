@@ -39,6 +39,15 @@ class Sampling:
 
 
 @dataclass(frozen=True)
+class Turn:
+    """One earlier turn of a world's conversation: what it showed and the answer the policy sampled."""
+
+    views: torch.Tensor  # [V, H, W, 3] uint8, the turn's images
+    instruction: str
+    answer_ids: list[int]  # the sampled tokens, exactly (up to and including EOS where it ended)
+
+
+@dataclass(frozen=True)
 class Rollout:
     """R = B*G sampled completions, rows grouped contiguously (`x.view(-1, G)` gives the groups).
 
@@ -49,16 +58,24 @@ class Rollout:
     prompt_ids: torch.Tensor  # [R, P] left padded
     prompt_mask: torch.Tensor  # [R, P] bool
     pixel_values: torch.Tensor  # [sum of patches over R rows, C*T*p*p]
-    image_grid_thw: torch.Tensor  # [R*I, 3], I images per row
+    image_grid_thw: torch.Tensor  # [sum of images over R rows, 3], row by row
     completion_ids: torch.Tensor  # [R, L] right padded after EOS
     completion_mask: torch.Tensor  # [R, L] bool, True up to and including EOS
     logprobs: torch.Tensor  # [R, L] per token, at sampling time (temperature-scaled), 0 where masked
     texts: list[str]  # R decoded completions
     group_size: int
-    images_per_row: int = 1
+    # Images of each row: an int when every row has as many (its V views), else a `[R]` long tensor (a
+    # conversation's rows hold the images of the turns they show).
+    images_per_row: int | torch.Tensor = 1
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
+
+    def image_counts(self) -> torch.Tensor:
+        """`[R]` long: how many images (and `image_grid_thw` rows) each row holds."""
+        if isinstance(self.images_per_row, torch.Tensor):
+            return self.images_per_row.to(torch.long).cpu()
+        return torch.full((len(self),), int(self.images_per_row), dtype=torch.long)
 
     def select(self, rows: torch.Tensor) -> Rollout:
         """The rows `rows` (a `[r]` long tensor), e.g. the groups dynamic sampling keeps."""
@@ -66,15 +83,18 @@ class Rollout:
 
     def rows(self, start: int, stop: int) -> Rollout:
         """Rows [start, stop) as a self-contained rollout (a micro-batch)."""
-        i = self.images_per_row
-        patches = self.image_grid_thw.prod(-1)  # [R*I]
+        first = torch.cat([torch.zeros(1, dtype=torch.long), self.image_counts().cumsum(0)])  # [R+1] image offsets
+        a, b = int(first[start]), int(first[stop])
+        patches = self.image_grid_thw.prod(-1)  # [images]
         offsets = torch.cat([patches.new_zeros(1), patches.cumsum(0)])
+        counts = self.images_per_row
         return replace(
             self,
             prompt_ids=self.prompt_ids[start:stop],
             prompt_mask=self.prompt_mask[start:stop],
-            pixel_values=self.pixel_values[offsets[start * i] : offsets[stop * i]],
-            image_grid_thw=self.image_grid_thw[start * i : stop * i],
+            pixel_values=self.pixel_values[offsets[a] : offsets[b]],
+            image_grid_thw=self.image_grid_thw[a:b],
+            images_per_row=counts[start:stop] if isinstance(counts, torch.Tensor) else counts,
             completion_ids=self.completion_ids[start:stop],
             completion_mask=self.completion_mask[start:stop],
             logprobs=self.logprobs[start:stop],
@@ -83,9 +103,14 @@ class Rollout:
 
 
 def _select(batch: Rollout, rows: torch.Tensor) -> Rollout:
-    i = batch.images_per_row
-    images = (rows.unsqueeze(1) * i + torch.arange(i)).reshape(-1)  # [r*I] image indices
-    patches = batch.image_grid_thw.prod(-1)  # [R*I]
+    rows = rows.to(torch.long).cpu()
+    per_row = batch.image_counts()  # [R]
+    first = torch.cat([per_row.new_zeros(1), per_row.cumsum(0)])[:-1]  # [R] each row's first image
+    counts = per_row[rows]  # [r]
+    images = first[rows].repeat_interleave(counts) + (
+        torch.arange(int(counts.sum())) - (counts.cumsum(0) - counts).repeat_interleave(counts)
+    )  # the selected rows' image indices, in order
+    patches = batch.image_grid_thw.prod(-1)  # [images]
     offsets = torch.cat([patches.new_zeros(1), patches.cumsum(0)])
     counts = patches[images]
     # Row indices of every patch of the selected images, without a Python loop over images.
@@ -101,19 +126,25 @@ def _select(batch: Rollout, rows: torch.Tensor) -> Rollout:
         completion_mask=batch.completion_mask[rows],
         logprobs=batch.logprobs[rows],
         texts=[batch.texts[k] for k in rows.tolist()],
+        images_per_row=batch.images_per_row[rows]
+        if isinstance(batch.images_per_row, torch.Tensor)
+        else batch.images_per_row,
     )
 
 
 def cat_rollouts(parts: list[Rollout], pad_token_id: int = 0) -> Rollout:
     """Rows of several rollouts in one (e.g. every turn of multi-turn episodes), re-padded to common lengths.
 
-    Prompts stay left padded and completions right padded (with `pad_token_id`, always under a False mask); every
-    part must have the same images per row.
+    Prompts stay left padded and completions right padded (with `pad_token_id`, always under a False mask); parts
+    with different images per row give per-row counts.
     """
     if not parts:
         raise ValueError("nothing to concatenate")
-    if len({p.images_per_row for p in parts}) != 1:
-        raise ValueError("rollouts with different images per row cannot be concatenated")
+    uniform = {p.images_per_row for p in parts if not isinstance(p.images_per_row, torch.Tensor)}
+    if len(uniform) == 1 and not any(isinstance(p.images_per_row, torch.Tensor) for p in parts):
+        images_per_row: int | torch.Tensor = uniform.pop()
+    else:
+        images_per_row = torch.cat([p.image_counts() for p in parts])
     prompt_len = max(p.prompt_ids.shape[1] for p in parts)
     completion_len = max(p.completion_ids.shape[1] for p in parts)
 
@@ -133,7 +164,7 @@ def cat_rollouts(parts: list[Rollout], pad_token_id: int = 0) -> Rollout:
         logprobs=torch.cat([right(p.logprobs, 0.0) for p in parts]),
         texts=[t for p in parts for t in p.texts],
         group_size=parts[0].group_size,
-        images_per_row=parts[0].images_per_row,
+        images_per_row=images_per_row,
     )
 
 

@@ -277,6 +277,7 @@ def load_lora(policy: ModelHolder, folder: str | Path) -> ModelHolder:
 # ---------------------------------------------------------------------------------------------- all at once
 def apply_model_options(policy: ModelHolder, cfg: ModelConfig) -> ModelHolder:
     """Apply a `ModelConfig`'s real-size options to a loaded policy (see the module docstring for the order)."""
+    policy.history_turns = cfg.history_turns
     options = {"gpu_memory_utilization": cfg.vllm_gpu_memory_utilization} if cfg.generation_backend == "vllm" else {}
     if cfg.generation_backend != policy.generation_backend or options:
         policy.set_generation_backend(cfg.generation_backend, **options)

@@ -15,6 +15,20 @@ from PIL import Image
 from transformers import AutoImageProcessor, AutoTokenizer
 
 
+def user_content(instruction: str, num_images: int, template: str) -> list[dict]:
+    """A user turn's chat content: the template's text with the instruction, and `num_images` images at `{image}`
+    (first, without an `{image}` mark)."""
+    if "{image}" in template:
+        before, after = template.split("{image}", 1)
+    else:
+        before, after = "", template
+    content = [{"type": "text", "text": before.format(instruction=instruction)}] if before else []
+    content += [{"type": "image"}] * num_images
+    if after:
+        content.append({"type": "text", "text": after.format(instruction=instruction)})
+    return content
+
+
 class VisionTextProcessor:
     """Chat template + tokenizer + image processor for Qwen-family VLMs.
 
@@ -76,16 +90,60 @@ class VisionTextProcessor:
         `template` places the instruction (`{instruction}`) and, optionally, the images (`{image}`); without an
         `{image}` mark the images come first, as in Qwen-VL's own examples.
         """
-        if "{image}" in template:
-            before, after = template.split("{image}", 1)
-        else:
-            before, after = "", template
-        content = [{"type": "text", "text": before.format(instruction=instruction)}] if before else []
-        content += [{"type": "image"}] * num_images
-        if after:
-            content.append({"type": "text", "text": after.format(instruction=instruction)})
-        messages = [{"role": "user", "content": content}]
+        messages = [{"role": "user", "content": user_content(instruction, num_images, template)}]
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+    def conversation_ids(
+        self,
+        turns: list[tuple[str, int, list[int]]],
+        instruction: str,
+        num_images: int,
+        tokens_per_image: list[int],
+        template: str = "{instruction}",
+        eos_token_ids: tuple[int, ...] = (),
+    ) -> list[int]:
+        """The token ids of a chat whose earlier turns are spliced in as the exact tokens sampled then.
+
+        Args:
+            turns: earlier turns, oldest first: (instruction, number of images, the answer's sampled token ids).
+            instruction: the current turn's instruction (with `num_images` images); the prompt ends with the
+                generation prompt for its answer.
+            tokens_per_image: the placeholder count of every image of the chat, in order.
+            eos_token_ids: an answer that ends with one of these is not closed a second time by the template.
+
+        The chat template renders each answer as a marker; the text between markers is tokenised on its own (chat
+        templates close and open turns with special tokens, so no BPE merge crosses a marker), and each marker
+        becomes the answer's ids unchanged: token in, token out.
+        """
+        marks = [f"\x00mmrl-answer-{k}\x00" for k in range(len(turns))]
+        messages: list[dict] = []
+        for (said, images, _), mark in zip(turns, marks):
+            messages.append({"role": "user", "content": user_content(said, images, template)})
+            messages.append({"role": "assistant", "content": [{"type": "text", "text": mark}]})
+        messages.append({"role": "user", "content": user_content(instruction, num_images, template)})
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        counts = iter(tokens_per_image)
+        ids: list[int] = []
+        rest = text
+        for k in range(len(turns) + 1):
+            answer = turns[k][2] if k < len(turns) else None
+            if answer is None:
+                piece, rest = rest, ""
+            else:
+                if marks[k] not in rest:
+                    raise ValueError("the chat template dropped an earlier answer; it cannot hold a conversation")
+                piece, rest = rest.split(marks[k], 1)
+            parts = piece.split(self.image_token)
+            piece = parts[0] + "".join(self.image_token * next(counts) + part for part in parts[1:])
+            piece_ids = self.tokenizer(piece, add_special_tokens=False)["input_ids"]
+            if ids and piece_ids and ids[-1] in eos_token_ids and piece_ids[0] == ids[-1]:
+                piece_ids = piece_ids[1:]  # the sampled answer closed its turn already
+            ids += piece_ids
+            if answer is not None:
+                ids += list(answer)
+        if next(counts, None) is not None:
+            raise ValueError("more images than image placeholders in the conversation")
+        return ids
 
     def __call__(self, texts: list[str], images: list[Image.Image]) -> dict[str, torch.Tensor]:
         """Tokenise prompts that hold one image placeholder per image, left padded.

@@ -16,7 +16,7 @@ from transformers import AutoModelForImageTextToText
 from sim.base import Observation
 
 from ..algos.losses import entropy_from_logits
-from ..types import Rollout, Sampling
+from ..types import Rollout, Sampling, Turn
 from .action_codec import load_action_codec
 from .backends import make_backend
 from .options import LORA_DIR, is_lora, load_lora, plain_model, save_lora
@@ -46,10 +46,14 @@ class VLMPolicy:
         processor: VisionTextProcessor,
         prompt_template: str = "{instruction}",
         generation_backend: str = "lean",
+        history_turns: int = 0,
     ):
         self.model = model
         self.processor = processor
         self.prompt_template = prompt_template
+        # > 0: a multi-turn episode's prompt keeps this many earlier turns (images, instruction, the answer's
+        # sampled tokens) as a conversation (`mmrl.rollout.collect_episodes`); 0: the current observation only.
+        self.history_turns = history_turns
         tok = processor.tokenizer
         eos = model.generation_config.eos_token_id if model.generation_config is not None else None
         eos = eos if eos is not None else tok.eos_token_id
@@ -148,15 +152,19 @@ class VLMPolicy:
         ]
         images = [to_pil(img) for row in views for img in row]
         inputs = self.processor(texts, images)
-        # Prompts are never truncated (a cut through an image's placeholder tokens would make the model read
-        # features that do not line up): one longer than the model's context is an error instead.
-        length, limit = inputs["input_ids"].shape[1], self.context_length
+        self._check_length(inputs["input_ids"].shape[1], views.shape[1])
+        return self._with_token_types({k: v.to(self.device) for k, v in inputs.items()})
+
+    def _check_length(self, length: int, images: int) -> None:
+        """Prompts are never truncated (a cut through an image's placeholder tokens would make the model read
+        features that do not line up): one longer than the model's context is an error instead."""
+        limit = self.context_length
         if limit is not None and length > limit:
             raise ValueError(
-                f"a prompt of {length} tokens (its {views.shape[1]} image(s) included) is longer than the model's "
-                f"context of {limit}; lower model.max_pixels (fewer tokens per image) or shorten the instruction"
+                f"a prompt of {length} tokens (its {images} image(s) included) is longer than the model's context "
+                f"of {limit}; lower model.max_pixels (fewer tokens per image), model.history_turns, or the "
+                "instruction's length"
             )
-        return self._with_token_types({k: v.to(self.device) for k, v in inputs.items()})
 
     @property
     def context_length(self) -> int | None:
@@ -170,14 +178,67 @@ class VLMPolicy:
         return inputs
 
     # ------------------------------------------------------------------ generation
+    def encode_conversations(self, obs: Observation, history: list[list[Turn]]) -> tuple[dict, list[int]]:
+        """Model inputs where world i's prompt holds its earlier turns `history[i]` (each turn's images and
+        instruction as a user turn, its answer as the exact tokens sampled then), then its current observation;
+        and each row's image count."""
+        if len(history) != len(obs):
+            raise ValueError(f"history for {len(history)} worlds, observation of {len(obs)}")
+        views = obs.views  # [N, V, H, W, 3]
+        images, counts = [], []
+        for i, turns in enumerate(history):
+            row = [img for turn in turns for img in turn.views] + list(views[i])
+            images += [to_pil(img) for img in row]
+            counts.append(len(row))
+        vision = self.processor.image_processor(images=images, return_tensors="pt")
+        grid = vision["image_grid_thw"]  # [images, 3]
+        tokens = (grid.prod(-1) // self.processor.merge_size**2).tolist()
+        rows, start = [], 0
+        for i, turns in enumerate(history):
+            past = [(t.instruction, len(t.views), t.answer_ids) for t in turns]
+            rows.append(
+                self.processor.conversation_ids(
+                    past,
+                    obs.instruction[i],
+                    views.shape[1],
+                    tokens[start : start + counts[i]],
+                    self.prompt_template,
+                    tuple(self.eos_token_ids),
+                )  # fmt: skip
+            )
+            start += counts[i]
+        width = max(len(r) for r in rows)
+        input_ids = torch.full((len(rows), width), self.pad_token_id or 0, dtype=torch.long)
+        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):  # left padded, as `encode`
+            input_ids[i, width - len(row) :] = torch.tensor(row)
+            attention_mask[i, width - len(row) :] = 1
+        self._check_length(width, max(counts))
+        inputs = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "pixel_values": vision["pixel_values"],
+            "image_grid_thw": grid,
+        }
+        return self._with_token_types({k: v.to(self.device) for k, v in inputs.items()}), counts
+
+    # ------------------------------------------------------------------ generation
     @torch.no_grad()
-    def generate(self, obs: Observation, group_size: int = 1, sampling: Sampling = Sampling()) -> Rollout:  # noqa: B008 (frozen)
+    def generate(
+        self,
+        obs: Observation,
+        group_size: int = 1,
+        sampling: Sampling = Sampling(),  # noqa: B008 (frozen)
+        history: list[list[Turn]] | None = None,
+    ) -> Rollout:
         """Sample `group_size` completions for each distinct prompt of `obs`.
 
         `obs` holds R = B*G worlds where each run of G consecutive worlds was reset with the same seed (the GRPO
         group contract), so only every G-th world is encoded and the model samples G completions for it. The
         decoding itself runs in the policy's generation backend (`generation_backend`); every backend gives the
-        same `Rollout` (prompts encoded here, sampling-time log-probs under `logprobs`' convention).
+        same `Rollout` (prompts encoded here, sampling-time log-probs under `logprobs`' convention). With
+        `history` (one list of earlier `Turn`s per world; `group_size` 1), each prompt is that conversation
+        (`encode_conversations`).
 
         Returns:
             A `Rollout` with R rows.
@@ -185,17 +246,27 @@ class VLMPolicy:
         if len(obs) % group_size:
             raise ValueError(f"{len(obs)} worlds do not split into groups of {group_size}")
         prompts = obs.select(range(0, len(obs), group_size)) if group_size > 1 else obs
-        inputs = self.encode(prompts)
+        if history is not None and any(history):
+            if group_size != 1:
+                raise ValueError("a conversation's later turns are sampled one per world (group_size 1)")
+            if self.generation_backend == "vllm":
+                raise ValueError("model.history_turns > 0 needs the lean, hf or static backend (not vllm)")
+            inputs, counts = self.encode_conversations(prompts, history)
+            per_row: int | torch.Tensor = counts[0] if len(set(counts)) == 1 else torch.tensor(counts)
+        else:
+            inputs, per_row = self.encode(prompts), obs.views.shape[1]
         out = self._backend.sample(self, prompts, inputs, group_size, sampling)
         texts = self.processor.tokenizer.batch_decode(out.completion_ids, skip_special_tokens=True)
         repeat = lambda x: x.repeat_interleave(group_size, dim=0)  # noqa: E731
-        per_row = obs.views.shape[1]  # images per world
-        grid = inputs["image_grid_thw"]  # [B*I, 3]
+        pixel_values, grid = inputs["pixel_values"], inputs["image_grid_thw"]  # grid [B*I, 3]
+        if group_size > 1:  # (per_row is an int here: no history)
+            pixel_values = _repeat_images(pixel_values, grid, group_size, per_row)
+            grid = grid.view(-1, per_row, 3).repeat_interleave(group_size, dim=0).reshape(-1, 3)
         return Rollout(
             prompt_ids=repeat(inputs["input_ids"]),
             prompt_mask=repeat(inputs["attention_mask"]).bool(),
-            pixel_values=_repeat_images(inputs["pixel_values"], grid, group_size, per_row),
-            image_grid_thw=grid.view(-1, per_row, 3).repeat_interleave(group_size, dim=0).reshape(-1, 3),
+            pixel_values=pixel_values,
+            image_grid_thw=grid,
             completion_ids=out.completion_ids,
             completion_mask=out.completion_mask,
             logprobs=out.logprobs,
@@ -225,9 +296,7 @@ class VLMPolicy:
                 "image_grid_thw": batch.image_grid_thw,
             }
         )
-        embeds = embeds_sharing_images(
-            self.model, input_ids, batch.pixel_values, batch.image_grid_thw, batch.images_per_row
-        )
+        embeds = embeds_sharing_images(self.model, input_ids, batch.pixel_values, batch.image_grid_thw)
         if embeds is not None:  # each distinct image encoded once (a group's rows share theirs); same values
             inputs.update(inputs_embeds=embeds, pixel_values=None)
         out = self.model(
@@ -246,15 +315,13 @@ class VLMPolicy:
 SHARED_IMAGE_MODELS = ("Qwen2VLModel", "Qwen2_5_VLModel")  # vision features enter as input embeddings only
 
 
-def embeds_sharing_images(
-    model, input_ids: torch.Tensor, pixel_values: torch.Tensor, grid_thw: torch.Tensor, images_per_row: int = 1
-):
+def embeds_sharing_images(model, input_ids: torch.Tensor, pixel_values: torch.Tensor, grid_thw: torch.Tensor):
     """Input embeddings `[R, T, H]` with every distinct image of the batch encoded once, or None to run as usual.
 
     The rows of a GRPO group hold copies of one image (`_repeat_images`), so the training forward would run the
     vision tower G times on the same pixels: on the tiny benchmark model that is about a third of the update's
-    forward and backward. Here an image equal to the same view of the row before (same grid, same pixels; with
-    `images_per_row` I, the image I places earlier) reuses its features;
+    forward and backward (and a conversation's rows show the images of earlier turns again). Here an image equal to
+    an earlier one of the batch (same grid, same pixels) reuses its features;
     the features are gathered back to every row and scattered into the token embeddings at the image
     placeholders, as the model's forward does, and the model receives `inputs_embeds` (with `input_ids`, which it
     still reads for the M-RoPE positions) and no `pixel_values`. The gradient of a shared image is the sum over its
@@ -271,11 +338,14 @@ def embeds_sharing_images(
     if any(isinstance(p, DTensor) for p in base.lm_head.parameters()):
         return None
     chunks = pixel_values.split(grid_thw.prod(-1).tolist(), dim=0)
-    step = images_per_row
-    owner = list(range(min(step, len(chunks))))  # image i's features are those of image owner[i]
-    for i in range(step, len(chunks)):
-        same = torch.equal(grid_thw[i], grid_thw[i - step]) and torch.equal(chunks[i], chunks[i - step])
-        owner.append(owner[i - step] if same else i)
+    owner = []  # image i's features are those of image owner[i]
+    seen: dict[tuple, list[int]] = {}  # a cheap fingerprint -> the distinct images that have it (checked exactly)
+    for i, chunk in enumerate(chunks):
+        key = (tuple(grid_thw[i].tolist()), float(chunk[0].sum()), float(chunk.sum()))
+        match = next((j for j in seen.get(key, ()) if torch.equal(chunks[j], chunk)), None)
+        if match is None:
+            seen.setdefault(key, []).append(i)
+        owner.append(i if match is None else match)
     distinct = sorted(set(owner))
     if len(distinct) == len(chunks):
         return None

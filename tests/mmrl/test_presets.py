@@ -80,13 +80,13 @@ def test_judge_preset_adds_the_judges_weighted_score(tmp_path):
 
 def test_text_demonstrations_are_the_experts_answers_and_label_noise_makes_them_sloppy():
     env = sim.make("gui_click", num_envs=4, image_size=96)
-    images, instructions, labels, rate = collect_demonstrations(env, None, episodes=8, seed=3)
+    images, instructions, labels, rate, previous = collect_demonstrations(env, None, episodes=8, seed=3)
     assert images.shape == (8, 96, 96, 3) and len(instructions) == len(labels) == 8
     assert rate == 1.0  # the clean expert clicks inside every target
     # The same worlds again: the labels are exactly the expert's answers there.
     obs = env.reset(seed=900_000_000 + 3 * 8)
     assert labels[:4] == env.expert_action() and instructions[:4] == obs.instruction
-    _, _, sloppy, sloppy_rate = collect_demonstrations(env, None, episodes=8, seed=3, label_noise=1.0)
+    _, _, sloppy, sloppy_rate, _ = collect_demonstrations(env, None, episodes=8, seed=3, label_noise=1.0)
     assert sloppy != labels and all(s.startswith("click(") for s in sloppy)
     assert sloppy_rate < 1.0  # the sloppy answers are what runs, and some miss
 
@@ -101,7 +101,7 @@ def test_continuous_env_needs_a_codec():
 
 def test_text_sft_lowers_the_loss_of_the_demonstrations(tiny_policy):
     env = sim.make("gui_click", num_envs=8, image_size=96)
-    images, instructions, labels, _ = collect_demonstrations(env, None, episodes=8)
+    images, instructions, labels, _, _ = collect_demonstrations(env, None, episodes=8)
     policy = tiny_policy("qwen2_vl", seed=0)
     torch.manual_seed(0)
     losses = train_on_demonstrations(policy, images, instructions, labels, steps=12, batch_size=8, lr=3e-3)
