@@ -128,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
                 sampled = evaluate_k(policy, cfg)
                 for key, value in sampled.summary().items():
                     print(f"{key:16s} {value:.4f}")
+                for task, row in sampled.by_task().items():
+                    print(f"{task}: " + ", ".join(f"{k} {v:.3f}" for k, v in row.items() if k != "items")
+                          + f" ({int(row['items'])} items)")  # fmt: skip
                 if sampled.correct is None:
                     print(f"(no pass@k: the {cfg.env.name} env reports no success per episode)")
                 path = write_sampled_report(cfg, result.metrics, sampled, Path(cfg.output_dir) / "eval")

@@ -185,17 +185,30 @@ class SampledResult:
     instructions: list[str]  # [N]
     texts: list[list[str]]  # [N][k] each sample's first answer
     images: torch.Tensor  # [N, H, W, 3] each item's first observation
+    tasks: list[str] | None = None  # [N] the kind of task of each item, where the env reports one (info["task"])
 
-    def summary(self) -> dict[str, float]:
+    def summary(self, items: list[int] | None = None) -> dict[str, float]:
         """avg@k (the metric's mean over items and samples), best@k (its per-item maximum, averaged), and where the
-        env has success, pass@j for j = 1, 2, 4, ..., k (unbiased, averaged over items)."""
-        out = {f"avg@{self.k}": float(self.values.mean()), f"best@{self.k}": float(self.values.max(1).values.mean())}
+        env has success, pass@j for j = 1, 2, 4, ..., k (unbiased, averaged over items); over `items` (default
+        all)."""
+        rows = torch.arange(len(self.seeds)) if items is None else torch.tensor(items, dtype=torch.long)
+        values = self.values[rows]
+        out = {f"avg@{self.k}": float(values.mean()), f"best@{self.k}": float(values.max(1).values.mean())}
         if self.correct is not None:
-            counts = self.correct.sum(1).tolist()
+            counts = self.correct[rows].sum(1).tolist()
             ks = sorted({1, self.k, *(2**i for i in range(1, self.k.bit_length()) if 2**i < self.k)})
             for j in ks:
                 out[f"pass@{j}"] = sum(pass_at_k(self.k, c, j) for c in counts) / len(counts)
         return out
+
+    def by_task(self) -> dict[str, dict[str, float]]:
+        """`summary` per kind of task (`items`: how many held-out items of it), sorted by kind; {} without kinds."""
+        if not self.tasks:
+            return {}
+        groups: dict[str, list[int]] = {}
+        for i, task in enumerate(self.tasks):
+            groups.setdefault(task, []).append(i)
+        return {task: {"items": float(len(rows)), **self.summary(rows)} for task, rows in sorted(groups.items())}
 
 
 @torch.no_grad()
@@ -214,7 +227,7 @@ def evaluate_k(policy: VLMPolicy, cfg: TrainConfig) -> SampledResult:
     sampling = Sampling(max_new_tokens=cfg.sampling.max_new_tokens, temperature=ec.temperature,
                         top_p=cfg.sampling.top_p, top_k=cfg.sampling.top_k)  # fmt: skip
     metric = cfg.env.eval_metric
-    values, correct, texts, instructions, images = [], [], [], [], []
+    values, correct, texts, instructions, images, tasks = [], [], [], [], [], []
     env = None
     try:
         for start in range(0, len(seeds), per_batch):
@@ -236,6 +249,8 @@ def evaluate_k(policy: VLMPolicy, cfg: TrainConfig) -> SampledResult:
             texts += [answers[i * ec.k : (i + 1) * ec.k] for i in range(len(chunk))]
             instructions += eps.start.instruction[:: ec.k]
             images.append(eps.start.first_view[:: ec.k])
+            kinds = eps.info.get("task")  # the first step's, per world
+            tasks += [str(t) for t in kinds[:: ec.k]] if isinstance(kinds, list) else [""] * len(chunk)
     finally:
         if env is not None:
             env.close()
@@ -248,4 +263,5 @@ def evaluate_k(policy: VLMPolicy, cfg: TrainConfig) -> SampledResult:
         instructions=instructions,
         texts=texts,
         images=torch.cat(images),
+        tasks=tasks if any(tasks) else None,
     )

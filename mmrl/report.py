@@ -148,6 +148,7 @@ def write_sampled_report(cfg: TrainConfig, greedy: dict[str, float], sampled: Sa
             f"mean_{sampled.metric}": float(means[i]),
             f"best_{sampled.metric}": float(sampled.values[i].max()),
             "correct": None if sampled.correct is None else int(sampled.correct[i].sum()),
+            "task": None if sampled.tasks is None else sampled.tasks[i],
             "answers": sampled.texts[i],
         }
         for i, seed in enumerate(sampled.seeds)
@@ -161,6 +162,7 @@ def write_sampled_report(cfg: TrainConfig, greedy: dict[str, float], sampled: Sa
         "items": len(items),
         "greedy": greedy,
         "sampled": summary,
+        "per_task": sampled.by_task(),
         "per_item": items,
     }
     (folder / "report.json").write_text(json.dumps(payload, indent=2))
@@ -178,6 +180,18 @@ def write_sampled_report(cfg: TrainConfig, greedy: dict[str, float], sampled: Sa
     ]
     if sampled.correct is None:
         lines += ["", f"No pass@k: the {cfg.env.name} env reports no success per episode."]
+    per_task = sampled.by_task()
+    if per_task:
+        keys = list(summary)
+        lines += [
+            "",
+            "## By task",
+            "",
+            "| task | items | " + " | ".join(keys) + " |",
+            "|---|---|" + "---|" * len(keys),
+        ]
+        for task, row in per_task.items():
+            lines.append(f"| {task} | {int(row['items'])} | " + " | ".join(f"{row[k]:.4f}" for k in keys) + " |")
     for title, picked in (("Best items", order[:shown]), ("Worst items", order[::-1][:shown])):
         lines += ["", f"## {title}", "", f"| image | instruction | mean {sampled.metric} | correct | first answer |",
                   "|---|---|---|---|---|"]  # fmt: skip

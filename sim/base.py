@@ -59,7 +59,9 @@ class StepResult:
     `info` holds per-world entries as tensors or lists of length N. Conventions:
     `info["reward_components"]`: dict name -> [N] float tensor, each logged as `reward/<name>`;
     `info["reasons"]`: list of N strings saying why a row scored low ("" where nothing went wrong);
-    `info["success"]`: [N] bool tensor where the task has a notion of success.
+    `info["success"]`: [N] bool tensor where the task has a notion of success;
+    `info["task"]`: list of N strings, the kind of task each world holds, where an env mixes kinds (evaluation
+    reports per kind).
     """
 
     obs: Observation

@@ -305,6 +305,7 @@ class GUIClickEnv(SingleStepImageEnv):
         info = {
             "reward_components": components,
             "reasons": list(reasons),
+            "task": [t.kind if t is not None else "" for t in self.targets],  # the kind of element to click
             "target_box": target,
             "pred_point": pred_point,
             "pred_box": pred_box,
@@ -524,6 +525,7 @@ class GUITaskEnv:
             info={
                 "reward_components": {k: v.to(dev) for k, v in components.items()},
                 "reasons": reasons,
+                "task": list(self.task_names),
                 "expected_action": [e or "" for e in expected],
                 "success": torch.tensor(self._success, device=dev),
             },

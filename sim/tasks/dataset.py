@@ -254,6 +254,7 @@ class DatasetEnv(SingleStepImageEnv):
         info: dict[str, Any] = {
             "reward_components": components,
             "reasons": reasons,
+            "task": [record.reward for record in records],  # the kind of question: the reward that scores it
             "target_box": self._target_boxes.clone(),
             "record": torch.tensor(self._record_ids, dtype=torch.long),
         }

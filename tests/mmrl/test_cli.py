@@ -110,6 +110,25 @@ def test_eval_with_k_samples_reports_avg_and_pass_at_k(one_step_checkpoint, tmp_
     assert "eval.temperature" in capsys.readouterr().err
 
 
+def test_eval_with_k_samples_reports_each_kind_of_task(one_step_checkpoint, tmp_path, capsys):
+    import json
+
+    out = tmp_path / "eval_out"
+    args = ["eval", PRESET, *TINY, f"checkpoint={one_step_checkpoint}", "env.name=dataset",
+            "env.options={image_size: 112, eval_fraction: 0.25}", "env.eval_metric=reward", "trainer.eval_episodes=6",
+            "eval.k=2", "eval.batch_size=12", f"output_dir={out}", "trainer.threads=1"]  # fmt: skip
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    report = json.loads((out / "eval" / "report.json").read_text())
+    tasks = [item["task"] for item in report["per_item"]]
+    assert len(set(tasks)) >= 2 and set(report["per_task"]) == set(tasks)  # the held-out records mix kinds
+    for task, row in report["per_task"].items():
+        means = [item["mean_reward"] for item in report["per_item"] if item["task"] == task]
+        assert row["items"] == len(means) and row["avg@2"] == pytest.approx(sum(means) / len(means), abs=1e-6)
+        assert re.search(rf"^{task}: avg@2 \d\.\d{{3}}", printed, re.MULTILINE), printed
+    assert "## By task" in (out / "eval" / "report.md").read_text()
+
+
 def test_eval_without_checkpoint_exits_2(capsys):
     assert main(["eval", PRESET, *TINY]) == 2
     assert "checkpoint=" in capsys.readouterr().err
