@@ -49,16 +49,16 @@ def collect_episodes(
         max_turns: stop after this many generations even if worlds still run (default: as many as the env's
             `max_episode_steps` needs, given the chunk size).
         record_frames: keep every observation of the first K worlds (for episode videos).
-
-    With `policy.history_turns` K > 0 (`model.history_turns`), each later turn's prompt is a conversation: the
-    world's last K turns (their images, instructions and the exact tokens sampled as answers), then the current
-    observation. The rows train on their own completions as always; the earlier answers are prompt tokens.
         judge: a judge model (`mmrl.judge`): each text answer's step reward gains `judge.cfg.weight` times the
             judge's score of it against the observation it answered (the component `judge`); a reason the judge
             gives is added to the step's `reasons`.
 
     Returns:
         The episodes.
+
+    With `policy.history_turns` K > 0 (`model.history_turns`), each later turn's prompt is a conversation: the
+    world's last K turns (their images, instructions and the exact tokens sampled as answers), then the current
+    observation. The rows train on their own completions as always; the earlier answers are prompt tokens.
     """
     codec = policy.action_codec
     if env.action_kind == "continuous" and codec is None:
