@@ -2,5 +2,7 @@
 
 from sim.tasks.dataset import DatasetEnv
 from sim.tasks.grounding import GroundingEnv
+from sim.tasks.jigsaw import JigsawEnv
+from sim.tasks.maze import MazeEnv
 
-__all__ = ["DatasetEnv", "GroundingEnv"]
+__all__ = ["DatasetEnv", "GroundingEnv", "JigsawEnv", "MazeEnv"]

@@ -31,6 +31,8 @@ PRESETS = {
     "highway_tiny.yaml": ["env.options={image_size: 64, max_episode_steps: 2}"],
     "dataset_tiny.yaml": [],
     "cad_tiny.yaml": ["sampling.max_new_tokens=16"],
+    "jigsaw_tiny.yaml": ["curriculum.steps_per_level=1"],  # one step at 2x2, the eval at 3x3
+    "maze_tiny.yaml": ["curriculum.steps_per_level=1"],
 }
 
 
