@@ -231,7 +231,9 @@ def test_hung_worker_is_restarted_then_named_in_the_error(sleepy):
         with pytest.raises(RuntimeError, match=r"worker 1 \(worlds \[2\]\) of env 'sleepy' failed 2 times.*Timeout"):
             sleepy.step(["a", "b", "hang"])
     assert sleepy.restarts == restarts + 1
-    assert time.perf_counter() - start < 60  # two time-outs and one actor start, never the 600 s sleep
+    # Two 2 s time-outs and one actor start, never the 600 s sleep. The bound is half the sleep, not a speed
+    # target: an actor start on a loaded 2-core machine took 76 s once (the test suite beside three training runs).
+    assert time.perf_counter() - start < 300
     # The given-up actor was killed; the next call starts worker 1 afresh and replays world 2's episode.
     with pytest.warns(RuntimeWarning, match="restarting worker 1"):
         assert sleepy.step(["a", "bb", "ccc"]).reward.tolist() == [1.0, 2.0, 3.0]
