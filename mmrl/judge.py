@@ -162,8 +162,9 @@ class Judge:
         self.forwards += 1
         b = len(prompts)
         if self.cfg.mode == "expected":
-            logits = policy.model(**inputs).logits[:, -1].float()  # [B, V] (left padded: the last position is each
-            probs = torch.softmax(logits, dim=-1)[:, self.digit_ids.to(logits.device)].cpu()  # prompt's end) [B, D+1]
+            # Left padded, so the last position is each prompt's end; only its logits are computed ([B, V]).
+            logits = policy.model(**inputs, logits_to_keep=1).logits[:, -1].float()
+            probs = torch.softmax(logits, dim=-1)[:, self.digit_ids.to(logits.device)].cpu()  # [B, D+1]
             total = probs.sum(-1)  # [B]
             values = torch.arange(self.cfg.max_score + 1, dtype=torch.float32)
             scores = (probs * values).sum(-1) / total.clamp_min(1e-30) / self.cfg.max_score  # [B]
