@@ -11,16 +11,6 @@ from .policy.vlm import VLMPolicy
 from .types import Rollout, Turn
 
 
-def _prompt_inputs(
-    policy: VLMPolicy, obs: Observation, history: list[list[Turn]] | None
-) -> tuple[dict[str, torch.Tensor], int | torch.Tensor]:
-    """The prompts' model inputs, as conversations where `history` holds earlier turns, and the images per row."""
-    if history is not None and any(history):
-        inputs, counts = policy.encode_conversations(obs, history)
-        return inputs, counts[0] if len(set(counts)) == 1 else torch.tensor(counts)
-    return policy.encode(obs), obs.views.shape[1]
-
-
 def target_ids(policy: VLMPolicy, target: str) -> list[int]:
     """The tokens a text target is taught as: its tokens, then EOS."""
     return policy.processor.tokenizer(target, add_special_tokens=False)["input_ids"] + [policy.eos_token_ids[0]]
@@ -31,7 +21,7 @@ def supervised_batch(
 ) -> Rollout:
     """A `Rollout` whose completions are the given target texts (each followed by EOS), for teacher forcing; with
     `history`, each prompt is the world's conversation so far (`VLMPolicy.encode_conversations`)."""
-    inputs, per_row = _prompt_inputs(policy, obs, history)
+    inputs, per_row = policy.prompt_inputs(obs, history)
     ids = [target_ids(policy, t) for t in targets]
     length = max(map(len, ids))
     completion_ids = torch.full((len(ids), length), policy.pad_token_id, dtype=torch.long)
@@ -73,7 +63,7 @@ def action_batch(
     policy: VLMPolicy, obs: Observation, token_ids: torch.Tensor, history: list[list[Turn]] | None = None
 ) -> Rollout:
     """A `Rollout` whose completions are given action tokens `[N, C*D]` (a VLA's teacher forcing)."""
-    inputs, per_row = _prompt_inputs(policy, obs, history)
+    inputs, per_row = policy.prompt_inputs(obs, history)
     device = policy.device
     return Rollout(
         prompt_ids=inputs["input_ids"],

@@ -222,6 +222,16 @@ class VLMPolicy:
         }
         return self._with_token_types({k: v.to(self.device) for k, v in inputs.items()}), counts
 
+    def prompt_inputs(
+        self, obs: Observation, history: list[list[Turn]] | None = None
+    ) -> tuple[dict[str, torch.Tensor], int | torch.Tensor]:
+        """The prompts' model inputs (`encode`, or `encode_conversations` where `history` holds earlier turns) and
+        the images of each row, as `Rollout.images_per_row` takes them (an int when all rows have as many)."""
+        if history is None or not any(history):
+            return self.encode(obs), obs.views.shape[1]
+        inputs, counts = self.encode_conversations(obs, history)
+        return inputs, counts[0] if len(set(counts)) == 1 else torch.tensor(counts)
+
     # ------------------------------------------------------------------ generation
     @torch.no_grad()
     def generate(
@@ -251,10 +261,7 @@ class VLMPolicy:
                 raise ValueError("a conversation's later turns are sampled one per world (group_size 1)")
             if self.generation_backend == "vllm":
                 raise ValueError("model.history_turns > 0 needs the lean, hf or static backend (not vllm)")
-            inputs, counts = self.encode_conversations(prompts, history)
-            per_row: int | torch.Tensor = counts[0] if len(set(counts)) == 1 else torch.tensor(counts)
-        else:
-            inputs, per_row = self.encode(prompts), obs.views.shape[1]
+        inputs, per_row = self.prompt_inputs(prompts, history)
         out = self._backend.sample(self, prompts, inputs, group_size, sampling)
         texts = self.processor.tokenizer.batch_decode(out.completion_ids, skip_special_tokens=True)
         repeat = lambda x: x.repeat_interleave(group_size, dim=0)  # noqa: E731
