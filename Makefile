@@ -8,7 +8,7 @@ export TOKENIZERS_PARALLELISM := false
 export MPLBACKEND := Agg
 export MUJOCO_GL ?= egl
 
-.PHONY: setup setup-maniskill demo test bench lint assets clean
+.PHONY: setup setup-maniskill setup-browser demo test bench lint assets clean
 
 setup: $(STAMP)
 
@@ -37,10 +37,24 @@ $(MS_STAMP): $(STAMP)
 		echo "make: ManiSkill could not be installed here; its tests will skip (see the messages above)" >&2; \
 	fi
 
+# Headless Chromium + ChromeDriver (apt, as root) and the Python side (miniwob, selenium) for the `miniwob` env
+# family and the `html` render kind; fails loudly where it cannot (`make test` tries the same and goes on without).
+setup-browser: setup
+	scripts/setup_browser.sh
+	$(BIN)/pip install --quiet -c constraints.txt -e ".[browser]"
+
+BROWSER_STAMP := $(VENV)/.mmrl-browser
+$(BROWSER_STAMP): $(STAMP)
+	@if scripts/setup_browser.sh && $(BIN)/pip install --quiet -c constraints.txt -e ".[browser]"; then \
+		touch $(BROWSER_STAMP); \
+	else \
+		echo "make: the browser could not be installed here; the miniwob and html tests will skip (see above)" >&2; \
+	fi
+
 demo: setup
 	$(BIN)/mmrl train configs/grounding_tiny.yaml output_dir=runs/demo
 
-test: setup $(MS_STAMP)
+test: setup $(MS_STAMP) $(BROWSER_STAMP)
 	$(BIN)/python -m pytest -q
 
 bench: setup
