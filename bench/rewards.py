@@ -107,6 +107,13 @@ def make_svg(seed: int, elements: int = 150, *, jitter: int | None = None) -> st
 
 
 # ---------------------------------------------------------------------------------------------------- THE SIDES
+def cairosvg_render(svg: str) -> bytes:
+    """The naive render: cairosvg to PNG bytes, in-process."""
+    import cairosvg
+
+    return cairosvg.svg2png(bytestring=svg.encode(), output_width=SIZE, output_height=SIZE, background_color="white")
+
+
 def naive_scores(svgs: list[str], target_grays: list) -> tuple[list[float], float, float]:
     """cairosvg + scikit-image SSIM, one at a time, in-process. Returns scores, render seconds, SSIM seconds."""
     import cairosvg
@@ -142,6 +149,57 @@ def mmrl_scores(pool: RenderPool, svgs: list[str], targets: torch.Tensor) -> tup
     scores = ssim(images, targets)
     end = time.perf_counter()
     return scores.tolist(), middle - start, end - middle, int((~ok).sum())
+
+
+def group_rates(pool: RenderPool, n: int, group: int, elements: int, repeats: int) -> dict[str, float]:
+    """The RL reward workload: n predictions, `group` per target, targets given as SVG sources (scored/s).
+
+    Each round is a fresh batch: n // group targets and `group` perturbed drawings of each (what a policy writes).
+    naive: per pair, cairosvg renders the target and the prediction, then scikit-image's SSIM (a reward function
+    that loops over its pairs). mmrl: one `render_batch` of the targets, each once (what the render envs do: one
+    target render per seed, shared by its group), and the predictions, then one batched SSIM.
+    """
+    from skimage.color import rgb2gray
+
+    samples: dict[str, list[float]] = {"mmrl": [], "naive": []}
+    diff = 0.0
+    for round_ in range(repeats):
+        base = 10_000 * (round_ + 1)
+        target_svgs = [make_svg(base + b, elements) for b in range(n // group)]
+        preds = [make_svg(base + i // group, elements, jitter=base + i) for i in range(n // group * group)]
+        order = ("mmrl", "naive") if round_ % 2 == 0 else ("naive", "mmrl")
+        for side in order:
+            start = time.perf_counter()
+            if side == "mmrl":
+                results = pool.render_batch(target_svgs + preds, SIZE, timeout=30)
+                images, ok = stack_renders(results, SIZE)
+                if not bool(ok.all()):
+                    raise RuntimeError(f"renders failed: {[r.reason for r in results if not r.ok][:3]}")
+                targets = images[: len(target_svgs)].repeat_interleave(group, dim=0)
+                mmrl = ssim(images[len(target_svgs) :], targets).tolist()
+            else:
+                import cairosvg
+                import numpy as np
+                from PIL import Image
+
+                def render(svg: str) -> np.ndarray:
+                    png = cairosvg.svg2png(
+                        bytestring=svg.encode(), output_width=SIZE, output_height=SIZE, background_color="white"
+                    )
+                    return rgb2gray(np.asarray(Image.open(io.BytesIO(png)).convert("RGB")))
+
+                naive, _, _ = naive_scores(preds, [render(target_svgs[i // group]) for i in range(len(preds))])
+            samples[side].append(len(preds) / (time.perf_counter() - start))
+            print(f"  group round {round_ + 1} {side:6s} {samples[side][-1]:7.1f} scored/s")
+        diff = max(diff, max(abs(a - b) for a, b in zip(mmrl, naive)))
+    ratios = [m / v for m, v in zip(samples["mmrl"], samples["naive"])]
+    rates = {side: statistics.median(v) for side, v in samples.items()}
+    print(
+        f"RL reward workload ({len(preds)} predictions, {group} per SVG target, targets as sources): mmrl "
+        f"{rates['mmrl']:.1f}/s, naive {rates['naive']:.1f}/s, ratio {rates['mmrl'] / rates['naive']:.2f}x "
+        f"(per round {min(ratios):.2f}-{max(ratios):.2f}); max |SSIM difference| {diff:.1e}"
+    )
+    return {**rates, "ratio": rates["mmrl"] / rates["naive"], "max_ssim_difference": diff}
 
 
 def clip_rates(n: int, repeats: int) -> dict[str, float]:
@@ -248,6 +306,9 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2, help="sandbox workers (default 2)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads for the batched SSIM (default 1)")
     parser.add_argument("--elements", type=int, default=150, help="shapes per SVG (default 150)")
+    parser.add_argument(
+        "--group", type=int, default=0, help="also time the RL reward workload: G predictions per SVG target (0: off)"
+    )
     parser.add_argument("--clip", action="store_true", help="also time batched vs one-at-a-time CLIP similarity")
     parser.add_argument("--scaling", action="store_true", help="also time renders alone with 1 worker and --workers")
     parser.add_argument("--cad", action="store_true", help="also time CAD renders: pool vs a process per script")
@@ -289,6 +350,8 @@ def main() -> int:
                 print(
                     f"  round {round_ + 1} {side:6s} {args.n / total:7.1f} scored/s  (render {render_s:.2f} s, ssim {ssim_s:.3f} s)"
                 )
+        if args.group:
+            group_summary = group_rates(pool, args.n, args.group, args.elements, args.repeats)
     finally:
         pool.close()
     diff = max(abs(a - b) for a, b in zip(mmrl_last, naive_last))
@@ -312,6 +375,8 @@ def main() -> int:
         f"ratio mmrl/naive: {ratio:.2f}x (per round {min(ratios):.2f}-{max(ratios):.2f}); max |SSIM difference| {diff:.1e}"
     )
     summary = {"ratio": ratio, "max_ssim_difference": diff}
+    if args.group:
+        summary["group"] = group_summary
     if args.clip:
         rates = clip_rates(args.n, args.repeats)
         clip_ratio = rates["batched"] / rates["one_at_a_time"]
@@ -323,15 +388,19 @@ def main() -> int:
     if args.scaling:
         rates = {}
         for workers in sorted({1, args.workers}):
-            with RenderPool("svg", workers=workers) as scaling_pool:
-                scaling_pool.render_batch(svgs[: 2 * workers], SIZE)  # start and warm every worker
-                start = time.perf_counter()
-                scaling_pool.render_batch(svgs, SIZE, timeout=30)
-                rates[workers] = args.n / (time.perf_counter() - start)
-        print(
-            "sandboxed renders alone: "
-            + ", ".join(f"{w} worker{'s' if w > 1 else ''} {r:.1f}/s" for w, r in rates.items())
-        )
+            for label, per_child in (("fresh child per render", 1), ("warm child", None)):
+                with RenderPool("svg", workers=workers, renders_per_child=per_child) as scaling_pool:
+                    scaling_pool.render_batch(svgs[: 2 * workers], SIZE)  # start and warm every worker
+                    start = time.perf_counter()
+                    scaling_pool.render_batch(svgs, SIZE, timeout=30)
+                    rates[f"{workers} worker{'s' if workers > 1 else ''}, {label}"] = args.n / (
+                        time.perf_counter() - start
+                    )
+        start = time.perf_counter()
+        for svg in svgs:
+            cairosvg_render(svg)
+        rates["in-process cairosvg, no sandbox"] = args.n / (time.perf_counter() - start)
+        print("renders alone: " + ", ".join(f"{k} {r:.1f}/s" for k, r in rates.items()))
         summary["render_scaling"] = rates
     if args.cad:
         summary["cad"] = cad_rates(args.n, args.workers, args.cad_naive, args.repeats)

@@ -30,6 +30,9 @@ from typing import Any
 RESULT_FD = 3
 """The render child's result pipe: after `confine_child`, the one descriptor open besides 0-2 (/dev/null)."""
 
+REQUEST_FD = 4
+"""A reused render child's request pipe (kinds whose input is data, such as SVG): open next to `RESULT_FD`."""
+
 VIOLATION_EXIT = 3
 """Exit status of a render child that the audit hook stopped (after it reported the refusal on `RESULT_FD`)."""
 
@@ -233,7 +236,13 @@ def prepare(scratch: str, renderer_read_roots: Sequence[str], *, audit_hook: boo
     return Confinement(scratch, read_roots, max(int(abi), 0), uid, gid, audit_hook, libc)
 
 
-def confine_child(conf: Confinement, request: dict[str, Any], write_fd: int, report: Callable[[str], None]) -> None:
+def confine_child(
+    conf: Confinement,
+    request: dict[str, Any],
+    write_fd: int,
+    report: Callable[[str], None],
+    request_fd: int | None = None,
+) -> None:
     """In a fresh render child, before it looks at its input: puts up every layer, or raises.
 
     Args:
@@ -241,12 +250,22 @@ def confine_child(conf: Confinement, request: dict[str, Any], write_fd: int, rep
         request: the render request (`memory_mb`, `cpu_seconds`, `file_mb` set the limits).
         write_fd: the result pipe; it becomes `RESULT_FD`.
         report: sends an audit-hook refusal's reason to the worker (the child then exits with `VIOLATION_EXIT`).
+        request_fd: a reused child's request pipe; it becomes `REQUEST_FD` (None: a one-render child).
     """
+    import fcntl
+
+    # Out of the way first (above 16), so that placing one on 3 or 4 cannot close the other.
+    write_fd = fcntl.fcntl(write_fd, fcntl.F_DUPFD, 16)
+    request_fd = fcntl.fcntl(request_fd, fcntl.F_DUPFD, 16) if request_fd is not None else None
     os.dup2(write_fd, RESULT_FD)
+    keep = RESULT_FD
+    if request_fd is not None:
+        os.dup2(request_fd, REQUEST_FD)
+        keep = REQUEST_FD
     devnull = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):  # the untrusted code's prints go nowhere
+    for fd in (0, 1, 2):  # the untrusted input's prints go nowhere
         os.dup2(devnull, fd)
-    os.closerange(RESULT_FD + 1, 1 << 16)  # the protocol pipes, the spare /dev/null: only 0-3 stay open
+    os.closerange(keep + 1, 1 << 16)  # the protocol pipes, the spare /dev/null: only 0-3 (0-4) stay open
     os.chdir(conf.scratch)
     tempfile.tempdir = conf.scratch
     sys.dont_write_bytecode = True  # a lazy import must not try to write .pyc files next to the source

@@ -100,8 +100,9 @@ def as_size(size: int | tuple[int, int] | Sequence[int]) -> tuple[int, int]:
 class _Worker:
     """One warm worker process as the caller sees it: a pipe pair, a read buffer and a state."""
 
-    def __init__(self, kind: str, *, network_namespace: bool, audit_hook: bool):
+    def __init__(self, kind: str, *, network_namespace: bool, audit_hook: bool, renders_per_child: int | None = None):
         self.kind = kind
+        self.renders_per_child = renders_per_child
         self.network_namespace = network_namespace
         self.audit_hook = audit_hook
         self.proc: subprocess.Popen | None = None
@@ -116,7 +117,14 @@ class _Worker:
     def start(self) -> None:
         # The caller makes the scratch directory, so it can remove it whatever becomes of the worker.
         self.scratch = tempfile.mkdtemp(prefix=f"mmrl-render-{self.kind}-")
-        config = json.dumps({"kind": self.kind, "audit_hook": self.audit_hook, "scratch": self.scratch})
+        config = json.dumps(
+            {
+                "kind": self.kind,
+                "audit_hook": self.audit_hook,
+                "scratch": self.scratch,
+                "renders_per_child": self.renders_per_child,
+            }
+        )
         cmd = [sys.executable, "-I", str(_WORKER_PROGRAM), config]
         if self.network_namespace:
             cmd = [shutil.which("unshare") or "unshare", "-n", *cmd]
@@ -211,19 +219,35 @@ class RenderPool:
         network_namespace: start workers under `unshare -n`; None probes whether that works here.
         audit_hook: install the audit-hook layer in render children. Turn it off only to test that the
             kernel-enforced layers hold on their own.
+        renders_per_child: how many renders one confined child may serve before a fresh one replaces it, for
+            kinds whose input is data (SVG: up to `svg.RENDERS_PER_CHILD`); None takes the renderer's own
+            number, 1 gives every render a fresh child. Code (charts, CAD) always gets a fresh child.
     """
 
-    def __init__(self, kind: str, workers: int = 2, *, network_namespace: bool | None = None, audit_hook: bool = True):
+    def __init__(
+        self,
+        kind: str,
+        workers: int = 2,
+        *,
+        network_namespace: bool | None = None,
+        audit_hook: bool = True,
+        renders_per_child: int | None = None,
+    ):
         if kind not in KINDS:
             raise ValueError(f"unknown render kind {kind!r}; valid: {', '.join(KINDS)}")
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
+        if renders_per_child is not None and renders_per_child < 1:
+            raise ValueError(f"renders_per_child must be >= 1, got {renders_per_child}")
         if network_namespace is None:
             network_namespace = network_namespace_available()
         self.kind = kind
         self.options, self._check_options = _renderer_options(kind)
         self._workers = [
-            _Worker(kind, network_namespace=network_namespace, audit_hook=audit_hook) for _ in range(workers)
+            _Worker(
+                kind, network_namespace=network_namespace, audit_hook=audit_hook, renders_per_child=renders_per_child
+            )
+            for _ in range(workers)
         ]
         self._lock = threading.Lock()
         self._closed = False

@@ -1,4 +1,4 @@
-"""Sandboxed rendering of model-written code: warm worker processes, one fresh forked child per render.
+"""Sandboxed rendering of model-written code: warm worker processes, confined forked children that render.
 
 Model-written SVG, chart code and CAD scripts are untrusted (docs: DESIGN.md, "Model-generated code is
 untrusted"). This module renders them without letting them hang, exhaust, read, write or reach anything they should
@@ -18,6 +18,13 @@ Processes
                                         writes one result, `_exit`s. The next render gets a fresh copy of the warm
                                         worker, so nothing one render does (monkeypatching, pyplot state, files,
                                         leaked threads) reaches another.
+
+Code (charts, CAD) always gets that fresh child. SVG is data, not code: nothing in it runs, so its renderer sets
+`RENDERS_PER_CHILD` and one confined child serves up to that many SVGs, each read from a request pipe
+(`confine.REQUEST_FD`) after the confinement is up, each under the wall-clock timeout and the input checks. The child
+stays only after a render that succeeded or that the input checks refused; after anything else (MemoryError, a
+crash, an audit refusal) it is killed and that SVG is rendered again in a fresh child, so reuse changes what a render
+costs, never its result. A child confined with other limits (`memory_mb`, `file_mb`, `timeout`) is replaced.
 
 Layers, from the outside in (the child applies them in this order before it looks at the input):
 
@@ -70,8 +77,12 @@ What it cannot do
 * Denial of service within the limits is possible by design: a render may burn its whole CPU and memory budget.
 * Threads are refused too (RLIMIT_NPROC counts them), so chart code that needs a thread pool fails.
 * Cost: the fork, the confinement and the copy-on-write faults of a fresh child add about 4-6 ms to each render
-  (measured on a trivial SVG: 7 ms per render through the pool against 3 ms in-process), small next to the
-  30-40 ms of a 150-element SVG at 256 px.
+  (measured on a trivial SVG: 7 ms per render through the pool against 3 ms in-process), about 15% of the 30-40 ms
+  of a 150-element SVG at 256 px; a warm SVG child pays it once per `RENDERS_PER_CHILD` renders.
+* A warm SVG child is one process for several inputs: a renderer bug that one SVG could exploit (cairo and cairosvg
+  run no code from the SVG, but they are C and Python parsers) could carry over to the next SVGs that child renders,
+  up to `RENDERS_PER_CHILD` of them, inside the same confinement. `RenderPool(renders_per_child=1)` gives every SVG
+  its own child.
 
 Recovery: a worker that dies while a render is in flight (killed from outside: renders themselves run in children)
 gets the request once more on a fresh worker; one that stops answering for the timeout plus `GRACE` is killed and
@@ -135,11 +146,25 @@ def _load_renderer(kind: str) -> ModuleType:
 
 
 @dataclass
+class _WarmChild:
+    """A confined render child that serves several renders (kinds whose input is data: `RENDERS_PER_CHILD` > 1)."""
+
+    pid: int
+    pidfd: int | None
+    request_fd: int  # the worker's end of the child's request pipe
+    result_fd: int  # the worker's end of the child's result pipe
+    limits: tuple[int, int, int]  # (memory_mb, file_mb, cpu_seconds) it was confined with
+    served: int = 0
+
+
+@dataclass
 class _Context:
     """What the worker prepares once for every render child."""
 
     renderer: Any
     confinement: confine.Confinement
+    renders_per_child: int = 1  # 1: a fresh child per render; more: a warm child serves up to that many
+    warm: _WarmChild | None = None
 
 
 def _worker_main(argv: list[str]) -> int:
@@ -165,6 +190,7 @@ def _worker_main(argv: list[str]) -> int:
     while True:
         head = framing.read_exact(proto_in, framing.FRAME.size)
         if head is None:  # the caller closed the pipe (or died): clean up and leave quietly
+            _end_warm(ctx)
             shutil.rmtree(ctx.confinement.scratch, ignore_errors=True)
             return 0
         (length,) = framing.FRAME.unpack(head)
@@ -186,17 +212,35 @@ def _prepare(config: dict[str, Any]) -> _Context:
     confinement = confine.prepare(
         config["scratch"], renderer.read_roots(), audit_hook=bool(config.get("audit_hook", True))
     )
+    # Code (charts, CAD) always gets a fresh child; data (SVG) may be served by a warm one, if the renderer says so.
+    allowed = max(1, int(getattr(renderer, "RENDERS_PER_CHILD", 1)))
+    asked = config.get("renders_per_child")
+    renders_per_child = allowed if asked is None else max(1, min(int(asked), allowed))
     gc.collect()
     gc.freeze()  # the warm heap stays out of the children's collections: fewer copy-on-write page faults per render
-    return _Context(renderer, confinement)
+    return _Context(renderer, confinement, renders_per_child)
 
 
 def _serve(ctx: _Context, request: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
-    """Renders one request in a forked child, under a wall-clock timeout; returns the reply header and pixels."""
+    """Renders one request in a confined child, under a wall-clock timeout; returns the reply header and pixels.
+
+    With `renders_per_child` > 1 the request goes to the warm child (started if there is none); whatever that child
+    cannot answer as the input's own verdict (it crashed, ran out of memory, died) is rendered again in a fresh
+    child, so a reused child never changes a result, only its cost.
+    """
+    start = time.monotonic()
+    if ctx.renders_per_child > 1:
+        reply = _serve_warm(ctx, request, start)
+        if reply is not None:
+            return reply
+    return _serve_fresh(ctx, request, start)
+
+
+def _serve_fresh(ctx: _Context, request: dict[str, Any], start: float) -> tuple[dict[str, Any], bytes]:
+    """Renders one request in a freshly forked child that exits after it."""
     width, height, timeout = int(request["width"]), int(request["height"]), float(request["timeout"])
     nbytes = width * height * 3
     read_fd, write_fd = os.pipe()
-    start = time.monotonic()
     try:
         pid = os.fork()
     except OSError as e:
@@ -260,6 +304,99 @@ def _serve(ctx: _Context, request: dict[str, Any]) -> tuple[dict[str, Any], byte
             return {"ok": False, "reason": framing.clean_reason(header.get("reason", "render failed"))}, b""
         bad = "inconsistent result"
     return {"ok": False, "reason": _exit_reason(status, request, bad)}, b""
+
+
+def _serve_warm(ctx: _Context, request: dict[str, Any], start: float) -> tuple[dict[str, Any], bytes] | None:
+    """Renders one request in the warm child; None when it must be rendered again in a fresh child."""
+    width, height, timeout = int(request["width"]), int(request["height"]), float(request["timeout"])
+    nbytes = width * height * 3
+    limits = (int(request["memory_mb"]), int(request["file_mb"]), int(request["cpu_seconds"]))
+    warm = ctx.warm
+    if warm is not None and (warm.limits != limits or warm.served >= ctx.renders_per_child):
+        _end_warm(ctx)
+        warm = None
+    if warm is None:
+        warm = _start_warm(ctx, request, limits)
+        if warm is None:
+            return None
+    work = framing.frame(
+        {"width": width, "height": height, "options": request["options"]},
+        request["source"].encode("utf-8", "surrogatepass"),
+    )
+    try:
+        framing.write_all(warm.request_fd, work)
+    except OSError:  # the child is gone
+        _end_warm(ctx)
+        return None
+    warm.served += 1
+    data = bytearray()
+    frame = None
+    while frame is None:
+        remaining = start + timeout - time.monotonic()
+        if remaining <= 0:
+            _end_warm(ctx)
+            _empty(ctx.confinement.scratch)
+            return {"ok": False, "reason": f"wall-clock timeout after {timeout:g} s"}, b""
+        watch = [warm.result_fd] + ([warm.pidfd] if warm.pidfd is not None else [])
+        readable, _, _ = select.select(watch, [], [], min(remaining, 0.05) if warm.pidfd is None else remaining)
+        if warm.result_fd in readable:
+            chunk = os.read(warm.result_fd, 1 << 20)
+            if not chunk:  # it closed its pipe: dead or dying
+                break
+            data += chunk
+            try:
+                frame = framing.take_frame(data, nbytes)
+            except ValueError:
+                break
+        elif warm.pidfd in readable or (warm.pidfd is None and os.waitpid(warm.pid, os.WNOHANG)[0]):
+            break  # it exited without a whole answer
+    _empty(ctx.confinement.scratch)
+    if frame is not None:
+        header, payload = frame
+        if header.get("ok") is True and len(payload) == nbytes and not data:
+            return {"ok": True}, payload
+        if header.get("ok") is False and header.get("refused") is True and not data:
+            return {"ok": False, "reason": framing.clean_reason(header.get("reason", "render refused"))}, b""
+    _end_warm(ctx)  # anything else (a crash, MemoryError, an audit refusal, a malformed answer): a fresh child decides
+    return None
+
+
+def _start_warm(ctx: _Context, request: dict[str, Any], limits: tuple[int, int, int]) -> _WarmChild | None:
+    """Forks a child that confines itself once and then serves renders from its request pipe."""
+    request_read, request_write = os.pipe()
+    result_read, result_write = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError:
+        for fd in (request_read, request_write, result_read, result_write):
+            os.close(fd)
+        return None
+    if pid == 0:  # ------------------------------------------------------------ the warm child; never returns
+        os.close(request_write)
+        os.close(result_read)
+        _warm_child(ctx, request, result_write, request_read)
+    os.close(request_read)
+    os.close(result_write)
+    ctx.warm = _WarmChild(pid, _pidfd_open(pid), request_write, result_read, limits)
+    return ctx.warm
+
+
+def _end_warm(ctx: _Context) -> None:
+    """Kills and reaps the warm child, if any."""
+    warm, ctx.warm = ctx.warm, None
+    if warm is None:
+        return
+    try:
+        os.kill(warm.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        os.waitpid(warm.pid, 0)
+    except ChildProcessError:  # reaped already
+        pass
+    for fd in (warm.request_fd, warm.result_fd, warm.pidfd):
+        if fd is not None:
+            os.close(fd)
 
 
 def _pidfd_open(pid: int) -> int | None:
@@ -326,6 +463,46 @@ def _child(ctx: _Context, request: dict[str, Any], write_fd: int) -> None:
         _send({"ok": False, "reason": f"{type(e).__name__}: {e}"})
     finally:
         os._exit(code)
+
+
+def _warm_child(ctx: _Context, request: dict[str, Any], write_fd: int, request_fd: int) -> None:
+    """A reused render child: confine once, then render each request from `REQUEST_FD` until told to stop.
+
+    Its CPU-time limit covers all the renders it may serve (the worker's wall-clock timeout bounds each one). It
+    stays up only after a render that succeeded or that the renderer's input checks refused; after anything else
+    it exits, and the worker renders that input again in a fresh child.
+    """
+    cpu = int(request["cpu_seconds"]) * (ctx.renders_per_child + 1)
+    try:
+        confine.confine_child(ctx.confinement, {**request, "cpu_seconds": cpu}, write_fd, _report_refusal, request_fd)
+    except BaseException as e:  # fail closed: no confinement, no render
+        _send({"ok": False, "reason": f"sandbox setup failed: {type(e).__name__}: {e}"})
+        os._exit(70)
+    refused = getattr(ctx.renderer, "RenderRefused", ())
+    while True:
+        head = framing.read_exact(confine.REQUEST_FD, framing.FRAME.size)
+        if head is None:  # the worker closed the pipe
+            os._exit(0)
+        (length,) = framing.FRAME.unpack(head)
+        body = framing.read_exact(confine.REQUEST_FD, length)
+        if body is None:
+            os._exit(0)
+        work = json.loads(body)
+        source = framing.read_exact(confine.REQUEST_FD, int(work["nbytes"])) if work["nbytes"] else b""
+        if source is None:
+            os._exit(0)
+        try:
+            width, height = int(work["width"]), int(work["height"])
+            pixels = ctx.renderer.render(source.decode("utf-8", "surrogatepass"), width, height, work["options"])
+            if not isinstance(pixels, bytes | bytearray) or len(pixels) != width * height * 3:
+                raise RuntimeError("renderer returned a wrong-sized image")
+        except refused as e:
+            _send({"ok": False, "refused": True, "reason": str(e)})
+            continue
+        except BaseException as e:  # MemoryError, a crash in the renderer: the worker retries in a fresh child
+            _send({"ok": False, "reason": f"{type(e).__name__}: {e}"})
+            os._exit(1)
+        _send({"ok": True}, bytes(pixels))
 
 
 def _send(header: dict[str, Any], payload: bytes = b"") -> None:

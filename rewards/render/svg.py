@@ -43,6 +43,12 @@ OPTIONS: dict[str, Any] = {
 }
 """Defaults of the per-render options (see the module docstring)."""
 
+RENDERS_PER_CHILD = 64
+"""Renders one confined child may serve before a fresh one replaces it (see `rewards.render.sandbox`). SVG is data,
+not code: nothing in it runs, so a warm child can rasterise many files without the 4-10 ms of a fresh fork,
+confinement and copy-on-write faults per file; the input checks above apply to each file, the wall-clock timeout
+to each render. Retiring the child now and then bounds what a renderer bug could carry from one file to the next."""
+
 _URL = re.compile(r"url\(\s*(['\"]?)(.*?)\1\s*\)", re.IGNORECASE | re.DOTALL)
 _NUMBER = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)")
 _DATA_IMAGE = re.compile(r"^data:image/(png|jpe?g)(?:;[^,;]*)*;base64,", re.IGNORECASE)

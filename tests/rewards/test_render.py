@@ -248,3 +248,59 @@ def test_check_svg_accepts_internal_references():
     assert check_svg(svg(body)).startswith(b"<svg")
     with pytest.raises(RenderRefused, match="at most|deeper"):
         check_svg(svg("<g><g><g></g></g></g>"), {"max_depth": 3})
+
+
+# ------------------------------------------------------------------------------------------- warm render children
+def _warm_children(worker_pid: int) -> list[int]:
+    """The worker's live children (its warm render child), from /proc."""
+    path = f"/proc/{worker_pid}/task/{worker_pid}/children"
+    if not os.path.exists(path):
+        pytest.skip("this kernel does not list a process's children in /proc")
+    with open(path) as f:
+        return [int(pid) for pid in f.read().split()]
+
+
+def test_a_warm_child_renders_exactly_what_fresh_children_do():
+    gradient = '<defs><linearGradient id="g"><stop offset="0" stop-color="red"/><stop offset="1" stop-color="blue"/>'
+    gradient += '</linearGradient></defs><rect width="40" height="30" fill="url(#g)" opacity="0.6"/>'
+    sources = [
+        svg(gradient),
+        svg('<text x="2" y="20" font-family="DejaVu Sans" font-size="12">Ab</text>'),
+        "<svg",  # malformed: refused by the checks, the warm child stays
+        svg('<image href="file:///etc/passwd" width="9" height="9"/>'),  # refused reference
+        svg('<circle cx="20" cy="15" r="12" fill="teal" fill-opacity="0.5" stroke="black"/>'),
+        svg('<path d="M2 2 C 20 40 30 -10 38 28" stroke="navy" stroke-width="3" fill="none"/>'),
+        svg(gradient, extra='preserveAspectRatio="none"'),
+    ]
+    with RenderPool("svg", workers=1, renders_per_child=1) as fresh, RenderPool("svg", workers=1) as warm:
+        expected = fresh.render_batch(sources * 2, 48)
+        got = warm.render_batch(sources * 2, 48)
+    assert [r.ok for r in got] == [r.ok for r in expected] == [True, True, False, False, True, True, True] * 2
+    assert [r.reason for r in got] == [r.reason for r in expected]
+    for a, b in zip(expected, got):
+        assert (a.image is None and b.image is None) or torch.equal(a.image, b.image)
+
+
+def test_a_warm_child_is_reused_then_retired():
+    with RenderPool("svg", workers=1, renders_per_child=2) as pool:
+        pool.render_batch([svg("")], 8)
+        worker = pool.isolation["pid"]
+        first = _warm_children(worker)
+        pool.render_batch([svg("")], 8)  # its second render: the same child
+        assert _warm_children(worker) == first and len(first) == 1
+        pool.render_batch([svg("")], 8)  # past its two: a new child
+        assert len(_warm_children(worker)) == 1 and _warm_children(worker) != first
+        pool.render_batch([svg("")], 8, memory_mb=512)  # other limits: a child confined with them
+        assert _warm_children(worker) not in ([], first)
+
+
+def test_a_warm_child_that_fails_gives_way_to_a_fresh_child():
+    big = svg('<rect width="40" height="30" fill="orange"/>')
+    with RenderPool("svg", workers=1, renders_per_child=1) as fresh, RenderPool("svg", workers=1) as warm:
+        # A memory budget too small for a 1024 px image: the warm child fails, the fresh retry gives the verdict.
+        expected = fresh.render_batch([big], 1024, memory_mb=1)[0]
+        got = warm.render_batch([big], 1024, memory_mb=1)[0]
+        assert not expected.ok and got.reason == expected.reason
+        assert "memory" in got.reason
+        after = warm.render_batch([big], 16)[0]  # and the next render is fine
+    assert after.ok and after.image[8, 8].tolist() == [255, 165, 0]
