@@ -13,9 +13,12 @@ The script is plain Python that imports build123d (`from build123d import *`) an
    that variable holds anything else, the render fails with a reason (it does not fall back to rule 2);
 2. otherwise, the last variable (by first assignment) that holds a shape or a `BuildPart` with at least one solid.
 
-The result must contain a solid, be valid (`Shape.is_valid`), and have a non-zero, finite size; otherwise the
-render fails with a reason, as it does for a script that raises or builds nothing. 2-D results (sketches, faces,
-wires) are not drawn.
+The result must contain a solid and have a non-zero, finite size; otherwise the render fails with a reason, as it
+does for a script that raises or builds nothing. 2-D results (sketches, faces, wires) are not drawn. A shape that
+OCCT's checker calls invalid (`Shape.is_valid` False: an open shell, a self-intersecting face, a tolerance
+mismatch after a boolean or a fillet, common in scripts from public collections) is drawn as it tessellates, like
+build123d's and CadQuery's own exporters do: the picture is what the reward compares, and refusing it would score
+a nearly right part as nothing.
 
 How it is drawn
 ---------------
@@ -246,8 +249,6 @@ def _as_shape(value: Any) -> Any:
 def _checked(shape: Any, what: str) -> Any:
     if not shape.solids():
         raise RenderRefused(f"cad script: {what} has no solid")
-    if not shape.is_valid:
-        raise RenderRefused(f"cad script: {what} is not a valid shape")
     diagonal = shape.bounding_box().diagonal
     if not (math.isfinite(diagonal) and diagonal > 1e-9):
         raise RenderRefused(f"cad script: {what} has no extent (bounding-box diagonal {diagonal})")

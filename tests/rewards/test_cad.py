@@ -100,6 +100,22 @@ def test_which_object_is_drawn(pool):
     assert torch.equal(draw(pool, named).image, cylinder)  # `part` wins over later shapes
     context = "from build123d import *\nwith BuildPart() as bp:\n    Cylinder(5, 10)\n"
     assert torch.equal(draw(pool, context).image, cylinder)
+    builder = "from build123d import *\nwith BuildPart() as bp:\n    Cylinder(5, 10)\nresult = bp\n"
+    assert torch.equal(draw(pool, builder).image, cylinder)  # a builder as `result`: its part
+
+
+def test_compounds_and_shapes_occt_calls_invalid_are_drawn(pool):
+    # An assembly-style compound of two parts, and a solid whose shell is open (one face of a box missing):
+    # `is_valid` is False for the second (and for a compound holding it), yet it tessellates and is drawn.
+    compound = "from build123d import *\nresult = Compound([Box(10, 10, 10), Pos(12, 0, 0) * Cylinder(4, 10)])\n"
+    assert draw(pool, compound).ok
+    open_box = (
+        "from build123d import *\nfaces = list(Box(10, 10, 10).faces())[:5]\n"
+        "result = Compound([Solid(Shell(faces)), Pos(15, 0, 0) * Box(4, 4, 4)])\n"
+    )
+    drawn = draw(pool, open_box)
+    assert drawn.ok, drawn.reason
+    assert (drawn.image != drawn.image[0, 0]).any(dim=-1).float().mean() > 0.05  # a part covers the view
 
 
 @pytest.mark.parametrize(
