@@ -12,7 +12,8 @@ and `page.go_back()`; the rewards would stay the same, and the goal checks would
 """
 
 from sim.gui.envs import TASKS, GUIClickEnv, GUITaskEnv
+from sim.gui.miniwob import MiniWoBEnv
 from sim.gui.paint import draw
 from sim.gui.screen import LAYOUTS, THEMES, Element, Screen
 
-__all__ = ["LAYOUTS", "TASKS", "THEMES", "Element", "GUIClickEnv", "GUITaskEnv", "Screen", "draw"]
+__all__ = ["LAYOUTS", "TASKS", "THEMES", "Element", "GUIClickEnv", "GUITaskEnv", "MiniWoBEnv", "Screen", "draw"]
