@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+import sim
+
 from . import distributed, precision
 from .algos import CRITIC_ADVANTAGES
 from .checkpoint import latest_checkpoint, load_training_state, set_rng_state
@@ -30,7 +32,7 @@ from .evaluate import held_out
 from .logging import MetricsLogger, TensorBoardSink, WandbSink, require_backends
 from .policy import VLMPolicy, add_action_tokens, apply_model_options, build_tiny
 from .report import report_before
-from .sft import collect_demonstrations, train_on_demonstrations
+from .sft import collect_demonstrations, merge_demonstrations, train_on_demonstrations
 from .types import Sampling
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -99,9 +101,7 @@ def starting_policy(
         raise ValueError(f"sft.episodes > 0 needs an env with a scripted expert; {cfg.env.name!r} has none")
     initial = held_out(policy, cfg, world)
     sft = cfg.sft
-    images, instructions, labels, rate, previous = collect_demonstrations(
-        env, policy.action_codec, sft.episodes, noise=sft.noise, seed=cfg.trainer.seed, label_noise=sft.label_noise
-    )
+    images, instructions, labels, rate, previous = demonstrations(cfg, env, policy)
     if world.is_main:
         print(f"held-out {cfg.env.eval_metric} of the initial model: {initial.metrics[cfg.env.eval_metric]:.3f}\n"
               f"{len(instructions)} demonstration steps from {sft.episodes} episodes "
@@ -119,6 +119,29 @@ def starting_policy(
         (tmp / "initial_eval.json").write_text(json.dumps(initial.metrics, indent=2))
         tmp.rename(cold_start)  # atomic: a folder named cold_start is always complete
     return policy
+
+
+def demonstrations(cfg: TrainConfig, env, policy: VLMPolicy) -> tuple:
+    """The cold start's demonstrations: from `env` (the curriculum's first level), or with `sft.all_levels` an even
+    share of `sft.episodes` at every level of the curriculum, each level in an env of its own."""
+    sft, cur = cfg.sft, cfg.curriculum
+    if not (sft.all_levels and cur.option is not None):
+        return collect_demonstrations(
+            env, policy.action_codec, sft.episodes, noise=sft.noise, seed=cfg.trainer.seed, label_noise=sft.label_noise
+        )
+    parts = []
+    for index, level in enumerate(cur.levels):
+        episodes = sft.episodes // len(cur.levels) + (index < sft.episodes % len(cur.levels))
+        level_env = sim.make(cfg.env.name, num_envs=env.num_envs, **{**cfg.env.make_options(), cur.option: level})
+        try:
+            part = collect_demonstrations(
+                level_env, policy.action_codec, episodes, noise=sft.noise, seed=cfg.trainer.seed + index,
+                label_noise=sft.label_noise,
+            )  # fmt: skip
+        finally:
+            level_env.close()
+        parts.append((part, episodes))
+    return merge_demonstrations(parts)
 
 
 def build(cfg: TrainConfig, policy: VLMPolicy | None, generation_shards: int | None, live: ExitStack) -> Run:

@@ -13,6 +13,8 @@
 * **Filters and refill.** Dynamic sampling and difficulty filtering drop groups; more batches of B prompts are
   sampled until B groups pass or `algo.max_sample_batches` is spent. Nothing passing trains on the first batch
   (zero advantages; only the KL and entropy terms act).
+* **Label-free rewards.** With `algo.label_free: ttrv` the group's votes replace the env's reward before anything
+  reads it (`mmrl.consistency.with_vote_rewards`).
 * **Shaping.** DAPO's soft overlong penalty joins each turn's reward once, here, and is logged as the reward
   component `overlong`; the overlong filter takes truncated completions out of the loss.
 
@@ -34,6 +36,7 @@ from sim.workers import make_vec_env
 from . import distributed
 from .algos.data import difficulty_filter_keep, dynamic_sampling_keep, overlong_mask, soft_overlong_penalty
 from .config import AlgoConfig, TrainConfig
+from .consistency import with_vote_rewards
 from .curriculum import Curriculum
 from .judge import make_judge
 from .policy.vlm import VLMPolicy
@@ -212,6 +215,7 @@ class Collector:
                     for shard in self.my_shards
                 ]  # fmt: skip
                 episodes = cat_episodes(self._play(policy, jobs), pad)
+                episodes = with_vote_rewards(episodes, ac)  # TTRV (algo.label_free): the group's votes, not labels
                 keep = keep_groups(episodes, ac)  # [B/K]
                 episodes = with_overlong_penalty(episodes, ac, self.sampling.max_new_tokens)
                 sampled.append(episodes)

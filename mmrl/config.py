@@ -199,6 +199,19 @@ class AlgoConfig:
     critic_hidden: int = 256  # units of the head's hidden layer; 0: a linear head
     critic_warmup_steps: int = 0
     critic_trunk_grad: bool = False  # let the value loss train the policy's trunk too (a shared actor-critic)
+    # Label-free rewards (mmrl/consistency.py). "ttrv": TTRV (https://arxiv.org/abs/2510.06783), each sample's reward is
+    # the share of its group giving the same parsed answer plus ttrv_entropy_coef x its part in a low entropy of the
+    # group's answer distribution; the env's reward (its labels) is then only logged, never trained on.
+    label_free: Literal["off", "ttrv"] = "off"
+    ttrv_entropy_coef: float = 0.5
+    ttrv_answer: Literal["choice", "text"] = "choice"  # answers compared by letter (parse_choice) or normalised text
+    # GRPO-CARE (https://arxiv.org/abs/2506.16141): > 0 adds this bonus to correct answers whose likelihood given their
+    # reasoning, under an EMA copy of the policy, beats the mean of the group's correct samples; replaces the KL term.
+    care_coef: float = 0.0
+    care_ema_decay: float = 0.995  # the EMA reference's decay per update (1: frozen, 0: the policy itself)
+    # SRPO (https://arxiv.org/abs/2511.15605): > 0 gives each failed episode up to this much reward for how close it
+    # came to its group's successes, in the policy's own vision features (mmrl/progress.py).
+    progress_coef: float = 0.0
 
     def __post_init__(self):
         _require(self.group_size >= 1, "algo.group_size", "must be >= 1")
@@ -251,6 +264,26 @@ class AlgoConfig:
                 f"algo.{name}",
                 f"needs a critic: algo.advantage {' or '.join(CRITIC_ADVANTAGES.names())}, not {self.advantage!r}",
             )
+        _require(self.ttrv_entropy_coef >= 0, "algo.ttrv_entropy_coef", f"must be >= 0, got {self.ttrv_entropy_coef}")
+        _require(
+            self.label_free == "off" or (self.difficulty_low is None and self.difficulty_high is None),
+            "algo.label_free",
+            f"{self.label_free!r} trains without labels; algo.difficulty_low/high filter groups by their labelled success "
+            "(leave them null, or use algo.dynamic_sampling)",
+        )
+        _require(self.progress_coef >= 0, "algo.progress_coef", f"must be >= 0 (0: off), got {self.progress_coef}")
+        _require(self.care_coef >= 0, "algo.care_coef", f"must be >= 0 (0: off), got {self.care_coef}")
+        _require(0 <= self.care_ema_decay <= 1, "algo.care_ema_decay", f"must be in [0, 1], got {self.care_ema_decay}")
+        _require(
+            self.care_coef == 0 or self.kl_coef == 0,
+            "algo.care_coef",
+            f"> 0 (GRPO-CARE) replaces the KL penalty: set algo.kl_coef to 0, not {self.kl_coef}",
+        )
+        _require(
+            self.care_coef == 0 or self.label_free == "off",
+            "algo.care_coef",
+            "> 0 (GRPO-CARE) rewards correct answers; it needs labels, not algo.label_free " + repr(self.label_free),
+        )
         _require(
             self.old_logprobs != "sampling" or self.rollout_correction in ("auto", "none"),
             "algo.rollout_correction",
@@ -345,6 +378,8 @@ class SFTConfig:
     noise: float = 0.3
     # > 0 labels with the expert's noisy answers instead: a sloppy demonstrator whose errors RL then corrects.
     label_noise: float = 0.0
+    # With a curriculum: demonstrations spread evenly over all its levels (True) or at its first level only (False).
+    all_levels: bool = False
 
     def __post_init__(self):
         _require(self.episodes >= 0, "sft.episodes", "must be >= 0 (0: no cold start)")
@@ -360,6 +395,8 @@ class CurriculumConfig:
     promote_at: float | None = None  # advance when the recent success rate (or reward) reaches this
     window: int = 10  # steps averaged for promote_at
     steps_per_level: int = 0  # advance every this many steps (when promote_at is None)
+    # Held-out evaluations also score every level (metrics `<metric>@<option>=<level>`), before and after RL.
+    eval_levels: bool = False
 
     def __post_init__(self):
         if self.option is not None:

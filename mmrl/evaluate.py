@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -144,17 +144,39 @@ def _cat_samples(parts: list[dict[str, Any]]) -> dict[str, Any]:
 
 def held_out(policy: VLMPolicy, cfg: TrainConfig, world: World | None = None) -> EvalResult:
     """Greedy play on the held-out seeds of `cfg`'s env; under torchrun every process plays its 1/K of them (rank 0
-    gets the samples) and must call this."""
+    gets the samples) and must call this.
+
+    With `curriculum.eval_levels`, the same seeds are also played at every level of the curriculum, and each level's
+    metrics join as `<name>@<option>=<level>` (e.g. `success@grid=2`); the plain names stay the config's own
+    difficulty, which the curriculum ends on."""
+    options = cfg.env.make_options()
     with distributed.full_weights(policy.model):  # under FSDP: whole weights, so processes may play unevenly
-        return evaluate(
+        result = evaluate(
             policy,
             cfg.env.name,
-            cfg.env.make_options(),
+            options,
             episodes=cfg.trainer.eval_episodes,
             batch_size=cfg.trainer.eval_batch_size,
             max_new_tokens=cfg.sampling.max_new_tokens,
             world=world,
         )
+        cur = cfg.curriculum
+        if not (cur.eval_levels and cur.option is not None):
+            return result
+        metrics = dict(result.metrics)
+        for level in cur.levels:
+            at_level = evaluate(
+                policy,
+                cfg.env.name,
+                {**options, cur.option: level},
+                episodes=cfg.trainer.eval_episodes,
+                batch_size=cfg.trainer.eval_batch_size,
+                max_new_tokens=cfg.sampling.max_new_tokens,
+                keep=0,
+                world=world,
+            )
+            metrics.update({f"{k}@{cur.option}={level}": v for k, v in at_level.metrics.items()})
+    return replace(result, metrics=metrics)
 
 
 # ------------------------------------------------------------------------------------------------ k samples per item

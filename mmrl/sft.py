@@ -149,6 +149,27 @@ def collect_demonstrations(env, codec, episodes: int, noise: float = 0.0, seed: 
     return torch.cat(images), instructions, (labels if text else torch.cat(labels)), rate, previous
 
 
+def merge_demonstrations(parts: list[tuple]) -> tuple:
+    """Several `collect_demonstrations` results as one: rows concatenated, `previous` indices shifted to match, the
+    demonstrator's success rate averaged over all their episodes.
+
+    Args:
+        parts: `(result, episodes)` pairs, each result as `collect_demonstrations` returns it.
+    """
+    images, instructions, labels, previous = [], [], [], []
+    succeeded = total = 0.0
+    for (part_images, part_instructions, part_labels, rate, part_previous), episodes in parts:
+        offset = len(instructions)
+        images.append(part_images)
+        instructions += part_instructions
+        labels.append(part_labels)
+        previous += [p + offset if p >= 0 else -1 for p in part_previous]
+        succeeded, total = succeeded + rate * episodes, total + episodes
+    text = isinstance(labels[0], list)
+    merged = [x for part in labels for x in part] if text else torch.cat(labels)
+    return torch.cat(images), instructions, merged, succeeded / max(total, 1), previous
+
+
 def train_on_demonstrations(
     policy: VLMPolicy,
     images: torch.Tensor,

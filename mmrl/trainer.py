@@ -30,9 +30,11 @@ from .build import Run, build
 from .checkpoint import save_checkpoint
 from .collect import check_generation_shards
 from .config import AlgoConfig, TrainConfig
+from .consistency import CareReference, make_care
 from .evaluate import held_out
 from .logging import read_metrics
 from .policy import VLMPolicy
+from .progress import with_progress_rewards
 from .report import report, step_metrics
 from .types import Episodes
 from .update import score_before_update, update
@@ -57,13 +59,14 @@ def train(
     check_generation_shards(cfg, generation_shards)  # before anything is loaded
     with ExitStack() as live:  # what holds processes (env, rollout workers): closed however the run ends
         run = build(cfg, policy, generation_shards, live)
+        care = make_care(cfg, run.policy, run.world.size)  # GRPO-CARE's EMA reference (algo.care_coef > 0), or None
         last = min(stop_after or cfg.trainer.total_steps, cfg.trainer.total_steps)
         bar = tqdm(
             range(run.start_step, last), initial=run.start_step, total=cfg.trainer.total_steps, desc="grpo",
             dynamic_ncols=True, disable=not run.world.is_main,
         )  # fmt: skip
         for step in bar:
-            logged = train_step(run, step, last)
+            logged = train_step(run, step, last, care)
             bar.set_postfix(reward=f"{logged['reward/total']:.3f}", loss=f"{logged.get('loss/policy', 0.0):+.3f}")
         bar.close()
         if last < cfg.trainer.total_steps:  # stopped early, as if killed after the checkpoint of `last`
@@ -79,15 +82,19 @@ def train(
         return read_metrics(run.out / "metrics.jsonl")
 
 
-def train_step(run: Run, step: int, last: int) -> dict[str, float]:
-    """One step of the loop: collect, advantages, update, log, evaluate, checkpoint; returns the logged metrics."""
+def train_step(run: Run, step: int, last: int, care: CareReference | None = None) -> dict[str, float]:
+    """One step of the loop: collect, advantages, update, log, evaluate, checkpoint; returns the logged metrics.
+    With `care` (GRPO-CARE), its consistency bonus joins the rewards and its EMA follows each update."""
     cfg, world, tc, ac = run.cfg, run.world, run.cfg.trainer, run.cfg.algo
     t0 = time.perf_counter()
 
     # ---- collect: G worlds per prompt reset with the same seed, episodes run to their end, filters and refill
     collected = run.collector.collect(run.policy, run.model, step)  # (prefetched during the last step, if pipelined)
     t_gen = time.perf_counter() - t0
-    episodes = collected.episodes
+    episodes, care_metrics = collected.episodes, {}
+    if care is not None:  # GRPO-CARE: correct answers more consistent than their group's peers gain a bonus
+        episodes, care_metrics = care.shape(episodes, run.sampling.temperature)
+    episodes, progress_metrics = with_progress_rewards(run.policy, episodes, ac)  # SRPO (algo.progress_coef > 0)
     if tc.max_staleness and step + 1 < tc.total_steps:  # pipelined: the next step's episodes, while this one updates
         run.collector.prefetch(run.policy, step + 1)
 
@@ -105,6 +112,8 @@ def train_step(run: Run, step: int, last: int) -> dict[str, float]:
     losses, grad_norm = update(run, episodes, advantages, returns, masked, before, warming)
     if not warming:
         run.scheduler.step()
+    if care is not None:
+        care.follow(run.policy)
 
     # ---- log (over every episode sampled this step, before any filter); the curriculum reads the logged score
     elapsed = time.perf_counter() - t0
@@ -114,6 +123,7 @@ def train_step(run: Run, step: int, last: int) -> dict[str, float]:
     }  # fmt: skip
     if before.values is not None:
         extra.update(critic_metrics(before.values, returns, world, warming))
+    losses = {**losses, **care_metrics, **progress_metrics}
     logged = run.logger.log(step + 1, step_metrics(cfg, collected, losses, extra, run.curriculum, world))
     if run.curriculum.update(logged.get("env/success_rate", logged["reward/total"])):
         run.collector.rebuild()

@@ -11,6 +11,7 @@ variant itself. Closed choices (aggregation, KL estimator) are `Literal`s, not r
 * `correction`: importance weights for the gap between the sampler's log-probs and the trainer's.
 * `losses`: the clipped surrogates, KL estimators, entropy terms and aggregation.
 * `papo`: PAPO's perception terms and image masking.
+* `consistency`: TTRV's label-free vote rewards, GRPO-CARE's consistency bonus and its EMA reference step.
 * `objective`: surrogate + KL + entropy + PAPO in one function -> loss and metrics.
 * `data`: the data-side options (dynamic sampling, difficulty filtering, overlong handling, multi-turn returns).
 """
@@ -37,6 +38,7 @@ from .base import (
     PolicyLossFn,
     StepAdvantageFn,
 )
+from .consistency import care_bonus, ema_update_, vote_rewards
 from .critic import explained_variance, gae_advantages, value_loss
 from .losses import (
     aggregate,
@@ -65,8 +67,10 @@ __all__ = [
     "PolicyLossFn",
     "StepAdvantageFn",
     "aggregate",
+    "care_bonus",
     "dr_grpo_advantages",
     "dual_clip_loss",
+    "ema_update_",
     "entropy_bonus_loss",
     "entropy_from_logits",
     "grpo_advantages",
@@ -79,4 +83,5 @@ __all__ = [
     "rloo_advantages",
     "step_dr_grpo_advantages",
     "step_group_advantages",
+    "vote_rewards",
 ]

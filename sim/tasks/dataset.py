@@ -50,6 +50,13 @@ evaluation record. Within its part, seed `s` (offset by the base) picks `part[or
 size, `e = s // m` the epoch and `order_e` a permutation drawn from `(shuffle_seed, e)` (the identity with
 `shuffle=False`): seeds 0..m-1 visit every training record once, in a shuffled order, and so does each later epoch.
 `split="train"` / `"eval"` send every seed into that part; `split="all"` uses every record and holds none out.
+
+**Re-asked multiple-choice questions** (`consistency`, ACRE: https://arxiv.org/abs/2510.10104). With `"measure"` or
+`"acre"` every record is a `multiple_choice` question whose options are written inline, `(A) ... (B) ...`, and each
+episode runs two turns: the question, then the same question with its options shuffled and the first completion's
+reasoning quoted. The component `consistent` is 1 where both answers pick the same option; the reward is the first
+answer's (`measure`: consistency is only measured) or ACRE's consistency-verified reward (`acre`: 1 for a right first
+answer the re-ask keeps, `acre_partial` for one it overturns, 0 for a wrong one). See `sim.tasks.choices`.
 """
 
 from __future__ import annotations
@@ -68,9 +75,11 @@ from PIL import Image
 
 from rewards import REWARDS, answer_region, parse_box, parse_box_list, parse_choice, parse_number, parse_point
 from rewards.combine import BoundReward
-from sim.base import SingleStepImageEnv
+from rewards.consistency import split_options
+from sim.base import SingleStepImageEnv, StepResult, check_text_actions
 from sim.registry import ENVS
 from sim.seeds import EVAL_SEED_BASE
+from sim.tasks.choices import ConsistencyMode, ReAsk
 from sim.tasks.records import Record, open_image, read_records
 
 REPO = Path(__file__).resolve().parents[2]
@@ -105,6 +114,9 @@ class DatasetEnv(SingleStepImageEnv):
         answer_hint: Append one sentence saying how to format the answer to each question.
         hf_split: The split of a saved `DatasetDict` to read.
         cache_size: Prepared (decoded, letterboxed) images kept in memory.
+        consistency: `"off"` (one question), `"measure"` or `"acre"` (the question re-asked with shuffled options;
+            see "Re-asked multiple-choice questions" in the module docstring).
+        acre_partial: With `consistency="acre"`, the reward of a right first answer that the re-ask overturns.
         device: Where the returned tensors live.
     """
 
@@ -123,6 +135,8 @@ class DatasetEnv(SingleStepImageEnv):
         answer_hint: bool = True,
         hf_split: str = "train",
         cache_size: int = 1024,
+        consistency: ConsistencyMode = "off",
+        acre_partial: float = 0.5,
         device: str = "cpu",
     ):
         if num_envs < 1:
@@ -133,6 +147,8 @@ class DatasetEnv(SingleStepImageEnv):
             raise ValueError(f"split must be 'auto', 'train', 'eval' or 'all', got {split!r}")
         if not 0.0 <= eval_fraction < 1.0:
             raise ValueError(f"eval_fraction must be in [0, 1), got {eval_fraction}")
+        if consistency not in ("off", "measure", "acre"):
+            raise ValueError(f"consistency must be 'off', 'measure' or 'acre', got {consistency!r}")
         if point_tolerance <= 0:
             raise ValueError(f"point_tolerance must be > 0, got {point_tolerance}")
         if reward is not None and reward not in REWARDS:
@@ -167,6 +183,7 @@ class DatasetEnv(SingleStepImageEnv):
             name in _SUCCESS_AT or name in ("box_giou", "point_in_box", *_BOX_LIST_REWARDS) for name in used
         )
 
+        self._reask = None if consistency == "off" else self._re_asker(consistency, acre_partial)
         self._prepared = functools.lru_cache(maxsize=cache_size)(self._prepare)
         self._record_ids = [-1] * num_envs  # target boxes are in pixels of the shown image, NaN for text targets
         self._boxes: list[torch.Tensor | None] = [None] * num_envs  # [T, 4] per world with a `boxes` record
@@ -211,6 +228,8 @@ class DatasetEnv(SingleStepImageEnv):
             self._boxes[k] = box_list
             self._record_ids[k] = index
             instructions.append(self._instruction(self.records[index]))
+            if self._reask is not None:
+                self._reask.start(k, world_seed)
         return torch.stack(images), instructions, torch.stack(boxes)
 
     def score(self, texts: list[str]) -> tuple[torch.Tensor, dict[str, Any]]:
@@ -262,6 +281,32 @@ class DatasetEnv(SingleStepImageEnv):
             info["success"] = success
         return reward, info
 
+    def step(self, actions: list[str]) -> StepResult:
+        """Score one answer per world: every episode ends, or with `consistency` on, first answers get the re-asked
+        question and second answers end their episodes (see the module docstring)."""
+        if self._reask is None:
+            return super().step(actions)
+        texts = check_text_actions(actions, self.num_envs, type(self).__name__)
+        ended = self._ended.nonzero().flatten().tolist()
+        if ended:
+            raise RuntimeError(f"worlds {ended} have ended their episode (or were never reset); reset them first")
+        reward, info = self.score(texts)
+        records = [self.records[i] for i in self._record_ids]
+        reward, terminated, info, reasks = self._reask.step(
+            texts, [r.question for r in records], [r.answer for r in records], reward, info
+        )
+        for k, question in reasks.items():
+            self._instructions[k] = question
+        self._ended |= terminated
+        n, device = self.num_envs, self.device
+        return StepResult(
+            obs=self._observation(),
+            reward=reward.to(device=device, dtype=torch.float32),
+            terminated=terminated.to(device),
+            truncated=torch.zeros(n, dtype=torch.bool, device=device),
+            info={k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in info.items()},
+        )
+
     def close(self) -> None:
         """Drop the cached images."""
         self._prepared.cache_clear()
@@ -289,6 +334,10 @@ class DatasetEnv(SingleStepImageEnv):
             if index < 0:
                 raise RuntimeError(f"world {k} was never reset; reset it first")
             box, box_list = self._target_boxes[k], self._boxes[k]
+            again = None if self._reask is None else self._reask.expert(k, self.records[index].answer)
+            if again is not None:  # the re-asked question: the option the first answer picked, in the new letters
+                answers.append(again)
+                continue
             if noise > 0 and float(torch.rand((), generator=generator)) < noise:
                 part = self.eval_ids if index >= len(self.train_ids) else self.train_ids
                 index = part[int(torch.randint(len(part), (), generator=generator))]
@@ -297,6 +346,23 @@ class DatasetEnv(SingleStepImageEnv):
         return answers
 
     # ------------------------------------------------------------------------------------------------ helpers
+    def _re_asker(self, mode: ConsistencyMode, partial: float) -> ReAsk:
+        """The re-asked questions' state, after checking that every record is a multiple-choice question with inline
+        options."""
+        for record in self.records:
+            if record.reward != "multiple_choice":
+                raise ValueError(
+                    f"consistency={mode!r} re-asks multiple-choice questions; {record.where} is scored by "
+                    f"{record.reward!r} (set reward='multiple_choice')"
+                )
+            try:
+                split_options(record.question)
+            except ValueError as error:
+                raise ValueError(f"{record.where}: field 'question': {error}") from None
+        self.max_episode_steps = 2
+        hint = "Answer with the letter of your choice in <answer></answer>."
+        return ReAsk(self.num_envs, mode, partial, self.shuffle_seed, hint if self.answer_hint else "answer again.")
+
     def _order(self, held_out: bool, epoch: int, size: int) -> np.ndarray:
         """The visiting order of a part in one epoch: a permutation of `range(size)`."""
         if not self.shuffle:

@@ -17,6 +17,7 @@ import sim
 from mmrl.config import load_config
 from mmrl.sft import collect_demonstrations, train_on_demonstrations
 from mmrl.trainer import train
+from sim.gui.miniwob import MiniWoBEnv
 
 REPO = Path(__file__).resolve().parents[2]
 SHRINK = [
@@ -33,6 +34,11 @@ PRESETS = {
     "cad_tiny.yaml": ["sampling.max_new_tokens=16"],
     "jigsaw_tiny.yaml": ["curriculum.steps_per_level=1"],  # one step at 2x2, the eval at 3x3
     "maze_tiny.yaml": ["curriculum.steps_per_level=1"],
+    "srpo_reach_tiny.yaml": ["trainer.micro_batch_size=4"],
+    "ttrv_tiny.yaml": [],
+    "acre_tiny.yaml": [],
+    "grpo_care_tiny.yaml": [],
+    "miniwob_tiny.yaml": [],
 }
 
 
@@ -42,6 +48,8 @@ def test_family_preset_runs_end_to_end(preset, tmp_path):
         pytest.importorskip("highway_env")
     if preset == "cad_tiny.yaml":
         pytest.importorskip("build123d")
+    if preset == "miniwob_tiny.yaml" and MiniWoBEnv.unavailable():
+        pytest.skip(MiniWoBEnv.unavailable())
     cfg = load_config(REPO / "configs" / preset, [*SHRINK, *PRESETS[preset], f"output_dir={tmp_path}"])
     out = io.StringIO()
     with contextlib.redirect_stdout(out):

@@ -1,0 +1,72 @@
+"""Curricula at both ends of a run: demonstrations at every level (`sft.all_levels`) and held-out scores per level
+(`curriculum.eval_levels`), on the real jigsaw env and the tiny warm-start VLM."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+import sim
+from mmrl.build import demonstrations, load_policy
+from mmrl.config import load_config
+from mmrl.evaluate import evaluate, held_out
+from mmrl.report import level_lines
+from mmrl.sft import merge_demonstrations
+
+JIGSAW = "configs/jigsaw_tiny.yaml"
+ANSWER = re.compile(r"<answer>\[([\d, ]*)\]</answer>")
+
+
+@pytest.fixture(scope="module")
+def jigsaw_policy():
+    return load_policy(load_config(JIGSAW).model)
+
+
+def test_demonstrations_come_from_every_level_when_asked(jigsaw_policy):
+    env = sim.make("jigsaw", num_envs=4, image_size=96, grid=2)  # the curriculum's first level
+    try:
+        for all_levels, expected in ((True, [4] * 4 + [9] * 4), (False, [4] * 8)):
+            cfg = load_config(JIGSAW, ["sft.episodes=8", "sft.label_noise=0", f"sft.all_levels={all_levels}"])
+            images, instructions, labels, rate, previous = demonstrations(cfg, env, jigsaw_policy)
+            assert [len(ANSWER.search(label).group(1).split(",")) for label in labels] == expected
+            assert images.shape[0] == len(instructions) == 8 and previous == [-1] * 8 and rate == 1.0
+    finally:
+        env.close()
+
+
+def test_merged_demonstrations_keep_each_episode_chain():
+    image = torch.zeros(1, 4, 4, 3, dtype=torch.uint8)
+    first = (image.expand(2, -1, -1, -1), ["a0", "a1"], ["x", "y"], 1.0, [-1, 0])  # one episode of 2 steps
+    second = (image.expand(3, -1, -1, -1), ["b0", "c0", "b1"], ["p", "q", "r"], 0.5, [-1, -1, 0])  # 2 episodes
+    images, instructions, labels, rate, previous = merge_demonstrations([(first, 1), (second, 2)])
+    assert images.shape[0] == 5 and instructions == ["a0", "a1", "b0", "c0", "b1"] and labels == list("xypqr")
+    assert previous == [-1, 0, -1, -1, 2]  # b1 follows b0, now at row 2
+    assert rate == pytest.approx((1.0 * 1 + 0.5 * 2) / 3)
+
+
+def test_held_out_scores_every_level_on_the_same_seeds(jigsaw_policy):
+    cfg = load_config(JIGSAW, ["trainer.eval_episodes=6", "trainer.eval_batch_size=6"])
+    metrics = held_out(jigsaw_policy, cfg).metrics
+    for level in (2, 3):
+        assert {f"success@grid={level}", f"reward@grid={level}"} <= set(metrics)
+    # The last level is the config's own difficulty: the same seeds and greedy answers give the same scores.
+    assert metrics["reward@grid=3"] == metrics["reward"] and metrics["success@grid=3"] == metrics["success"]
+    at_two = evaluate(jigsaw_policy, "jigsaw", {**cfg.env.make_options(), "grid": 2}, episodes=6, batch_size=6)
+    assert metrics["reward@grid=2"] == pytest.approx(at_two.metrics["reward"])
+    plain = held_out(jigsaw_policy, load_config(JIGSAW, ["trainer.eval_episodes=6", "curriculum.eval_levels=false"]))
+    assert not any("@" in key for key in plain.metrics)
+
+
+def test_level_lines_show_each_level_at_each_point():
+    cfg = load_config(JIGSAW)
+    scores = {
+        "initial": {"success": 0.0, "success@grid=2": 0.0, "success@grid=3": 0.0},
+        "before": {"success": 0.01, "success@grid=2": 0.2, "success@grid=3": 0.01},
+        "after": {"success": 0.05, "success@grid=2": 0.4, "success@grid=3": 0.05},
+    }
+    lines = level_lines(cfg, scores)
+    assert len(lines) == 2 and "grid=2" in lines[0] and lines[0].endswith("0.000 -> 0.200 -> 0.400")
+    assert "initial -> after demonstrations -> after RL" in lines[1]
+    assert level_lines(load_config(JIGSAW, ["curriculum.eval_levels=false"]), scores) == []
