@@ -16,14 +16,16 @@ or a folder laid out as ``DIR/pred/<stem>.<ext>`` and ``DIR/target/<stem>.<ext>`
 (``pred/cat.svg`` goes with ``target/cat.png``; a stem on one side only is a row with the reason).
 
 A **prediction** is one of: SVG source or a ``.svg`` file (rendered in the sandbox at ``--size``), chart code or a
-``.py`` file (matplotlib, rendered in the sandbox), an image file (``.png``, ``.jpg``, ...), or text (a ``.txt``
+``.py`` file (matplotlib, rendered in the sandbox), HTML or a ``.html`` file (headless Chromium, in the sandbox), an
+image file (``.png``, ``.jpg``, ...), or text (a ``.txt``
 file, or an inline string: a model's answer, parsed for a box by ``box_iou``). Inline strings are read as
-``--render`` says: ``svg``/``chart``/``cad`` render them (a ``.py`` file that imports build123d is CAD), ``auto`` (default) renders text that starts like SVG (``<svg``,
-``<?xml``) and takes anything else as text. Relative paths are relative to the JSON-lines file.
+``--render`` says: ``svg``/``chart``/``cad``/``html`` render them (a ``.py`` file that imports build123d is CAD),
+``auto`` (default) renders text that starts like SVG (``<svg``, ``<?xml``) or HTML (``<!doctype html``, ``<html``)
+and takes anything else as text. Relative paths are relative to the JSON-lines file.
 
 A **target** is an image path (``{"image": path}`` or a string with an image extension; ``.png``/``.jpg`` files in
-folder mode), a source rendered like a prediction and compared as an image (a ``.svg`` or ``.py`` file, or
-``{"svg": ...}``, ``{"chart": ...}``, ``{"cad": ...}`` inline; each distinct target is rendered once a run), a box ``[x1, y1, x2, y2]`` (``{"box": [...]}``; a ``.json`` file in folder mode), or a text
+folder mode), a source rendered like a prediction and compared as an image (a ``.svg``, ``.py`` or ``.html``
+file, or ``{"svg": ...}``, ``{"chart": ...}``, ``{"cad": ...}``, ``{"html": ...}`` inline; each distinct target is rendered once a run), a box ``[x1, y1, x2, y2]`` (``{"box": [...]}``; a ``.json`` file in folder mode), or a text
 (``{"text": ...}``, any other string; a ``.txt`` file). ``{"reference_length": N}`` on a line gives
 ``code_length`` its reference.
 

@@ -15,7 +15,8 @@ from typing import Any
 import torch
 from PIL import Image
 
-CODE_KINDS = ("svg", "chart", "cad")  # sources rendered in the sandbox (rewards.render kinds)
+CODE_KINDS = ("svg", "chart", "cad", "html")  # sources rendered in the sandbox (rewards.render kinds)
+_SOURCE_SUFFIXES = {".svg": "svg", ".py": "chart", ".html": "html", ".htm": "html"}  # .py: chart, or cad (build123d)
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 MAX_TEXT_FILE = 1 << 20
 
@@ -71,7 +72,7 @@ def read_items(source: Path, render: str = "auto") -> list[Item]:
 
     Args:
         source: the file or folder.
-        render: how inline prediction strings are read: "svg", "chart", "none" (text), or "auto".
+        render: how inline prediction strings are read: a `CODE_KINDS` kind, "none" (text), or "auto".
 
     Returns:
         One item per line (or per stem), in file order (sorted stems).
@@ -163,7 +164,7 @@ def _read_prediction(item: Item, value: Any, base: Path, render: str) -> None:
         if suffix in IMAGE_EXTENSIONS:
             item.pred_kind, item.pred_value = "image", path
             return
-        kind = {".svg": "svg", ".py": "chart", ".txt": "text"}.get(suffix)
+        kind = {".svg": "svg", ".py": "chart", ".html": "html", ".htm": "html", ".txt": "text"}.get(suffix)
         if kind is not None:
             text = _read_text(path)
             if text is None:
@@ -179,6 +180,8 @@ def _read_prediction(item: Item, value: Any, base: Path, render: str) -> None:
         item.pred_kind = render
     elif render == "auto" and value.lstrip()[:5].lower().startswith(("<svg", "<?xml")):
         item.pred_kind = "svg"
+    elif render == "auto" and value.lstrip()[:14].lower().startswith(("<!doctype html", "<html")):
+        item.pred_kind = "html"
     else:
         item.pred_kind = "text"
     item.pred_value = value
@@ -224,9 +227,10 @@ def _read_target(item: Item, value: Any, base: Path) -> None:
         if path is not None and path.suffix.lower() in IMAGE_EXTENSIONS:
             item.target, item.target_kind, item.target_value = str(path), "image", path
             return
-        if path is not None and path.suffix.lower() in (".svg", ".py"):  # a source file: rendered like a prediction
+        if path is not None and path.suffix.lower() in _SOURCE_SUFFIXES:  # a source file: rendered like a prediction
             text = _read_text(path)
-            kind = "svg" if path.suffix.lower() == ".svg" else "cad" if text and "build123d" in text else "chart"
+            kind = _SOURCE_SUFFIXES[path.suffix.lower()]
+            kind = "cad" if kind == "chart" and text and "build123d" in text else kind
             item.target, item.target_kind, item.target_render, item.target_value = str(path), "image", kind, text
             if text is None:
                 item.target_error = f"cannot read target file {path.name}"

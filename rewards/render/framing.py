@@ -18,8 +18,9 @@ import os
 import struct
 from typing import Any
 
-KINDS = ("svg", "chart", "cad")
-"""Renderers this sandbox runs: `svg` (cairosvg), `chart` (matplotlib code) and `cad` (build123d scripts)."""
+KINDS = ("svg", "chart", "cad", "html")
+"""Renderers this sandbox runs: `svg` (cairosvg), `chart` (matplotlib code), `cad` (build123d scripts) and `html`
+(headless Chromium, driven by the worker itself: see `rewards.render.html`)."""
 
 FRAME = struct.Struct(">I")
 """The length prefix of every frame: the JSON header's size in bytes."""

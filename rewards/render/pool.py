@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from rewards.render import cad, chart, svg
+from rewards.render import cad, chart, html, svg
 from rewards.render.confine import ENV_KEEP, network_namespace_available
 from rewards.render.framing import FRAME, KINDS, clean_reason, take_frame
 
@@ -63,7 +63,7 @@ GRACE = 10.0
 
 
 _WORKER_PROGRAM = Path(__file__).resolve().with_name("sandbox.py")  # run by path: no `rewards` package, no torch
-_RENDERERS = {"svg": svg, "chart": chart, "cad": cad}  # each module's OPTIONS and check_options, caller side
+_RENDERERS = {"svg": svg, "chart": chart, "cad": cad, "html": html}  # OPTIONS and check_options, caller side
 
 
 @dataclass(frozen=True)

@@ -228,6 +228,8 @@ def _serve(ctx: _Context, request: dict[str, Any]) -> tuple[dict[str, Any], byte
     cannot answer as the input's own verdict (it crashed, ran out of memory, died) is rendered again in a fresh
     child, so a reused child never changes a result, only its cost.
     """
+    if hasattr(ctx.renderer, "serve"):  # html: the worker drives its own confined browser (rewards.render.html)
+        return ctx.renderer.serve(request, ctx.confinement.scratch)
     start = time.monotonic()
     if ctx.renders_per_child > 1:
         reply = _serve_warm(ctx, request, start)

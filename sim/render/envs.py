@@ -1,8 +1,10 @@
-"""Rendering-feedback envs: the policy writes code (SVG, matplotlib, build123d) that should reproduce a target image.
+"""Rendering-feedback envs: the policy writes code (SVG, matplotlib, build123d, HTML) that should reproduce a target
+image.
 
-Three text-action envs share one loop: `svg`, `chart` and `cad`. Each world shows a target rendered from a seed;
-the policy answers with code; the code is rendered in the sandbox of `rewards.render` (all N answers of a step in
-one `render_batch` call, spread over the warm worker pool) and scored against the target.
+Four text-action envs share one loop: `svg`, `chart`, `cad` and `html` (which needs headless Chromium). Each world
+shows a target rendered from a seed; the policy answers with code; the code is rendered in the sandbox of
+`rewards.render` (all N answers of a step in one `render_batch` call, spread over the warm worker pool) and scored
+against the target.
 
 **Task.** The first observation is the target image `[H, W, 3]` and an instruction such as `"Write SVG code that
 draws this image."`. Answers may be bare code, fenced (```` ```svg ````, ```` ```python ````), and/or inside
@@ -16,6 +18,9 @@ CAD answers are build123d scripts whose part is `result` (see `rewards.render.ca
   linear gradients) with random integer geometry on a 64 x 64 viewBox and colours from a fixed palette.
 * `chart`: kind (bar, line, scatter, pie), categories, integer values, colours, title, axis labels, legend
   (which of these appear grows with `complexity`).
+* `html`: `complexity` absolutely placed boxes (box, disc, oval; from 2: a word of text, a rounded box; from 3: a
+  ring) with integer geometry on a 64 x 64 CSS-pixel page, after a fixed preamble (`HTML_PREAMBLE`: no margins,
+  every top-level element placed by its `left`/`top`), zoomed to the image size.
 * `cad`: a primitive (complexity 1), then a box with holes, a filleted plate, a stepped cylinder or an L-bracket
   with random integer dimensions, drawn from `views` (default front, right, top, iso) at a fixed scale
   (`normalize=False`, `CAD_EXTENT` units across a view), so a part of the wrong size looks wrong.
@@ -72,6 +77,7 @@ import torch
 from rewards.ocr import ocr_text, text_f1
 from rewards.parse import answer_region, extract_code
 from rewards.render.cad import VIEWS
+from rewards.render.html import unavailable as html_unavailable
 from sim.registry import ENVS
 from sim.render.base import (
     CAD_EXTENT,
@@ -88,13 +94,26 @@ from sim.render.base import (
 from sim.render.targets import (
     CAD_MAX_COMPLEXITY,
     CHART_MAX_COMPLEXITY,
+    HTML_CANVAS,
+    HTML_MAX_COMPLEXITY,
+    HTML_PREAMBLE,
     SVG_MAX_COMPLEXITY,
     cad_target,
     chart_target,
+    html_target,
     svg_target,
 )
 
-__all__ = ["CadEnv", "ChartEnv", "DEFAULT_METRICS", "IMAGE_METRICS", "SvgEnv", "image_similarity", "side_by_side"]
+__all__ = [
+    "CadEnv",
+    "ChartEnv",
+    "DEFAULT_METRICS",
+    "IMAGE_METRICS",
+    "HtmlEnv",
+    "SvgEnv",
+    "image_similarity",
+    "side_by_side",
+]
 
 
 # ============================================================================================================ SVG
@@ -253,3 +272,50 @@ class CadEnv(RenderEnv):
         self, terms: dict[str, torch.Tensor], rows: torch.Tensor, images: torch.Tensor, rendered: torch.Tensor
     ) -> None:
         terms["executable"][rows] = 1.0
+
+
+# =========================================================================================================== HTML
+
+
+@ENVS.register("html")
+class HtmlEnv(RenderEnv):
+    """Screenshot to HTML: reproduce a page of placed boxes and words (see the module docstring; needs Chromium).
+
+    The page is rendered by headless Chromium in the sandbox (`rewards.render.html`); without a browser, building
+    the env raises with what to install, and the all-envs contract test skips it (`unavailable`).
+
+    Args:
+        num_envs: N, the number of worlds.
+        image_size: Side of the square images, in pixels (the page is always 64 x 64 CSS pixels, zoomed to it).
+        complexity: Boxes per page, 1 (one box, disc or oval) to 8.
+        turns: Attempts per episode, K; more than 1 turns on self-correction.
+        success_threshold: Similarity at which an attempt succeeds and the episode ends.
+        improvement_bonus: Extra reward per unit of score a correction (turn >= 2) gains.
+        similarity_weight: Weight of the similarity term.
+        length_weight: Weight of the length term (similarity times code-length efficiency).
+        metrics: Image metrics for the similarity: a name in `IMAGE_METRICS` or a mapping name -> weight.
+        render_timeout: Seconds (wall clock) one answer may take to render.
+        device: Where the returned tensors live. Rendering and state stay on the CPU.
+    """
+
+    kind = "html"
+    language = "html"
+    max_complexity = HTML_MAX_COMPLEXITY
+    task = "Write HTML that draws this image."
+    make_target = staticmethod(html_target)
+    missing_reason = "no HTML in the answer"
+    image_size = 64
+    render_timeout = 10.0  # a fresh browser context per answer: about 1 s on a loaded two-core machine
+    unavailable = staticmethod(html_unavailable)
+
+    def __init__(self, num_envs: int, **options: Any):
+        """See the class docstring for `options`; `sim.make` checks their names against `RenderEnv.__init__`."""
+        reason = self.unavailable()
+        if reason is not None:
+            raise RuntimeError(f"the html env cannot start: {reason}")
+        super().__init__(num_envs, **options)
+
+    def wrap(self, code: str) -> str:
+        # Every page is laid out at 64 CSS px and zoomed to the image, so sources do not depend on the image size.
+        zoom = self.image_size / HTML_CANVAS
+        return (f"<style>html{{zoom:{zoom:g}}}</style>" if zoom != 1 else "") + HTML_PREAMBLE + code

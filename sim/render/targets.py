@@ -468,3 +468,86 @@ def _holes(rng: np.random.Generator, length: int, width: int, count: int) -> lis
     order = rng.permutation(len(spots))[:count]
     most = max(2, min(length, width) // 6)  # quadrant centres are length/4 and width/4 from the edges
     return [(spots[int(k)][0], spots[int(k)][1], int(rng.integers(2, most + 1))) for k in order]
+
+
+# ========================================================================================================== HTML
+
+HTML_CANVAS = 64
+"""Side of the page, in CSS pixels; the env zooms it to the image size, so sources do not depend on it."""
+
+HTML_MAX_COMPLEXITY = 8
+
+HTML_PREAMBLE = "<style>body{margin:0}body>*{position:absolute;margin:0}</style>"
+"""Put before every html source (target and answer) by the env: no page margin, and every top-level element is
+placed by its own `left`/`top`, so a source is a list of boxes and nothing else."""
+
+
+def html_target(seed: int, complexity: int = 1) -> Target:
+    """A page of `complexity` absolutely placed boxes on a white 64 x 64 CSS-pixel page.
+
+    Kinds: a box, a disc and an oval (`border-radius:50%`) always; from complexity 2 also a word of text (DejaVu
+    Sans) and a rounded box; from complexity 3 a ring (a box with a thick border and no fill). Positions and sizes
+    are integers that keep every box inside the page; later boxes may cover earlier ones. The source is meant to go
+    after `HTML_PREAMBLE` (the env puts it there). Noise (expert demonstrations) is in CSS pixels for positions
+    and sizes, in 0-255 for colours.
+
+    Args:
+        seed: the world's seed.
+        complexity: number of boxes, in [1, HTML_MAX_COMPLEXITY].
+
+    Returns:
+        The target; its source is one line of HTML, e.g. `<div style="left:10px;top:12px;width:30px;height:20px;
+        background:#d21e1e"></div>` (about 40 tokens of the tiny tokenizer).
+    """
+    _check_complexity(complexity, HTML_MAX_COMPLEXITY, "html")
+    rng = _rng(seed)
+    kinds = ["box", "disc", "oval"]
+    if complexity >= 2:
+        kinds += ["text", "rounded"]
+    if complexity >= 3:
+        kinds += ["ring"]
+    b = Builder()
+    drawn = []
+    for _ in range(complexity):
+        kind = kinds[int(rng.integers(len(kinds)))]
+        colour = _colour(PALETTE[int(rng.integers(len(PALETTE)))])
+        if kind == "text":
+            word = SVG_WORDS[int(rng.integers(len(SVG_WORDS)))]
+            size = int(rng.integers(10, 19))
+            width = int(0.65 * size * len(word)) + 1
+            x, y = int(rng.integers(1, max(2, 62 - width))), int(rng.integers(1, 62 - int(1.2 * size)))
+            b.emit(
+                '<p style="left:{}px;top:{}px;font:{}px DejaVu Sans;color:#{}{}{}">',
+                _xy(x),
+                _xy(y),
+                _size(size),
+                *colour,
+            )
+            b.emit(f"{word}</p>")
+        else:
+            if kind == "disc":
+                w = h = int(rng.integers(10, 41))
+            elif kind == "oval":
+                while True:
+                    w, h = (int(v) for v in rng.integers(10, 49, size=2))
+                    if abs(w - h) >= 8:  # visibly not a disc
+                        break
+            else:
+                w, h = (int(v) for v in rng.integers(12, 41, size=2))
+            x, y = int(rng.integers(2, 63 - w)), int(rng.integers(2, 63 - h))
+            b.emit('<div style="left:{}px;top:{}px;width:{}px;height:{}px;', _xy(x), _xy(y), _size(w), _size(h))
+            if kind in ("disc", "oval"):
+                b.emit("border-radius:50%;")
+            elif kind == "rounded":
+                b.emit("border-radius:{}px;", Slot(float(rng.integers(3, 9)), float(HTML_CANVAS), 0.0, 32.0))
+            if kind == "ring":
+                b.emit(
+                    "box-sizing:border-box;border:{}px solid #{}{}{}",
+                    Slot(float(rng.integers(3, 7)), float(HTML_CANVAS), 1.0, 16.0),
+                    *colour,
+                )
+            else:
+                b.emit("background:#{}{}{}", *colour)
+            b.emit('"></div>')
+        drawn.append(kind)
+    return Target(b.program(), "+".join(drawn))

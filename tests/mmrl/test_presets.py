@@ -17,6 +17,7 @@ import sim
 from mmrl.config import load_config
 from mmrl.sft import collect_demonstrations, train_on_demonstrations
 from mmrl.trainer import train
+from rewards.render import html
 from sim.gui.miniwob import MiniWoBEnv
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,6 +40,7 @@ PRESETS = {
     "acre_tiny.yaml": [],
     "grpo_care_tiny.yaml": [],
     "miniwob_tiny.yaml": [],
+    "html_tiny.yaml": ["sampling.max_new_tokens=24"],
 }
 
 
@@ -50,6 +52,8 @@ def test_family_preset_runs_end_to_end(preset, tmp_path):
         pytest.importorskip("build123d")
     if preset == "miniwob_tiny.yaml" and MiniWoBEnv.unavailable():
         pytest.skip(MiniWoBEnv.unavailable())
+    if preset == "html_tiny.yaml" and html.unavailable():
+        pytest.skip(html.unavailable())
     cfg = load_config(REPO / "configs" / preset, [*SHRINK, *PRESETS[preset], f"output_dir={tmp_path}"])
     out = io.StringIO()
     with contextlib.redirect_stdout(out):

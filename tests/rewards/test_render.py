@@ -136,7 +136,7 @@ def test_render_similarity_scores_failures_zero():
 
 def test_bad_arguments_are_programming_errors():
     with pytest.raises(ValueError, match="unknown render kind"):
-        render("html", "<p>")
+        render("pdf", "%PDF")
     with pytest.raises(TypeError, match="unknown svg render options"):
         render("svg", svg(""), max_things=3)
     with pytest.raises(ValueError, match="render size"):

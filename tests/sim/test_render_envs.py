@@ -1,5 +1,5 @@
-"""The rendering-feedback envs (svg, chart, cad): contract, expert at the maximum, failures with reasons, hostile code,
-multi-turn self-correction by hand, seeding, option checks.
+"""The rendering-feedback envs (svg, chart, cad, html): contract, expert at the maximum, failures with reasons,
+hostile code, multi-turn self-correction by hand, seeding, option checks.
 
 Renders go through the process-wide sandbox pools, which stay warm across tests: the first chart test pays the
 matplotlib worker's start (about 1 s), the first CAD test the build123d import (about 4 s).
@@ -20,8 +20,8 @@ pytest.importorskip("cairosvg")
 import sim  # noqa: E402
 import sim.render  # noqa: E402,F401  (registers svg, chart and cad)
 from sim import check_vec_env  # noqa: E402
-from sim.render.envs import CadEnv, ChartEnv, SvgEnv, image_similarity, side_by_side  # noqa: E402
-from sim.render.targets import Program, Slot, cad_target, chart_target, svg_target  # noqa: E402
+from sim.render.envs import CadEnv, ChartEnv, HtmlEnv, SvgEnv, image_similarity, side_by_side  # noqa: E402
+from sim.render.targets import Program, Slot, cad_target, chart_target, html_target, svg_target  # noqa: E402
 
 BLANK_SVG = '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 64 64"></svg>'
 PWNED = f"/tmp/mmrl-pwned-render-env-{uuid.uuid4().hex}"  # unique, so a leftover file cannot fake a pass
@@ -333,3 +333,41 @@ def test_cad_contract_expert_failures_and_hostile_scripts():
     second = env.step(env.expert_action())
     assert second.info["success"].all() and second.terminated.all()
     torch.testing.assert_close(second.info["score"], torch.full((4,), 1.3))
+
+
+# --------------------------------------------------------------------------------------------------------- html
+
+
+@pytest.mark.skipif(HtmlEnv.unavailable() is not None, reason=str(HtmlEnv.unavailable()))
+def test_html_expert_wrong_hostile_answers_and_a_correction_turn():
+    env = sim.make("html", num_envs=4, complexity=3, turns=2, render_timeout=5.0)
+    obs = env.reset(seed=5)
+    assert obs.image.shape == (4, 64, 64, 3) and obs.instruction[0] == "Write HTML that draws this image."
+    assert (obs.image != 255).any(dim=-1).flatten(1).any(dim=1).all()  # every target draws something
+    expert = env.expert_action()
+    assert all(source.startswith(("<div ", "<p ")) for source in expert)
+    # A fenced expert answer, an empty page, an infinite loop and a page that navigates away.
+    answers = [
+        f"```html\n{expert[0]}\n```",
+        "<p></p>",
+        "<script>for (;;) {}</script>",
+        "<script>location='/x'</script>",
+    ]
+    first = env.step(answers)
+    assert first.reward[0] == pytest.approx(1.1) and first.terminated[0]
+    assert first.reward[1] == 0 and first.info["reasons"][1] == ""  # rendered, but blank: similarity 0
+    assert first.reward[2:].eq(0).all() and "timeout" in first.info["reasons"][2]
+    assert "navigated away" in first.info["reasons"][3]
+    assert "did not render" in first.obs.instruction[2] and "Fix the code." in first.obs.instruction[2]
+    # The second turn fixes every world still running: the pool survived the hostile pages.
+    second = env.step(env.expert_action())
+    torch.testing.assert_close(second.reward[1:], torch.full((3,), 1.1 + 0.5 * 1.1))
+    assert second.info["success"].all() and second.terminated.all()
+
+
+def test_html_targets_are_seeded_and_zoom_with_the_image():
+    assert html_target(3, 5).source == html_target(3, 5).source != html_target(4, 5).source
+    assert html_target(3, 1).source.count("<div") == 1 and html_target(3, 8).source.count("style=") == 8
+    if HtmlEnv.unavailable() is None:
+        env = HtmlEnv(num_envs=1, image_size=128)
+        assert env.wrap("<b>").startswith("<style>html{zoom:2}</style><style>")
