@@ -45,6 +45,9 @@ def evaluate(
 ) -> EvalResult:
     """Mean episode return, success and reward components of greedy play over `episodes` held-out episodes.
 
+    Where the env names each world's task (`info["task"]`: `gui_task`, `miniwob`), each task's mean reward and
+    success join as `reward@task=<name>`, `success@task=<name>`, with its episode count `episodes@task=<name>`.
+
     Single-step tasks are one greedy answer per seed; multi-step ones run each episode to its end. Episodes run
     `batch_size` at a time; the per-episode sums of reward components are averaged over episodes. The first
     `keep` episodes of the first batch are kept as samples (observations, answers, frames of multi-step tasks).
@@ -79,6 +82,13 @@ def evaluate(
             parts["success"] = eps.success
         for k, v in parts.items():
             sums[k] = sums.get(k, 0.0) + float(v.float().sum())
+        tasks = eps.info.get("task") if isinstance(eps.info, dict) else None
+        if isinstance(tasks, list) and len(tasks) == len(chunk):  # envs of several tasks: each task's share too
+            for i, name in enumerate(tasks):
+                for k in ("reward", "success"):
+                    if k in parts:
+                        sums[f"{k}@task={name}"] = sums.get(f"{k}@task={name}", 0.0) + float(parts[k][i])
+                sums[f"episodes@task={name}"] = sums.get(f"episodes@task={name}", 0.0) + 1.0
         if first is None:
             first = eps
     if env is not None:
@@ -93,7 +103,12 @@ def evaluate(
         gathered = world.gather_objects(_to_cpu(samples), everyone=False)
         if gathered is not None:  # rank 0: every process's share of the kept episodes, in seed order
             samples = _cat_samples([g for g in gathered if g is not None])
-    return EvalResult(metrics={key: v / episodes for key, v in sums.items()}, **(samples or _no_samples()))
+    metrics = {key: v / episodes for key, v in sums.items() if "@task=" not in key}
+    for key, v in sums.items():  # per task: its mean over its own episodes, and how many it had
+        if "@task=" in key:
+            task = key.split("@", 1)[1]
+            metrics[key] = v if key.startswith("episodes@") else v / sums[f"episodes@{task}"]
+    return EvalResult(metrics=metrics, **(samples or _no_samples()))
 
 
 def _samples(first: Episodes, k: int) -> dict[str, Any]:

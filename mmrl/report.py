@@ -125,7 +125,7 @@ def report(cfg: TrainConfig, before: dict, after: EvalResult, out: Path) -> None
     initial_file = out / "cold_start" / "initial_eval.json"
     if cfg.sft.episodes > 0 and initial_file.exists():  # a cold start ran: "before" is the model before the demos
         scores["initial"] = json.loads(initial_file.read_text())
-    for line in level_lines(cfg, scores):  # curriculum.eval_levels: each level first, the summary lines last
+    for line in breakdown_lines(cfg, scores):  # each level and task first, the summary lines last
         print(line)
     if "initial" in scores:
         print(f"held-out {label} (initial model -> after demonstrations -> after RL): {scores['initial'][metric]:.3f}"
@@ -135,24 +135,22 @@ def report(cfg: TrainConfig, before: dict, after: EvalResult, out: Path) -> None
     print(f"held-out {label}: {before[metric]:.3f} -> {after.metrics[metric]:.3f}")
 
 
-def level_lines(cfg: TrainConfig, scores: dict[str, dict[str, float]]) -> list[str]:
-    """With `curriculum.eval_levels`: one line per level, its held-out metric at each point of the run."""
-    cur, metric = cfg.curriculum, cfg.env.eval_metric
+def breakdown_lines(cfg: TrainConfig, scores: dict[str, dict[str, float]]) -> list[str]:
+    """One line per curriculum level (`curriculum.eval_levels`) and per task (envs of several tasks): its held-out
+    metric at each point of the run, e.g. `held-out success at grid=2 (initial -> ... -> after RL): ...`."""
+    metric = cfg.env.eval_metric
     points = [p for p in ("initial", "before", "after") if p in scores]
     names = {
         "initial": "initial",
         "before": "after demonstrations" if "initial" in scores else "before",
         "after": "after RL",
     }
-    lines = []
-    for level in cur.levels if cur.eval_levels and cur.option is not None else []:
-        key = f"{metric}@{cur.option}={level}"
-        if all(key in scores[p] for p in points):
-            values = " -> ".join(f"{scores[p][key]:.3f}" for p in points)
-            lines.append(
-                f"held-out {metric_label(cfg)} at {cur.option}={level} ({' -> '.join(names[p] for p in points)}): {values}"
-            )
-    return lines
+    keys = [k for k in scores[points[-1]] if k.startswith(f"{metric}@") and all(k in scores[p] for p in points)]
+    return [
+        f"held-out {metric_label(cfg)} at {key.split('@', 1)[1]} ({' -> '.join(names[p] for p in points)}): "
+        + " -> ".join(f"{scores[p][key]:.3f}" for p in points)
+        for key in keys
+    ]
 
 
 def write_sampled_report(cfg: TrainConfig, greedy: dict[str, float], sampled: SampledResult, folder: Path) -> Path:

@@ -12,7 +12,7 @@ import sim
 from mmrl.build import demonstrations, load_policy
 from mmrl.config import load_config
 from mmrl.evaluate import evaluate, held_out
-from mmrl.report import level_lines
+from mmrl.report import breakdown_lines
 from mmrl.sft import merge_demonstrations
 
 JIGSAW = "configs/jigsaw_tiny.yaml"
@@ -56,17 +56,28 @@ def test_held_out_scores_every_level_on_the_same_seeds(jigsaw_policy):
     at_two = evaluate(jigsaw_policy, "jigsaw", {**cfg.env.make_options(), "grid": 2}, episodes=6, batch_size=6)
     assert metrics["reward@grid=2"] == pytest.approx(at_two.metrics["reward"])
     plain = held_out(jigsaw_policy, load_config(JIGSAW, ["trainer.eval_episodes=6", "curriculum.eval_levels=false"]))
-    assert not any("@" in key for key in plain.metrics)
+    assert not any("@grid=" in key for key in plain.metrics)
+    assert plain.metrics["episodes@task=grid3"] == 6  # jigsaw names its task by grid
 
 
-def test_level_lines_show_each_level_at_each_point():
+def test_breakdown_lines_show_each_level_and_task_at_each_point():
     cfg = load_config(JIGSAW)
     scores = {
         "initial": {"success": 0.0, "success@grid=2": 0.0, "success@grid=3": 0.0},
         "before": {"success": 0.01, "success@grid=2": 0.2, "success@grid=3": 0.01},
-        "after": {"success": 0.05, "success@grid=2": 0.4, "success@grid=3": 0.05},
+        "after": {"success": 0.05, "success@grid=2": 0.4, "success@grid=3": 0.05, "reward@grid=2": 0.5},
     }
-    lines = level_lines(cfg, scores)
-    assert len(lines) == 2 and "grid=2" in lines[0] and lines[0].endswith("0.000 -> 0.200 -> 0.400")
+    lines = breakdown_lines(cfg, scores)
+    assert len(lines) == 2 and "at grid=2" in lines[0] and lines[0].endswith("0.000 -> 0.200 -> 0.400")
     assert "initial -> after demonstrations -> after RL" in lines[1]
-    assert level_lines(load_config(JIGSAW, ["curriculum.eval_levels=false"]), scores) == []
+    tasks = {"before": {"success@task=click-tab": 0.5}, "after": {"success@task=click-tab": 1.0}}
+    assert breakdown_lines(cfg, tasks) == ["held-out success at task=click-tab (before -> after RL): 0.500 -> 1.000"]
+
+
+def test_held_out_scores_each_task_of_a_multi_task_env(jigsaw_policy):
+    # gui_task names each world's task; its per-task means are over that task's own episodes.
+    metrics = evaluate(jigsaw_policy, "gui_task", {"image_size": 96}, episodes=6, batch_size=3).metrics
+    counts = {k.split("=", 1)[1]: v for k, v in metrics.items() if k.startswith("episodes@task=")}
+    assert sum(counts.values()) == 6 and len(counts) >= 2
+    total = sum(metrics[f"reward@task={t}"] * n for t, n in counts.items())
+    assert total / 6 == pytest.approx(metrics["reward"], abs=1e-5)
