@@ -338,7 +338,10 @@ class RenderPool:
                     except (OSError, ValueError) as e:
                         w.kill(f"worker pipe broke: {e}")
                         queue.appendleft(i)  # the request never reached a worker; give it to the next one
-                        self._start_failures += 1
+                        if retried.get(i, 0) == 0:  # the worker died while idle (killed from outside): not a
+                            retried[i] = 1  # failure to start, once per request
+                        else:
+                            self._start_failures += 1
                         break
                     w.state = "busy"
                     w.job = (i, request_id, time.monotonic())

@@ -155,6 +155,7 @@ class _WarmChild:
     result_fd: int  # the worker's end of the child's result pipe
     limits: tuple[int, int, int]  # (memory_mb, file_mb, cpu_seconds) it was confined with
     served: int = 0
+    reaped: bool = False
 
 
 @dataclass
@@ -350,8 +351,11 @@ def _serve_warm(ctx: _Context, request: dict[str, Any], start: float) -> tuple[d
                 frame = framing.take_frame(data, nbytes)
             except ValueError:
                 break
-        elif warm.pidfd in readable or (warm.pidfd is None and os.waitpid(warm.pid, os.WNOHANG)[0]):
-            break  # it exited without a whole answer
+        elif warm.pidfd in readable:
+            break  # it exited without a whole answer (reaped in _end_warm)
+        elif warm.pidfd is None and os.waitpid(warm.pid, os.WNOHANG)[0]:
+            warm.reaped = True  # its pid may be reused now: _end_warm must not signal it
+            break
     _empty(ctx.confinement.scratch)
     if frame is not None:
         header, payload = frame
@@ -388,14 +392,15 @@ def _end_warm(ctx: _Context) -> None:
     warm, ctx.warm = ctx.warm, None
     if warm is None:
         return
-    try:
-        os.kill(warm.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    try:
-        os.waitpid(warm.pid, 0)
-    except ChildProcessError:  # reaped already
-        pass
+    if not warm.reaped:  # unreaped, its pid cannot belong to another process yet
+        try:
+            os.kill(warm.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            os.waitpid(warm.pid, 0)
+        except ChildProcessError:
+            pass
     for fd in (warm.request_fd, warm.result_fd, warm.pidfd):
         if fd is not None:
             os.close(fd)

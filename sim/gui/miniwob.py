@@ -183,6 +183,22 @@ def _check_tasks(tasks: str | Sequence[str]) -> tuple[str, ...]:
     return chosen
 
 
+def _settled_screenshot(env: Any, first: np.ndarray, tries: int = 5) -> np.ndarray:
+    """The page's screenshot once two in a row agree: on a loaded machine the one taken right after a reset can
+    show the page before its last paint, so the same seed would not give the same image."""
+    from miniwob.screenshot import get_screenshot, pil_to_numpy_array
+
+    inst = env.unwrapped.instance
+    shot = first
+    for _ in range(tries):
+        image = get_screenshot(inst.driver, inst.inner_width, inst.inner_height, inst.task_width, inst.task_height)
+        again = pil_to_numpy_array(image)
+        if np.array_equal(again, shot):
+            break
+        shot = again
+    return shot
+
+
 @ENVS.register("miniwob")
 class MiniWoBEnv:
     """N worlds of MiniWoB++ web tasks, one headless Chromium each (see the module docstring).
@@ -293,7 +309,7 @@ class MiniWoBEnv:
             env.switch_task(task)
         _park_pointer(env.instance.driver)
         obs, info = env.reset(seed=seed)
-        return obs, info["root_dom"]
+        return {**obs, "screenshot": _settled_screenshot(env, obs["screenshot"])}, info["root_dom"]
 
     def _step_world(self, i: int, action: Action) -> tuple[dict | None, Any, dict | None, str]:
         """Apply one parsed action to world i: (MiniWoB observation or None, root DOM, metadata or None, reason)."""
