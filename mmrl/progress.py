@@ -2,7 +2,8 @@
 
 With `algo.progress_coef > 0` the trainer calls `with_progress_rewards` on each step's episodes, before the
 advantages: every failed episode whose group has a success gains `mmrl.algos.progress.progress_rewards` at its last
-turn, logged as the reward component `progress` (and the mean distance as `progress/distance`).
+turn, kept as the component `srpo` (the env may have a `progress` of its own), with `srpo/distance` (the mean
+distance to the nearest success) and `srpo/scored_share` logged.
 
 The latent space (the paper uses a pretrained video world model; the issue asks for "the policy's own vision features
 or a small encoder"): each turn's observation is encoded by the policy's vision tower, its patch features averaged
@@ -67,9 +68,7 @@ def with_progress_rewards(policy: VLMPolicy, episodes: Episodes, ac: AlgoConfig)
     )
     scored = ~torch.isnan(distances)
     metrics = {
-        "progress/scored_share": float(scored.float().mean()),
-        "progress/distance": float(distances[scored].mean()) if scored.any() else 0.0,
+        "srpo/scored_share": float(scored.float().mean()),
+        "srpo/distance": float(distances[scored].mean()) if scored.any() else 0.0,
     }
-    return replace(
-        episodes, step_rewards=step_rewards, components={**episodes.components, "progress": rewards}
-    ), metrics
+    return replace(episodes, step_rewards=step_rewards, components={**episodes.components, "srpo": rewards}), metrics

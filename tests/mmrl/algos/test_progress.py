@@ -61,10 +61,10 @@ def test_trajectory_embeddings_and_shaping_on_a_multi_step_env(arch, tiny_policy
     shaped, metrics = with_progress_rewards(policy, episodes, AlgoConfig(group_size=2, progress_coef=0.5))
     added = shaped.step_rewards - episodes.step_rewards  # [R, T]
     last = episodes.active.long().sum(-1) - 1
-    assert added[1, last[1]] == pytest.approx(shaped.components["progress"][1].item())
+    assert added[1, last[1]] == pytest.approx(shaped.components["srpo"][1].item())
     assert added.abs().sum() == pytest.approx(added[[1, 5], last[[1, 5]]].abs().sum().item())
-    assert shaped.components["progress"][[0, 2, 3, 4]].tolist() == [0.0] * 4  # successes, group 1 has none
-    assert metrics["progress/scored_share"] == pytest.approx(2 / 6)
-    assert metrics["progress/distance"] == pytest.approx(0.5 * float(torch.dist(embeddings[4], embeddings[5])))
+    assert shaped.components["srpo"][[0, 2, 3, 4]].tolist() == [0.0] * 4  # successes, group 1 has none
+    assert metrics["srpo/scored_share"] == pytest.approx(2 / 6)
+    assert metrics["srpo/distance"] == pytest.approx(0.5 * float(torch.dist(embeddings[4], embeddings[5])))
     unchanged, none = with_progress_rewards(policy, episodes, AlgoConfig(group_size=2))
     assert unchanged is episodes and none == {}
