@@ -22,7 +22,7 @@ from .distributed import close_world  # noqa: E402
 from .evaluate import evaluate_k, held_out  # noqa: E402
 from .export import export  # noqa: E402
 from .policy import apply_model_options  # noqa: E402
-from .report import metric_label, write_sampled_report  # noqa: E402
+from .report import metric_label, write_eval_report, write_sampled_report  # noqa: E402
 from .trainer import train  # noqa: E402
 
 EPILOG = """examples:
@@ -124,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             for key, value in sorted(result.metrics.items()):
                 print(f"{key:16s} {value:.4f}")
             print(f"held-out {label}: {result.metrics[cfg.env.eval_metric]:.3f}")
+            print(f"table and videos: {write_eval_report(cfg, result, Path(cfg.output_dir) / 'eval')}")
             if cfg.eval.k > 0:  # k sampled answers per item: avg@k, pass@k, and a report
                 sampled = evaluate_k(policy, cfg)
                 for key, value in sampled.summary().items():

@@ -153,6 +153,56 @@ def breakdown_lines(cfg: TrainConfig, scores: dict[str, dict[str, float]]) -> li
     ]
 
 
+def write_eval_report(cfg: TrainConfig, result: EvalResult, folder: Path, videos: int = 3) -> Path:
+    """`mmrl eval`'s report of the greedy held-out play: `eval.md` (the metrics, and a table of success and reward
+    per task where the env names its tasks, e.g. a LIBERO suite), `eval.json`, and episode videos of up to `videos`
+    successes and `videos` failures among the recorded episodes (multi-step envs: `videos/success_<k>.gif`,
+    `videos/failure_<k>.gif`). Returns the Markdown file."""
+    folder.mkdir(parents=True, exist_ok=True)
+    metrics = result.metrics
+    metric = cfg.env.eval_metric
+    tasks = sorted(k.split("=", 1)[1] for k in metrics if k.startswith("episodes@task="))
+    lines = [
+        f"# Held-out evaluation: {cfg.env.name}",
+        "",
+        f"checkpoint `{cfg.checkpoint}`, {cfg.trainer.eval_episodes} held-out episodes, greedy actions",
+        "",
+        f"**{metric_label(cfg)}: {metrics[metric]:.3f}**",
+        "",
+    ]
+    if tasks:
+        has_success = any(f"success@task={t}" in metrics for t in tasks)
+        lines += ["| task | episodes | " + ("success | " if has_success else "") + "mean reward |", "|---|---|---|"
+                  + ("---|" if has_success else "")]  # fmt: skip
+        for task in tasks:
+            row = f"| {task} | {int(metrics[f'episodes@task={task}'])} | "
+            if has_success:
+                row += f"{metrics.get(f'success@task={task}', float('nan')):.3f} | "
+            lines.append(row + f"{metrics.get(f'reward@task={task}', float('nan')):.3f} |")
+        mean = "" if not has_success else f"{metrics.get('success', float('nan')):.3f} | "
+        lines += [f"| **all** | {cfg.trainer.eval_episodes} | {mean}{metrics['reward']:.3f} |", ""]
+    lines += ["| metric | value |", "|---|---|", *(f"| {k} | {v:.4f} |" for k, v in sorted(metrics.items())), ""]
+    if result.frames is not None and result.success is not None:
+        picked = {"success": result.success.nonzero().flatten()[:videos].tolist(),
+                  "failure": (~result.success).nonzero().flatten()[:videos].tolist()}  # fmt: skip
+        try:
+            for kind, rows in picked.items():
+                for k, row in enumerate(rows):
+                    name = f"videos/{kind}_{k}.gif"
+                    (folder / "videos").mkdir(exist_ok=True)
+                    plots.episode_gif(
+                        result.frames[row : row + 1], folder / name, success=result.success[row : row + 1]
+                    )
+                    lines.append(f"- {kind}: [{name}]({name}), {result.instructions[row]!r}")
+        except ImportError as e:
+            lines.append(f"(no videos: {e})")
+    (folder / "eval.json").write_text(json.dumps({"checkpoint": cfg.checkpoint, "env": cfg.env.name,
+                                                  "metrics": metrics}, indent=1))  # fmt: skip
+    path = folder / "eval.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 def write_sampled_report(cfg: TrainConfig, greedy: dict[str, float], sampled: SampledResult, folder: Path) -> Path:
     """`mmrl eval`'s report of k samples per item: `report.json` (every item), `report.md` (the summary and the
     best and worst items, their images in `items/`). Returns the Markdown file."""

@@ -76,13 +76,17 @@ def test_no_command_is_a_usage_error(capsys):
     assert exit_.value.code == 2
 
 
-def test_eval_prints_the_held_out_line_for_a_checkpoint(one_step_checkpoint, capsys):
-    args = ["eval", PRESET, *TINY, f"checkpoint={one_step_checkpoint}", "trainer.eval_episodes=2"]
+def test_eval_prints_the_held_out_line_for_a_checkpoint(one_step_checkpoint, tmp_path, capsys):
+    args = ["eval", PRESET, *TINY, f"checkpoint={one_step_checkpoint}", "trainer.eval_episodes=2",
+            f"output_dir={tmp_path}"]  # fmt: skip
     assert main(args) == 0
     out = capsys.readouterr().out
     assert re.search(r"^held-out mean IoU: \d+\.\d{3}$", out, re.MULTILINE), out
     for key in ("iou", "format", "reward", "success"):
         assert re.search(rf"^{key}\s+\d+\.\d{{4}}$", out, re.MULTILINE), f"no {key} line in:\n{out}"
+    markdown = (tmp_path / "eval" / "eval.md").read_text()
+    iou = re.search(r"^held-out mean IoU: (\d+\.\d{3})$", out, re.MULTILINE).group(1)
+    assert f"**mean IoU: {iou}**" in markdown and f"checkpoint `{one_step_checkpoint}`" in markdown
 
 
 def test_eval_with_k_samples_reports_avg_and_pass_at_k(one_step_checkpoint, tmp_path, capsys):

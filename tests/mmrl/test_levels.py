@@ -11,8 +11,8 @@ import torch
 import sim
 from mmrl.build import demonstrations, load_policy
 from mmrl.config import load_config
-from mmrl.evaluate import evaluate, held_out
-from mmrl.report import breakdown_lines
+from mmrl.evaluate import EvalResult, evaluate, held_out
+from mmrl.report import breakdown_lines, write_eval_report
 from mmrl.sft import merge_demonstrations
 
 JIGSAW = "configs/jigsaw_tiny.yaml"
@@ -81,3 +81,19 @@ def test_held_out_scores_each_task_of_a_multi_task_env(jigsaw_policy):
     assert sum(counts.values()) == 6 and len(counts) >= 2
     total = sum(metrics[f"reward@task={t}"] * n for t, n in counts.items())
     assert total / 6 == pytest.approx(metrics["reward"], abs=1e-5)
+
+
+def test_eval_report_tables_each_task_and_keeps_videos_of_successes_and_failures(tmp_path):
+    cfg = load_config(JIGSAW, ["checkpoint=ckpt", "trainer.eval_episodes=4"])
+    metrics = {"success": 0.5, "reward": 0.75, "episodes@task=a": 2.0, "success@task=a": 1.0, "reward@task=a": 1.5,
+               "episodes@task=b": 2.0, "success@task=b": 0.0, "reward@task=b": 0.0}  # fmt: skip
+    frames = torch.randint(0, 255, (4, 3, 8, 8, 3), dtype=torch.uint8)
+    result = EvalResult(metrics=metrics, images=frames[:, 0], instructions=["w0", "w1", "w2", "w3"], texts=[""] * 4,
+                        info={}, frames=frames, success=torch.tensor([True, False, False, True]))  # fmt: skip
+    path = write_eval_report(cfg, result, tmp_path, videos=1)
+    text = path.read_text()
+    assert "| a | 2 | 1.000 | 1.500 |" in text and "| b | 2 | 0.000 | 0.000 |" in text
+    assert "| **all** | 4 | 0.500 | 0.750 |" in text
+    assert "- success: [videos/success_0.gif](videos/success_0.gif), 'w0'" in text
+    assert "- failure: [videos/failure_0.gif](videos/failure_0.gif), 'w1'" in text
+    assert sorted(p.name for p in (tmp_path / "videos").iterdir()) == ["failure_0.gif", "success_0.gif"]
