@@ -19,6 +19,7 @@ from mmrl.sft import collect_demonstrations, train_on_demonstrations
 from mmrl.trainer import train
 from rewards.render import html
 from sim.gui.miniwob import MiniWoBEnv
+from sim.robotics.libero import LiberoEnv
 
 REPO = Path(__file__).resolve().parents[2]
 SHRINK = [
@@ -41,6 +42,13 @@ PRESETS = {
     "grpo_care_tiny.yaml": [],
     "miniwob_tiny.yaml": [],
     "html_tiny.yaml": ["sampling.max_new_tokens=24"],
+    # One task (a world reset to another task rebuilds its simulator: 3-7 s), 2 worlds in one worker process, 6
+    # actions an episode.
+    "libero_tiny.yaml": [
+        "env.options={tasks: [0], image_size: 32, cameras: [agentview], action_repeat: 4, "
+        "reward: shaped, holdout: 10, max_episode_steps: 6, workers: 1}",
+        "trainer.prompts_per_step=1",
+    ],
 }
 
 
@@ -54,6 +62,8 @@ def test_family_preset_runs_end_to_end(preset, tmp_path):
         pytest.skip(MiniWoBEnv.unavailable())
     if preset == "html_tiny.yaml" and html.unavailable():
         pytest.skip(html.unavailable())
+    if preset == "libero_tiny.yaml" and LiberoEnv.unavailable():
+        pytest.skip(LiberoEnv.unavailable())
     cfg = load_config(REPO / "configs" / preset, [*SHRINK, *PRESETS[preset], f"output_dir={tmp_path}"])
     out = io.StringIO()
     with contextlib.redirect_stdout(out):

@@ -5,9 +5,10 @@ import pytest
 import sim
 from sim import check_vec_env
 
-# ManiSkill starts one process per world (about 15 s each on this CPU); tests/sim/test_maniskill.py runs the same
-# checks with 2 worlds, so the all-envs test leaves it out to keep the suite fast.
-NAMES = [name for name in sim.ENVS.names() if name != "maniskill"]
+# ManiSkill and LIBERO start one process per world (5-15 s each on this CPU, 2 GB for LIBERO);
+# tests/sim/test_maniskill.py and tests/sim/test_libero.py run the same checks with fewer worlds, so the all-envs test
+# leaves them out to keep the suite fast.
+NAMES = [name for name in sim.ENVS.names() if name not in ("maniskill", "libero")]
 
 
 def _skip_if_unavailable(name: str) -> None:
