@@ -16,8 +16,21 @@ import time
 
 import numpy as np
 
+# This folder holds bench/libero.py, which would shadow the `libero` package: take it off the path (spawned children
+# get this process's path).
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
+
 
 def world(barrier, queue, steps: int, size: int, seed: int) -> None:
+    try:
+        run_world(barrier, queue, steps, size, seed)
+    except BaseException as error:  # the parent waits on the queue: tell it rather than leave it waiting
+        barrier.abort()
+        queue.put(repr(error))
+        raise
+
+
+def run_world(barrier, queue, steps: int, size: int, seed: int) -> None:
     from libero.libero import benchmark, get_libero_path
     from libero.libero.envs import OffScreenRenderEnv
 
@@ -49,6 +62,9 @@ def main(n: int, steps: int, size: int) -> None:
     for p in procs:
         p.start()
     times = [queue.get() for _ in procs]
+    failed = [t for t in times if isinstance(t, str)]
+    if failed:
+        sys.exit(f"libero_raw: a world failed: {failed[0]}")
     for p in procs:
         p.join()
     wall = max(end for _, end in times) - min(start for start, _ in times)
