@@ -30,9 +30,9 @@ pick-and-place expert that reads it (sim/robotics/libero_expert.py), for cold st
 **Where it runs.** LIBERO needs robosuite 1.4, which breaks on mujoco 4; the project's own MuJoCo code needs mujoco 4.
 So LIBERO lives in its own environment, `.venv-libero` (`make setup-libero`, or `scripts/setup_libero.sh`), and the
 worlds live in worker processes started from it (`sim.subproc.SubprocVecEnv`), one process per world by default
-(`workers`): about 2 GB of memory each. On a CPU a 128 px frame of LIBERO's scenes costs 80-180 ms with Mesa's
-llvmpipe and a physics step about 25 ms, so a process steps about 3 times a second with two cameras at
-`action_repeat=1` and 25-40 physics steps a second without rendering. `MUJOCO_GL` is `egl` unless set.
+(`processes`; not `env.workers`, which spreads worlds over Ray actors): about 2 GB of memory each. On a CPU a 128 px
+frame of LIBERO's scenes costs 80-180 ms with Mesa's llvmpipe and a physics step about 25 ms, so a process steps
+about 3 times a second with two cameras at `action_repeat=1` and 25-40 physics steps a second without rendering. `MUJOCO_GL` is `egl` unless set.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ class LiberoEnv:
         reward: `success` (LIBERO's) or `shaped` (plus a privileged progress potential's change).
         shaping_coef: Weight of the progress term of `shaped`.
         holdout: The last `holdout` initial states of every task are used by held-out seeds only.
-        workers: Worker processes (None: one per world).
+        processes: Worker processes the worlds are spread over (None: one per world).
         timeout_s: Seconds one call may take before its worker is taken for hung.
         device: Where returned tensors live.
 
@@ -121,7 +121,7 @@ class LiberoEnv:
         reward: str = "success",
         shaping_coef: float = 0.5,
         holdout: int = 0,
-        workers: int | None = None,
+        processes: int | None = None,
         timeout_s: float = 300.0,
         device: str | torch.device = "cpu",
     ):
@@ -146,7 +146,7 @@ class LiberoEnv:
         self._worlds = SubprocVecEnv(
             f"{WORLDS}:LiberoWorlds",
             num_envs,
-            workers,
+            processes,
             python=libero_python(),
             env_vars=env_vars,
             timeout_s=timeout_s,

@@ -46,7 +46,7 @@ PRESETS = {
     # actions an episode.
     "libero_tiny.yaml": [
         "env.options={tasks: [0], image_size: 32, cameras: [agentview], action_repeat: 4, "
-        "reward: shaped, holdout: 10, max_episode_steps: 6, workers: 1}",
+        "reward: shaped, holdout: 10, max_episode_steps: 6, processes: 1}",
         "trainer.prompts_per_step=1",
     ],
 }
