@@ -347,6 +347,9 @@ class RenderPool:
                     w.job = (i, request_id, time.monotonic())
                     w.deadline = w.job[2] + base["timeout"] + GRACE
             active = [w for w in self._workers if w.state in ("starting", "busy")]
+            if not active and queue and self._start_failures < 2 * len(self._workers):
+                if any(w.state == "down" for w in self._workers):
+                    continue  # an idle worker's pipe broke (it died between requests): start a fresh one
             if not active:
                 reason = next((w.last_error for w in self._workers if w.last_error), "no worker could start")
                 for i in queue:

@@ -150,6 +150,11 @@ def test_dead_worker_is_restarted():
         os.killpg(pool.isolation["pid"], signal.SIGKILL)  # the worker dies between renders
         again = pool.render_batch([svg('<rect width="9" height="9"/>')] * 3, 16)
         assert all(r.ok for r in again), [r.reason for r in again]
+        # Dead for sure before the next request: writing it breaks the pipe, and a fresh worker takes the requests.
+        os.killpg(pool.isolation["pid"], signal.SIGKILL)
+        pool._workers[0].proc.wait(timeout=10)
+        again = pool.render_batch([svg('<rect width="9" height="9"/>')] * 3, 16)
+        assert all(r.ok for r in again), [r.reason for r in again]
 
 
 def test_sandbox_layers_are_up():
