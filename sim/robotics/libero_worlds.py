@@ -160,12 +160,12 @@ class LiberoWorlds:
             for _ in range(self.action_repeat):
                 obs, _, done, _ = env.step(actions[i])
                 self._obs[i] = obs
+                self._experts[i].update(self._state(i))  # its phase timers count physics steps
                 if done or env.env._check_success():
                     self._success[i] = True
                     break
             self._elapsed[i] += 1
             state_i = self._state(i)
-            self._experts[i].update(state_i)
             potential = self._progress(i, state_i)
             progress[i] = potential - self._potential[i]
             self._potential[i] = potential
