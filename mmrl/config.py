@@ -160,6 +160,9 @@ class AlgoConfig:
     papo_mask_ratio: float = 0.6  # official: patches at 0.6; TRL's version: pixels at 0.3
     papo_grad_through_masked: bool = False  # official: no gradient through the masked pass
     papo_kl_bound: float | None = None  # clamp the per-token KL to [0, bound] (TRL used 0.2)
+    # With papo_gamma 0: still run the masked pass (no gradient) and log papo/*, to measure how much a baseline
+    # policy looks at its images (the same KL PAPO pushes up), at the cost of one more forward pass.
+    papo_monitor: bool = False
     # Refill: with dynamic_sampling or a difficulty filter, sample up to this many batches of B prompts per step
     # until B groups pass (DAPO's max_num_gen_batches); 1 trains on whatever passed the first batch.
     max_sample_batches: int = 1

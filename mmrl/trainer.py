@@ -102,7 +102,7 @@ def train_step(run: Run, step: int, last: int, care: CareReference | None = None
     before = score_before_update(run, episodes, step)  # mini-batches; old log-probs and values, before any update
     advantages, returns = row_advantages(episodes, ac, world, before.values)  # [M], and the critic's targets
     masked = None
-    if ac.papo_gamma > 0:  # PAPO: the same rows with part of each image hidden
+    if ac.papo_gamma > 0 or ac.papo_monitor:  # PAPO: the same rows with part of each image hidden
         mask_rng = torch.Generator().manual_seed(tc.seed * 1_000_003 + step + (world.rank << 32))
         image_processor = run.policy.processor.image_processor
         masked = masked_images(episodes.rollout, ac.papo_mask, ac.papo_mask_ratio, mask_rng, image_processor)

@@ -184,7 +184,8 @@ def forward(run: Run, mb: MicroBatch) -> dict[str, torch.Tensor]:
         with torch.no_grad():
             out["ref_logprobs"] = run.reference.logprobs(mb.rollout, temperature=temperature)
     if mb.masked is not None:
-        with torch.set_grad_enabled(ac.papo_grad_through_masked and torch.is_grad_enabled()):
+        through = ac.papo_grad_through_masked and ac.papo_gamma > 0  # a monitoring pass never takes gradients
+        with torch.set_grad_enabled(through and torch.is_grad_enabled()):
             masked = _scored(run.policy, mb.masked, temperature, with_entropy)
         out.update(zip(("masked_logprobs", "masked_entropy"), masked))
     return out

@@ -64,7 +64,7 @@ def objective(
             `papo_eta`).
         entropy_coef: weight of the entropy bonus.
         masked_logprobs: `[r, L]` the same tokens scored with part of the image hidden (PAPO); with
-            `papo_gamma > 0` the perception terms are added.
+            `papo_gamma > 0` the perception terms are added, and their metrics (`papo/*`) are logged either way.
         masked_entropy: `[r, L]` the masked pass's entropy (PAPO's double-entropy regulariser).
         papo_gamma: weight of PAPO's implicit perception loss.
         papo_eta: weight of PAPO's double-entropy regulariser.
@@ -117,7 +117,7 @@ def objective(
         )
         loss = loss + bonus.loss
         metrics.update(bonus.metrics)
-    if masked_logprobs is not None and papo_gamma > 0:
+    if masked_logprobs is not None:  # PAPO's terms; with papo_gamma 0 (monitoring) only their metrics
         papo = papo_loss_terms(
             logprobs,
             masked_logprobs,
@@ -130,6 +130,7 @@ def objective(
             aggregation=aggregation,
             max_len=max_len,
         )
-        loss = loss + papo.loss
+        if papo_gamma > 0:
+            loss = loss + papo.loss
         metrics.update(papo.metrics)
     return LossOutput(loss=loss, metrics=metrics)
