@@ -66,6 +66,7 @@ def run(
     metric = cfg.env.eval_metric
     curve = {m["step"]: m[f"eval/{metric}"] for m in history if f"eval/{metric}" in m}
     return {
+        "initial": evals.get("initial", {}).get(metric),  # before the cold start (None without one)
         "before": evals["before"][metric],
         "after": evals["after"][metric],
         "clip_fraction": statistics.mean(m.get("clip_fraction", 0.0) for m in rows),
