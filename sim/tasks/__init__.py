@@ -4,5 +4,6 @@ from sim.tasks.dataset import DatasetEnv
 from sim.tasks.grounding import GroundingEnv
 from sim.tasks.jigsaw import JigsawEnv
 from sim.tasks.maze import MazeEnv
+from sim.tasks.questions import ShapeQuestionsEnv
 
-__all__ = ["DatasetEnv", "GroundingEnv", "JigsawEnv", "MazeEnv"]
+__all__ = ["DatasetEnv", "GroundingEnv", "JigsawEnv", "MazeEnv", "ShapeQuestionsEnv"]

@@ -40,7 +40,7 @@ PRESETS = {
     "ttrv_tiny.yaml": [],
     "acre_tiny.yaml": [],
     "grpo_care_tiny.yaml": [],
-    "papo_mc_tiny.yaml": [],
+    "papo_shapes_tiny.yaml": [],
     "miniwob_tiny.yaml": [],
     "html_tiny.yaml": ["sampling.max_new_tokens=24"],
     # One task (a world reset to another task rebuilds its simulator: 3-7 s), 2 worlds in one worker process, 6
@@ -74,7 +74,7 @@ def test_family_preset_runs_end_to_end(preset, tmp_path):
     assert lines[-1].startswith("held-out ") and " -> " in lines[-1]
     row = next(m for m in metrics if "loss/policy" in m)
     assert math.isfinite(row["loss/policy"]) and math.isfinite(row["reward/total"])
-    if preset == "papo_mc_tiny.yaml":  # the perception KL of the masked pass, pushed up by the loss
+    if preset == "papo_shapes_tiny.yaml":  # the perception KL of the masked pass, pushed up by the loss
         assert row["papo/kl"] >= 0 and row["papo/masked_entropy"] > 0
     scores = json.loads((tmp_path / "eval.json").read_text())
     assert set(scores) == {"initial", "before", "after"}
