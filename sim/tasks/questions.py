@@ -184,7 +184,9 @@ def _question(shapes, kinds: tuple[str, ...], rng: np.random.Generator) -> tuple
     by_kind, by_colour = Counter(s.kind for s in shapes), Counter(s.colour for s in shapes)
     unique_kind = [s for s in shapes if by_kind[s.kind] == 1]
     unique_colour = [s for s in shapes if by_colour[s.colour] == 1]
-    possible = [k for k in kinds if k == "count" or (k == "colour" and unique_kind) or (k == "shape" and unique_colour)]
+    possible = [
+        k for k in kinds if k == "count" or (k == "colour" and unique_kind) or (k == "shape" and unique_colour)
+    ]
     if not possible:  # e.g. only `colour` asked of a scene whose kinds all repeat: ask the count instead
         possible = ["count"]
     kind = possible[int(rng.integers(len(possible)))]
