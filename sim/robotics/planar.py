@@ -107,7 +107,7 @@ class PlanarMujocoEnv:
         max_episode_steps: Steps after which a world is truncated (default: the task's `default_max_episode_steps`).
         action_scale: Metres the gripper's setpoint moves for an action of 1.
         frame_skip: Physics sub-steps (of 10 ms) per env step. The servo is tuned for the default 10.
-        reward: `"dense"` (shaped) or `"sparse"` (1 on success only).
+        reward: `"dense"` (shaped) or `"sparse"` (1 on success only); a task may add modes (`reward_modes`).
         shadows: Render shadows of the scene's sun light. Off by default: shadow maps dominate CPU render time.
         camera: `"top"`, the fixed view of the whole workspace, or `"ego"`, an egocentric view that rides with the
             gripper (0.64 m across, the gripper at the centre): the action then depends only on where the target
@@ -123,6 +123,7 @@ class PlanarMujocoEnv:
     action_dim = 2
     _xml: str = ""  # scene file in MJCF_DIR
     default_max_episode_steps = 8  # a task's episode limit when `max_episode_steps` is not given
+    reward_modes: tuple[str, ...] = ("dense", "sparse")  # the `reward` values a task implements
 
     def __init__(
         self,
@@ -131,7 +132,7 @@ class PlanarMujocoEnv:
         max_episode_steps: int | None = None,
         action_scale: float = 0.05,
         frame_skip: int = 10,
-        reward: Literal["dense", "sparse"] = "dense",
+        reward: str = "dense",
         shadows: bool = False,
         device: str = "cpu",
         camera: Literal["top", "ego"] | list[Literal["top", "ego"]] = "top",
@@ -146,8 +147,8 @@ class PlanarMujocoEnv:
             raise ValueError(f"max_episode_steps must be >= 1, got {max_episode_steps}")
         if action_scale <= 0 or frame_skip < 1:
             raise ValueError(f"need action_scale > 0 and frame_skip >= 1, got {action_scale}, {frame_skip}")
-        if reward not in ("dense", "sparse"):
-            raise ValueError(f"reward must be 'dense' or 'sparse', got {reward!r}")
+        if reward not in self.reward_modes:
+            raise ValueError(f"reward must be one of {', '.join(map(repr, self.reward_modes))}, got {reward!r}")
         cameras = [camera] if isinstance(camera, str) else list(camera)
         if not cameras or any(c not in ("top", "ego") for c in cameras) or len(set(cameras)) != len(cameras):
             raise ValueError(f"camera must be 'top', 'ego' or a list of distinct ones, got {camera!r}")

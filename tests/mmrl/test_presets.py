@@ -37,6 +37,7 @@ PRESETS = {
     "jigsaw_tiny.yaml": ["curriculum.steps_per_level=1"],  # one step at 2x2, the eval at 3x3
     "maze_tiny.yaml": ["curriculum.steps_per_level=1"],
     "srpo_reach_tiny.yaml": ["trainer.micro_batch_size=4"],
+    "clip_reach_tiny.yaml": ["trainer.micro_batch_size=4"],
     "ttrv_tiny.yaml": [],
     "acre_tiny.yaml": [],
     "grpo_care_tiny.yaml": [],
