@@ -51,9 +51,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=None, help="RL steps for every preset (default: its own)")
     parser.add_argument("--results", type=Path, default=None, help="append the table to this Markdown file")
-    args, overrides = parser.parse_known_args()
-    if bad := [o for o in overrides if "=" not in o]:
-        parser.error(f"not a key=value override: {' '.join(bad)}")
+    # `key=value` overrides may come anywhere, even right after `--seeds 0 1 2`, whose list would swallow them.
+    overrides = [a for a in sys.argv[1:] if "=" in a and not a.startswith("-")]
+    args = parser.parse_args([a for a in sys.argv[1:] if a not in overrides])
     results: dict[Path, list[dict]] = {preset: [] for preset in args.presets}
     root = Path(tempfile.mkdtemp(prefix="efficacy_"))
     for seed in args.seeds:

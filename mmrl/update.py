@@ -177,7 +177,9 @@ def forward(run: Run, mb: MicroBatch) -> dict[str, torch.Tensor]:
     reference's (kl_coef > 0), and the masked-image pass's (PAPO); each `[r, L]` per token. With a critic, the
     policy's pass leaves its hidden state for `critic.values()`."""
     ac, temperature = run.cfg.algo, run.sampling.temperature
-    with_entropy = ac.entropy_coef > 0 or ac.papo_eta > 0
+    # The full entropy where a term uses it; a monitoring run too, so its papo/entropy and papo/masked_entropy are
+    # the same estimator as a PAPO run's (without it they would fall back to the sampled estimate -logprobs).
+    with_entropy = ac.entropy_coef > 0 or ac.papo_eta > 0 or ac.papo_monitor
     with run.critic.reading() if run.critic is not None else nullcontext():
         out = dict(zip(("logprobs", "entropy"), _scored(run.policy, mb.rollout, temperature, with_entropy)))
     if run.reference is not None:

@@ -50,5 +50,6 @@ def test_monitoring_measures_the_kl_without_changing_the_run(tmp_path, tiny_run_
         for key in SAME_RUN:
             assert got[key] == pytest.approx(want[key], abs=1e-6), key
         assert got["papo/kl"] > 0
-    # Before any update the two runs score the same rollout with the same masks: the same KL.
-    assert watched[0]["papo/kl"] == pytest.approx(papo[0]["papo/kl"], rel=1e-5)
+    # Before any update the two runs score the same rollout with the same masks: the same KL and entropies.
+    for key in ("papo/kl", "papo/entropy", "papo/masked_entropy"):
+        assert watched[0][key] == pytest.approx(papo[0][key], rel=1e-5), key
