@@ -2,6 +2,7 @@
 
     python scripts/make_assets.py            # tokenizer + tiny configs + the demo's warm-start checkpoint
     python scripts/make_assets.py --no-warm  # skip the (few-minute) supervised warm start
+    python scripts/make_assets.py --no-clip  # skip the (few-minute) tiny CLIP of the reach env
 
 What it writes:
 - assets/tokenizer/: a byte-level BPE tokenizer trained locally with `tokenizers` on Python's own help texts and
@@ -12,6 +13,8 @@ What it writes:
 - assets/tiny_models/qwen3_vl_warm_start/: the shared warm start every tiny preset starts from, a tiny Qwen3-VL (4 language layers) after a
   supervised cold start on the grounding task (as the RL papers do before RL) that ends by imitating a sloppy
   demonstrator whose boxes are 40% too large on every side; saved in float16 to stay small.
+- assets/tiny_models/clip_reach/: a tiny CLIP trained on the reach env's own egocentric renders with captions from
+  its privileged state, the model of `reward="clip"` (scripts/make_tiny_clip.py, which prints its held-out figures).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import random
 import shutil
 from pathlib import Path
 
+from make_tiny_clip import make_tiny_clip  # scripts/make_tiny_clip.py, from this script's folder as warmstart
 from warmstart import make_warm_start  # scripts/warmstart.py: this script's folder is on sys.path when it runs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -186,6 +190,7 @@ def build_tiny_configs(out_root: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--no-warm", action="store_true", help="skip the warm-start checkpoint")
+    parser.add_argument("--no-clip", action="store_true", help="skip the reach env's tiny CLIP")
     args = parser.parse_args()
     build_tokenizer(ASSETS / "tokenizer")
     build_tiny_configs(ASSETS / "tiny_models")
@@ -202,6 +207,8 @@ def main() -> None:
             sloppy_steps=150,
             demo_margin=0.4,
         )
+    if not args.no_clip:
+        make_tiny_clip(ASSETS / "tiny_models" / "clip_reach")
 
 
 if __name__ == "__main__":

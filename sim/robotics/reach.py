@@ -105,7 +105,9 @@ class ReachEnv(PlanarMujocoEnv):
         if not 1 <= num_targets <= len(COLOURS):
             raise ValueError(f"num_targets must be in [1, {len(COLOURS)}], got {num_targets}")
         if options.get("reward", "dense") != "clip" and clip_model is not None:
-            raise ValueError(f"clip_model is used by reward='clip' only, got reward={options.get('reward', 'dense')!r}")
+            raise ValueError(
+                f"clip_model is used by reward='clip' only, got reward={options.get('reward', 'dense')!r}"
+            )
         if not 0.0 <= clip_alpha <= 1.0:
             raise ValueError(f"clip_alpha must be in [0, 1], got {clip_alpha}")
         clip_model = os.fspath(DEFAULT_CLIP_MODEL if clip_model is None else clip_model)
