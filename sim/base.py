@@ -115,6 +115,22 @@ def resolve_env_ids(env_ids: Sequence[int] | None, num_envs: int) -> list[int]:
     return ids
 
 
+def check_expert_noise(noise: float, generator: torch.Generator | None, never: list[int]) -> None:
+    """The checks every scripted text expert makes before answering: `noise` a probability, a generator to draw it
+    from (no hidden global randomness), and no world that was never reset (`never`: their indices).
+
+    Raises:
+        ValueError: `noise` is outside [0, 1], or `noise > 0` without a generator.
+        RuntimeError: `never` is not empty.
+    """
+    if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not 0 <= noise <= 1:
+        raise ValueError(f"noise must be a probability in [0, 1], got {noise!r}")
+    if noise > 0 and generator is None:
+        raise ValueError("expert_action(noise > 0) needs a torch.Generator (no hidden global randomness)")
+    if never:
+        raise RuntimeError(f"worlds {never} were never reset; reset them first")
+
+
 def check_text_actions(actions: Sequence[str], num_envs: int, name: str) -> list[str]:
     """The N answers of a text env's `step` as a list; anything but N strings raises, naming the env `name`."""
     if isinstance(actions, str) or not isinstance(actions, Sequence):

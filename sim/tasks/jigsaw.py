@@ -34,7 +34,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from rewards.parse import answer_region
-from sim.base import SingleStepImageEnv
+from sim.base import SingleStepImageEnv, check_expert_noise
 from sim.registry import ENVS
 
 GRIDS = (2, 3, 4)
@@ -175,13 +175,7 @@ class JigsawEnv(SingleStepImageEnv):
             ValueError: `noise` is outside [0, 1], or `noise > 0` without a generator.
             RuntimeError: Some world was never reset.
         """
-        if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not 0 <= noise <= 1:
-            raise ValueError(f"noise must be a probability in [0, 1], got {noise!r}")
-        if noise > 0 and generator is None:
-            raise ValueError("expert_action(noise > 0) needs a torch.Generator (no hidden global randomness)")
-        never = [i for i, puzzle in enumerate(self.puzzles) if puzzle is None]
-        if never:
-            raise RuntimeError(f"worlds {never} were never reset; reset them first")
+        check_expert_noise(noise, generator, [i for i, puzzle in enumerate(self.puzzles) if puzzle is None])
         answers = []
         for puzzle in self.puzzles:
             order = list(puzzle.solution)

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from rewards import parse_choice
+from sim.base import check_expert_noise
 from sim.registry import ENVS
 from sim.tasks.grounding import COLOURS, KINDS, GroundingEnv
 
@@ -163,13 +164,7 @@ class ShapeQuestionsEnv(GroundingEnv):
             ValueError: `noise` is outside [0, 1], or `noise > 0` without a generator.
             RuntimeError: Some world was never reset.
         """
-        if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not 0 <= noise <= 1:
-            raise ValueError(f"noise must be a probability in [0, 1], got {noise!r}")
-        if noise > 0 and generator is None:
-            raise ValueError("expert_action(noise > 0) needs a torch.Generator (no hidden global randomness)")
-        never = [i for i, answer in enumerate(self._answers) if not answer]
-        if never:
-            raise RuntimeError(f"worlds {never} were never reset; reset them first")
+        check_expert_noise(noise, generator, [i for i, answer in enumerate(self._answers) if not answer])
         answers = []
         for answer, options in zip(self._answers, self._options):
             if noise > 0 and float(torch.rand((), generator=generator)) < noise:
