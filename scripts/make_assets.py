@@ -3,6 +3,7 @@
     python scripts/make_assets.py            # tokenizer + tiny configs + the demo's warm-start checkpoint
     python scripts/make_assets.py --no-warm  # skip the (few-minute) supervised warm start
     python scripts/make_assets.py --no-clip  # skip the (few-minute) tiny CLIP of the reach env
+    python scripts/make_assets.py --no-base  # skip the (quarter-hour) shared multi-task base
 
 What it writes:
 - assets/tokenizer/: a byte-level BPE tokenizer trained locally with `tokenizers` on Python's own help texts and
@@ -13,6 +14,9 @@ What it writes:
 - assets/tiny_models/qwen3_vl_warm_start/: the shared warm start every tiny preset starts from, a tiny Qwen3-VL (4 language layers) after a
   supervised cold start on the grounding task (as the RL papers do before RL) that ends by imitating a sloppy
   demonstrator whose boxes are 40% too large on every side; saved in float16 to stay small.
+- assets/tiny_models/qwen3_vl_base/: a shared multi-task base: the warm start after 1600 more supervised steps on the
+  exact scripted answers of grounding, shape_questions and gui_click, round-robin (scripts/make_tiny_base.py, which
+  prints its per-family validation); float16. It needs the warm start, so it is built after it.
 - assets/tiny_models/clip_reach/: a tiny CLIP trained on the reach env's own egocentric renders with captions from
   its privileged state, the model of `reward="clip"` (scripts/make_tiny_clip.py, which prints its held-out figures).
 """
@@ -24,6 +28,7 @@ import random
 import shutil
 from pathlib import Path
 
+from make_tiny_base import make_tiny_base  # scripts/make_tiny_base.py, from this script's folder as warmstart
 from make_tiny_clip import make_tiny_clip  # scripts/make_tiny_clip.py, from this script's folder as warmstart
 from warmstart import make_warm_start  # scripts/warmstart.py: this script's folder is on sys.path when it runs
 
@@ -191,6 +196,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--no-warm", action="store_true", help="skip the warm-start checkpoint")
     parser.add_argument("--no-clip", action="store_true", help="skip the reach env's tiny CLIP")
+    parser.add_argument("--no-base", action="store_true", help="skip the shared multi-task base (qwen3_vl_base)")
     args = parser.parse_args()
     build_tokenizer(ASSETS / "tokenizer")
     build_tiny_configs(ASSETS / "tiny_models")
@@ -207,6 +213,10 @@ def main() -> None:
             sloppy_steps=150,
             demo_margin=0.4,
         )
+    if not args.no_base:
+        # The shared multi-task base, from the warm start just written (or the committed one with --no-warm); about
+        # 19 minutes on one thread.
+        make_tiny_base(ASSETS / "tiny_models" / "qwen3_vl_base")
     if not args.no_clip:
         make_tiny_clip(ASSETS / "tiny_models" / "clip_reach")
 
