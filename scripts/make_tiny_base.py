@@ -100,8 +100,8 @@ def exact_answers(env, family: Family) -> list[str]:
 
 
 @torch.no_grad()
-def validate(policy, family: Family, episodes: int, seed: int = VAL_SEED_BASE) -> float:
-    """The greedy mean score of `policy` on `episodes` fresh worlds of `family`, from `seed` up."""
+def validate(policy, family: Family, episodes: int, seed: int | Sequence[int] = VAL_SEED_BASE) -> float:
+    """The greedy mean score of `policy` on `episodes` fresh worlds of `family`, from `seed` up (or on these seeds)."""
     env = sim.make(family.env, num_envs=episodes, **family.options)
     obs = env.reset(seed=seed)
     template, policy.prompt_template = policy.prompt_template, family.prompt_template
