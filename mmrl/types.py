@@ -108,14 +108,16 @@ def _select(batch: Rollout, rows: torch.Tensor) -> Rollout:
     first = torch.cat([per_row.new_zeros(1), per_row.cumsum(0)])[:-1]  # [R] each row's first image
     counts = per_row[rows]  # [r]
     images = first[rows].repeat_interleave(counts) + (
-        torch.arange(int(counts.sum())) - (counts.cumsum(0) - counts).repeat_interleave(counts)
+        torch.arange(int(counts.sum()), device=counts.device) - (counts.cumsum(0) - counts).repeat_interleave(counts)
     )  # the selected rows' image indices, in order
     patches = batch.image_grid_thw.prod(-1)  # [images]
     offsets = torch.cat([patches.new_zeros(1), patches.cumsum(0)])
     counts = patches[images]
     # Row indices of every patch of the selected images, without a Python loop over images.
     starts = offsets[images].repeat_interleave(counts)
-    within = torch.arange(int(counts.sum())) - (counts.cumsum(0) - counts).repeat_interleave(counts)
+    within = torch.arange(int(counts.sum()), device=counts.device) - (counts.cumsum(0) - counts).repeat_interleave(
+        counts
+    )
     return replace(
         batch,
         prompt_ids=batch.prompt_ids[rows],
