@@ -25,7 +25,7 @@ VARIANTS = {
         "algo.papo_gamma=0.1",
         "algo.old_logprobs=recompute",
         "algo.rollout_correction=token_truncate",
-    ),  # fmt: skip
+    ),
     "critic": ("algo.advantage=gae", "algo.ppo_epochs=2"),
 }
 
