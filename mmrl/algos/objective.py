@@ -80,7 +80,7 @@ def objective(
         one), the surrogate's own (`clip_fraction`, `approx_kl`, ...), `entropy` with an entropy bonus, and PAPO's
         `papo/*` with PAPO on, `mismatch/*` and `correction/*` with rollout log-probs; all detached.
     """
-    # The trainer keeps per-row inputs (old log-probs, advantages, masks) on the CPU; the scores are on the model's device.
+    # The trainer keeps per-row inputs (old log-probs, advantages, masks) on the CPU; scores live on the model device.
     device = logprobs.device
     old_logprobs, advantages, completion_mask = (t.to(device) for t in (old_logprobs, advantages, completion_mask))
     if rollout_logprobs is not None:
