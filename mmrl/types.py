@@ -102,27 +102,24 @@ class Rollout:
         )
 
 
+def _spans(starts: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """The ranges `starts[i] .. starts[i] + counts[i] - 1`, concatenated in order, without a Python loop."""
+    total = torch.arange(int(counts.sum()), device=counts.device)
+    return total + (starts - (counts.cumsum(0) - counts)).repeat_interleave(counts)
+
+
 def _select(batch: Rollout, rows: torch.Tensor) -> Rollout:
     rows = rows.to(torch.long).cpu()
     per_row = batch.image_counts()  # [R]
     first = torch.cat([per_row.new_zeros(1), per_row.cumsum(0)])[:-1]  # [R] each row's first image
-    counts = per_row[rows]  # [r]
-    images = first[rows].repeat_interleave(counts) + (
-        torch.arange(int(counts.sum()), device=counts.device) - (counts.cumsum(0) - counts).repeat_interleave(counts)
-    )  # the selected rows' image indices, in order
+    images = _spans(first[rows], per_row[rows])  # the selected rows' image indices, in order
     patches = batch.image_grid_thw.prod(-1)  # [images]
     offsets = torch.cat([patches.new_zeros(1), patches.cumsum(0)])
-    counts = patches[images]
-    # Row indices of every patch of the selected images, without a Python loop over images.
-    starts = offsets[images].repeat_interleave(counts)
-    within = torch.arange(int(counts.sum()), device=counts.device) - (counts.cumsum(0) - counts).repeat_interleave(
-        counts
-    )
     return replace(
         batch,
         prompt_ids=batch.prompt_ids[rows],
         prompt_mask=batch.prompt_mask[rows],
-        pixel_values=batch.pixel_values[starts + within],
+        pixel_values=batch.pixel_values[_spans(offsets[images], patches[images])],  # every patch of those images
         image_grid_thw=batch.image_grid_thw[images],
         completion_ids=batch.completion_ids[rows],
         completion_mask=batch.completion_mask[rows],

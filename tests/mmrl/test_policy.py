@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from mmrl.policy import TINY_ARCHS, Rollout, Sampling, VLMPolicy, completion_mask_from_ids
+from mmrl.types import _spans
 from sim.base import Observation
 
 TEMPERATURE = 0.7
@@ -333,3 +334,13 @@ def test_sampling_follows_the_global_seed(tiny_policy, grounding_obs):
         draws.append(policy.generate(obs, group_size=1, sampling=SAMPLING).completion_ids)
     assert torch.equal(draws[0], draws[1])
     assert not torch.equal(draws[0], draws[2])
+
+
+def test_spans_are_the_concatenated_ranges_of_each_start_and_count():
+    """`_spans` (row selection's image and patch indices) against the plain loop, empty ranges included."""
+    g = torch.Generator().manual_seed(0)
+    for _ in range(100):
+        n = int(torch.randint(1, 8, (1,), generator=g))
+        starts, counts = torch.randint(0, 50, (n,), generator=g), torch.randint(0, 5, (n,), generator=g)
+        ranges = [torch.arange(s, s + c) for s, c in zip(starts.tolist(), counts.tolist())]
+        assert torch.equal(_spans(starts, counts), torch.cat(ranges))
