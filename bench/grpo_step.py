@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import gc
 import io
 import json
 import os
@@ -89,6 +90,17 @@ def make_policy(**policy_kwargs):
 def peak_memory_gb() -> float | None:
     """Peak GPU memory allocated since the last reset, in GB (None on the CPU)."""
     return torch.cuda.max_memory_allocated() / 1e9 if SPEC.device.startswith("cuda") else None
+
+
+def release_memory() -> float | None:
+    """Free what the finished run left (TRL's trainer sits in reference cycles that only the cycle collector frees)
+    and return the GPU memory still allocated, GB (None on the CPU). Without this, a run that followed a TRL run
+    counted TRL's weights and AdamW state (22.7 GB at 3B) in its own peak."""
+    gc.collect()
+    if not SPEC.device.startswith("cuda"):
+        return None
+    torch.cuda.empty_cache()
+    return torch.cuda.memory_allocated() / 1e9
 
 
 def reset_peak_memory() -> None:
@@ -502,6 +514,7 @@ def main() -> None:
             order = runs[r % len(runs) :] + runs[: r % len(runs)]  # rotate, so no run always follows the same one
             for k, run in enumerate(order):
                 workdir = tmp / f"r{r}_{k}"
+                held = release_memory()  # GB allocated before this run starts, counted in its peak
                 t0 = time.perf_counter()
                 if run.side == "mmrl":
                     samples = run_mmrl(run, total, opts.warmup, workdir, opts.threads)
@@ -512,7 +525,8 @@ def main() -> None:
                 print(
                     f"round {r + 1}/{opts.repeats}  {run.name:<36} step_s "
                     + " ".join(f"{s['step_s']:.3f}" for s in samples)
-                    + f"  ({time.perf_counter() - t0:.0f} s with setup)",
+                    + f"  ({time.perf_counter() - t0:.0f} s with setup"
+                    + (f", {held:.1f} GB held before it)" if held is not None else ")"),
                     flush=True,
                 )
 

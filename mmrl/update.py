@@ -150,6 +150,8 @@ def update(
         if not warming:
             norms += float(distributed.clip_grad_norm(run.trainable, tc.max_grad_norm))  # of the whole gradient
             run.optimizer.step()
+            # Freed now, not at the next pass's zero_grad: the next rollout would hold them for nothing.
+            run.optimizer.zero_grad(set_to_none=True)
             if run.master is not None:
                 run.master.copy_to_model()
     sums["optimizer_steps"] = float(0 if warming else updates)

