@@ -49,16 +49,14 @@ def draw_shape(draw: ImageDraw.ImageDraw, kind: str, x: int, y: int, side: int, 
         draw.polygon([(x + last / 2, y), (x + last, y + last), (x, y + last)], fill=colour)
 
 
-def make_record(index: int, rng: np.random.Generator) -> tuple[Image.Image, dict]:
-    """One image and its record (without the image path)."""
-    width, height = SIZES[index % len(SIZES)]
-    image = Image.new("RGB", (width, height), (235, 235, 230))
+def place_shapes(width: int, height: int, rng: np.random.Generator):
+    """2 or 3 shapes of distinct kinds and colours (so "the red circle" and "the triangle" each name one shape) at
+    free spots: (kinds, colours, boxes), or None when a shape found no free spot in 200 tries."""
     count = int(rng.integers(2, 4))
-    # Distinct kinds and colours in one image, so "the red circle" and "the triangle" each name one shape.
     kinds = [KINDS[int(i)] for i in rng.permutation(len(KINDS))[:count]]
     colours = [list(COLOURS)[int(i)] for i in rng.permutation(len(COLOURS))[:count]]
     boxes: list[tuple[int, int, int, int]] = []
-    for kind, colour in zip(kinds, colours):
+    for _kind in kinds:
         side = int(rng.integers(12, 19))
         for _ in range(200):  # free spots are plentiful: 3 shapes of <= 18 px in >= 48 x 48
             x, y = int(rng.integers(0, width - side + 1)), int(rng.integers(0, height - side + 1))
@@ -67,9 +65,25 @@ def make_record(index: int, rng: np.random.Generator) -> tuple[Image.Image, dict
             ):
                 break
         else:
-            raise RuntimeError(f"record {index}: no free spot for a {kind}")
-        draw_shape(ImageDraw.Draw(image), kind, x, y, side, COLOURS[colour])
+            return None
         boxes.append((x, y, x + side, y + side))
+    return kinds, colours, boxes
+
+
+def make_record(index: int, rng: np.random.Generator) -> tuple[Image.Image, dict]:
+    """One image and its record (without the image path)."""
+    width, height = SIZES[index % len(SIZES)]
+    for _ in range(100):  # a layout with no free spot left is drawn again (rare: record 482 of 4800 was the first)
+        layout = place_shapes(width, height, rng)
+        if layout is not None:
+            break
+    else:
+        raise RuntimeError(f"record {index}: no layout of its shapes found in 100 tries")
+    image = Image.new("RGB", (width, height), (235, 235, 230))
+    kinds, colours, boxes = layout
+    for kind, colour, (x, y, x2, _) in zip(kinds, colours, boxes):
+        draw_shape(ImageDraw.Draw(image), kind, x, y, x2 - x, COLOURS[colour])
+    count = len(kinds)
     target = int(rng.integers(count))
     kind, colour = kinds[target], colours[target]
     # The tight box of the target's drawn pixels (a triangle's top row is narrower but still one pixel high).
