@@ -31,7 +31,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import sim  # noqa: E402
-from sim.base import Observation  # noqa: E402
+from sim.base import Observation, StepResult  # noqa: E402
 from sim.tasks.grounding import GroundingEnv  # noqa: E402
 
 # CPU kernels are deterministic already; this makes any op that is not raise instead of silently varying.
@@ -202,6 +202,43 @@ class PointReachEnv:
 
     def close(self) -> None:
         pass
+
+
+class FirstAxisTarget:
+    """4 turns; each pays 1 - |a_0 - 0.8| (at least 0) whatever the image shows: a reward any policy can learn."""
+
+    action_kind, action_dim, max_episode_steps = "continuous", 2, 4
+
+    def __init__(self, num_envs: int):
+        self.num_envs = num_envs
+        self.action_low, self.action_high = torch.full((2,), -1.0), torch.full((2,), 1.0)
+        self.steps = torch.zeros(num_envs, dtype=torch.long)
+        self.image = torch.full((num_envs, 32, 32, 3), 200, dtype=torch.uint8)
+
+    def _obs(self):
+        return Observation(image=self.image.clone(), instruction=["Move right."] * self.num_envs)
+
+    def reset(self, seed, env_ids=None):
+        self.steps[list(range(self.num_envs)) if env_ids is None else list(env_ids)] = 0
+        return self._obs()
+
+    def step(self, actions):
+        live = self.steps < self.max_episode_steps
+        miss = (actions[:, 0].float() - 0.8).abs()
+        self.steps += live.long()
+        truncated = live & (self.steps >= self.max_episode_steps)
+        return StepResult(self._obs(), (1 - miss).clamp(min=0) * live, torch.zeros_like(live), truncated,
+                          {"success": miss < 0.15})  # fmt: skip
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def first_axis_env() -> Iterator[str]:
+    """The name under which `FirstAxisTarget` is registered while the requesting module runs."""
+    with registered_env("first_axis_target", FirstAxisTarget):
+        yield "first_axis_target"
 
 
 @pytest.fixture(scope="module")

@@ -237,48 +237,14 @@ def test_vla_trains_from_demos_then_grpo_and_resumes(tiny_run_config, point_env,
     assert [m["step"] for m in resumed if "loss/policy" in m] == [1, 2, 3]
 
 
-class FirstAxisTarget:
-    """4 turns; each pays 1 - |a_0 - 0.8| (at least 0) whatever the image shows: a reward any policy can learn."""
-
-    action_kind, action_dim, max_episode_steps = "continuous", 2, 4
-
-    def __init__(self, num_envs: int):
-        self.num_envs = num_envs
-        self.action_low, self.action_high = torch.full((2,), -1.0), torch.full((2,), 1.0)
-        self.steps = torch.zeros(num_envs, dtype=torch.long)
-        self.image = torch.full((num_envs, 32, 32, 3), 200, dtype=torch.uint8)
-
-    def _obs(self):
-        return sim.base.Observation(image=self.image.clone(), instruction=["Move right."] * self.num_envs)
-
-    def reset(self, seed, env_ids=None):
-        self.steps[list(range(self.num_envs)) if env_ids is None else list(env_ids)] = 0
-        return self._obs()
-
-    def step(self, actions):
-        live = self.steps < self.max_episode_steps
-        reward = (1 - (actions[:, 0].float() - 0.8).abs()).clamp(min=0) * live
-        self.steps += live.long()
-        truncated = live & (self.steps >= self.max_episode_steps)
-        ok = (actions[:, 0].float() - 0.8).abs() < 0.15
-        return sim.base.StepResult(self._obs(), reward, torch.zeros_like(live), truncated, {"success": ok})
-
-    def close(self) -> None:
-        pass
-
-
-def test_multi_turn_vla_grpo_learns_a_reward_it_can_reach(tiny_run_config, tmp_path):
+def test_multi_turn_vla_grpo_learns_a_reward_it_can_reach(tiny_run_config, first_axis_env, tmp_path):
     """The whole multi-turn VLA path (action tokens, episodes, trajectory advantages on every turn, the update)
     raises a return that depends on the actions alone: a wrong sign or a turn scored against another turn's tokens
     would leave it flat."""
-    sim.ENVS.register("first_axis_target")(FirstAxisTarget)
-    try:
-        _, metrics = _run(
-            tiny_run_config, tmp_path, "env.name=first_axis_target", "env.eval_metric=reward", "algo.group_size=4",
-            "trainer.prompts_per_step=4", "trainer.total_steps=20", "trainer.save_every=0", "trainer.eval_every=0",
-        )  # fmt: skip
-    finally:
-        del sim.ENVS._items["first_axis_target"]
+    _, metrics = _run(
+        tiny_run_config, tmp_path, f"env.name={first_axis_env}", "env.eval_metric=reward", "algo.group_size=4",
+        "trainer.prompts_per_step=4", "trainer.total_steps=20", "trainer.save_every=0", "trainer.eval_every=0",
+    )  # fmt: skip
     returns = [m["reward/total"] for m in metrics if "reward/total" in m]
     first, last = sum(returns[:5]) / 5, sum(returns[-5:]) / 5
     assert last > first + 0.5, f"mean return over the first 5 steps {first:.2f}, over the last 5 {last:.2f} (of 4)"

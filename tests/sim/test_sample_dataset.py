@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import filecmp
 import importlib
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+from PIL import Image
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
@@ -25,10 +27,16 @@ def test_the_committed_sample_is_what_the_script_writes(tmp_path):
     assert not mismatch and not errors and len(match) == 25
 
 
-def test_a_record_whose_shapes_found_no_free_spot_is_laid_out_again():
-    """Record 482 of a 4800-record run once stopped the script ("no free spot for a circle")."""
+def test_records_past_a_dead_end_layout_are_made_and_the_first_480_are_the_committed_ones():
+    """Record 482 of a 4800-record run once stopped the script ("no free spot for a circle"); the records before it
+    must not change, so `shapes_qa_480` (configs/dataset_tiny.yaml) is still what the script makes."""
+    committed = REPO / "assets" / "datasets" / "shapes_qa_480"
+    lines = [json.loads(line) for line in (committed / "data.jsonl").read_text().splitlines()]
     rng = np.random.default_rng(make_sample_dataset.SEED)
     for index in range(490):
         image, record = make_sample_dataset.make_record(index, rng)
-        assert record["question"]
-    assert image.size == make_sample_dataset.SIZES[489 % len(make_sample_dataset.SIZES)]
+        if index < len(lines):
+            want = dict(lines[index])
+            pixels = np.asarray(Image.open(committed / want.pop("image")).convert("RGB"))
+            assert record == want and np.array_equal(np.asarray(image), pixels), f"record {index} changed"
+    assert len(lines) == 480
