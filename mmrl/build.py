@@ -32,7 +32,7 @@ from .evaluate import held_out
 from .logging import MetricsLogger, TensorBoardSink, WandbSink, require_backends
 from .policy import VLMPolicy, add_action_tokens, apply_model_options, build_tiny
 from .report import report_before
-from .sft import collect_demonstrations, merge_demonstrations, train_on_demonstrations
+from .sft import collect_demonstrations, longest_target, merge_demonstrations, train_on_demonstrations
 from .types import Sampling
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -99,9 +99,17 @@ def starting_policy(
         return policy
     if not hasattr(env, "expert_action"):
         raise ValueError(f"sft.episodes > 0 needs an env with a scripted expert; {cfg.env.name!r} has none")
-    initial = held_out(policy, cfg, world)
     sft = cfg.sft
     images, instructions, labels, rate, previous = demonstrations(cfg, env, policy)
+    if env.action_kind == "text":
+        answer, need = longest_target(policy, labels)
+        if need > cfg.sampling.max_new_tokens:
+            raise ValueError(
+                f"sampling.max_new_tokens={cfg.sampling.max_new_tokens} cuts the expert's answers: {answer!r} is "
+                f"{need} tokens with EOS, so the policy could never finish what the cold start teaches it; set "
+                f"sampling.max_new_tokens >= {need}"
+            )
+    initial = held_out(policy, cfg, world)
     if world.is_main:
         print(f"held-out {cfg.env.eval_metric} of the initial model: {initial.metrics[cfg.env.eval_metric]:.3f}\n"
               f"{len(instructions)} demonstration steps from {sft.episodes} episodes "

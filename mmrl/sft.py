@@ -16,6 +16,13 @@ def target_ids(policy: VLMPolicy, target: str) -> list[int]:
     return policy.processor.tokenizer(target, add_special_tokens=False)["input_ids"] + [policy.eos_token_ids[0]]
 
 
+def longest_target(policy: VLMPolicy, targets: list[str]) -> tuple[str, int]:
+    """The text target with the most tokens as taught (`target_ids`, EOS included), and that count."""
+    lengths = {t: len(target_ids(policy, t)) for t in set(targets)}
+    longest = max(lengths, key=lambda t: (lengths[t], t))
+    return longest, lengths[longest]
+
+
 def supervised_batch(
     policy: VLMPolicy, obs: Observation, targets: list[str], history: list[list[Turn]] | None = None
 ) -> Rollout:

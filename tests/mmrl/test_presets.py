@@ -30,10 +30,10 @@ SHRINK = [
 PRESETS = {
     "gui_click_tiny.yaml": [],
     "gui_task_tiny.yaml": [],
-    "svg_tiny.yaml": ["sampling.max_new_tokens=24"],
+    "svg_tiny.yaml": [],
     "highway_tiny.yaml": ["env.options={image_size: 64, max_episode_steps: 2}"],
     "dataset_tiny.yaml": [],
-    "cad_tiny.yaml": ["sampling.max_new_tokens=16"],
+    "cad_tiny.yaml": [],
     "jigsaw_tiny.yaml": ["curriculum.steps_per_level=1"],  # one step at 2x2, the eval at 3x3
     "maze_tiny.yaml": ["curriculum.steps_per_level=1"],
     "srpo_reach_tiny.yaml": ["trainer.micro_batch_size=4"],
@@ -43,7 +43,7 @@ PRESETS = {
     "grpo_care_tiny.yaml": [],
     "papo_shapes_tiny.yaml": [],
     "miniwob_tiny.yaml": [],
-    "html_tiny.yaml": ["sampling.max_new_tokens=24"],
+    "html_tiny.yaml": [],
     # One task (a world reset to another task rebuilds its simulator: 3-7 s), 2 worlds in one worker process, 6
     # actions an episode.
     "libero_tiny.yaml": [
@@ -117,6 +117,17 @@ def test_text_demonstrations_are_the_experts_answers_and_label_noise_makes_them_
     _, _, sloppy, sloppy_rate, _ = collect_demonstrations(env, None, episodes=8, seed=3, label_noise=1.0)
     assert sloppy != labels and all(s.startswith("click(") for s in sloppy)
     assert sloppy_rate < 1.0  # the sloppy answers are what runs, and some miss
+
+
+def test_a_generation_limit_that_cuts_the_experts_answers_is_a_config_error(tmp_path):
+    # gui_click's expert answers "click(x, y)": 10-11 tokens with EOS. At 6 the cold start would teach answers the
+    # policy can never finish (highway's LANE_RIGHT was cut so until 2026-11-26), so the run stops before any work.
+    cfg = load_config(REPO / "configs" / "gui_click_tiny.yaml", [*SHRINK, "sampling.max_new_tokens=6",
+                                                                 f"output_dir={tmp_path}"])  # fmt: skip
+    with pytest.raises(ValueError, match=r"sampling.max_new_tokens=6 cuts the expert's answers: 'click\(.*set "
+                                         r"sampling.max_new_tokens >= 1[01]"):  # fmt: skip
+        train(cfg)
+    assert not (tmp_path / "cold_start").exists()
 
 
 def test_continuous_env_needs_a_codec():
