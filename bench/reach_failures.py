@@ -35,25 +35,30 @@ from sim.seeds import eval_seeds  # noqa: E402
 
 
 def ends(checkpoint: str, cfg, episodes: int) -> dict[str, np.ndarray]:
-    """Greedy play of `checkpoint` on the first `episodes` held-out seeds; per episode, where it ended."""
+    """Greedy play of `checkpoint` on the first `episodes` held-out seeds; per episode, where it ended.
+
+    The discs come from the env's documented state at reset (`[N, 4 + 3K]`: gripper xy, the named target's xy, every
+    disc's xy, every disc's colour index); they do not move, so only the gripper is read again at the end."""
     policy = load_policy(cfg.model, checkpoint)
     env = sim.make("reach", episodes, **cfg.env.make_options())
     seeds = eval_seeds(episodes)
-    env.reset(seed=seeds)
-    start = env.gripper_xy.copy()  # [R, 2]
+    state = env.reset(seed=seeds).state.cpu().numpy().astype(np.float64)  # [R, 4 + 3K]
+    k = (state.shape[1] - 4) // 3
+    start, target = state[:, 0:2], state[:, 2:4]
+    discs = state[:, 4 : 4 + 2 * k].reshape(episodes, k, 2)  # [R, K, 2]
+    colours = state[:, 4 + 2 * k :].astype(int)  # [R, K]
+    named = np.linalg.norm(discs - target[:, None], axis=2).argmin(1)  # [R]: the named disc's slot
     collect_episodes(policy, env, seeds, 1, Sampling(max_new_tokens=cfg.sampling.max_new_tokens, temperature=0.0))
-    rows = np.arange(episodes)
-    discs = env._disc_xy  # [R, K, 2]
-    named = env._target_slot  # [R]
     to_disc = np.linalg.norm(discs - env.gripper_xy[:, None], axis=2)  # [R, K]: where each episode ended
     on_a_disc = to_disc.min(1) <= env.success_radius
     which = to_disc.argmin(1)
+    rows = np.arange(episodes)
     out = {
         "named": on_a_disc & (which == named),
         "other": on_a_disc & (which != named),
         "none": ~on_a_disc,
         "named_nearest": np.linalg.norm(discs - start[:, None], axis=2).argmin(1) == named,
-        "colour": env._disc_colour[rows, named],
+        "colour": colours[rows, named],
         "to_named": to_disc[rows, named],
     }
     env.close()
