@@ -54,10 +54,22 @@ def import_mujoco() -> Any:
     """Import `mujoco` with an offscreen GL backend chosen first (EGL unless the caller set `MUJOCO_GL`).
 
     MuJoCo reads `MUJOCO_GL` once, when it is first imported, so this must run before any other import of it.
+
+    Raises:
+        ImportError: MuJoCo could not load the chosen GL backend, with the likely fix. A machine with NVIDIA's EGL
+            driver but without glvnd's `libEGL.so.1` fails inside PyOpenGL with `'NoneType' object has no attribute
+            'eglQueryString'`, which names neither.
     """
     os.environ.setdefault("MUJOCO_GL", "egl")
-    import mujoco
-
+    try:
+        import mujoco
+    except (AttributeError, RuntimeError, OSError) as error:
+        backend = os.environ["MUJOCO_GL"]
+        raise ImportError(
+            f"mujoco could not load its GL backend MUJOCO_GL={backend!r}: {type(error).__name__}: {error}. "
+            "MUJOCO_GL=egl needs libEGL.so.1 (apt-get install libegl1, with a GPU driver's or Mesa's EGL); "
+            "MUJOCO_GL=osmesa needs libOSMesa (apt-get install libosmesa6)."
+        ) from error
     return mujoco
 
 

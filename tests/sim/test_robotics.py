@@ -68,6 +68,16 @@ def test_import_does_not_load_mujoco():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
+def test_a_gl_backend_mujoco_cannot_load_is_an_import_error_that_names_it_and_the_fix():
+    code = "from sim.robotics.planar import import_mujoco; import_mujoco()"
+    env = {**os.environ, "MUJOCO_GL": "no_such_backend"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: mujoco could not load its GL backend MUJOCO_GL='no_such_backend'")
+    assert "apt-get install libegl1" in last
+
+
 def test_reach_expert_succeeds_and_random_rarely_does():
     env = ReachEnv(num_envs=100)
     expert = _success_rate(env, lambda e: e.expert_action(), seed=0)
