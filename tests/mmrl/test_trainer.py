@@ -78,6 +78,14 @@ def test_every_reward_component_is_logged(two_steps):
     assert len({m["reward/letters"] for m in step_rows(history)}) == 2  # fresh prompts and samples each step
 
 
+def test_flat_groups_counts_whole_groups(two_steps):
+    _, _, history, out, _ = two_steps
+    groups = json.loads((out / "config.json").read_text())["trainer"]["prompts_per_step"]
+    for m in step_rows(history):
+        flat = m["data/flat_groups"] * groups  # groups of this step whose returns were all equal
+        assert 0 <= round(flat) <= groups and flat == pytest.approx(round(flat), abs=1e-5)
+
+
 def test_history_is_the_metrics_file_with_held_out_rows_first_and_last(two_steps):
     _, _, history, out, _ = two_steps
     assert history == read_metrics(out / "metrics.jsonl")
