@@ -63,10 +63,12 @@ def step_metrics(
     }
     if stats.step_rewards.shape[1] > 1:
         metrics["env/episode_steps"] = stats.env_steps.float().mean()
-    # Groups whose G returns are all equal: a group baseline gives them zero advantage, so they teach nothing. Near 1
-    # means the samples do not differ enough for RL to learn from (too easy, too hard, or a policy sampled too
-    # greedily); near 0, every group carries a signal.
-    metrics["data/flat_groups"] = 1.0 - dynamic_sampling_keep(stats.returns(ac.gamma), ac.group_size).float().mean()
+    if ac.group_size > 1:
+        # Groups whose G returns are all equal: a group baseline gives them zero advantage, so they teach nothing.
+        # Near 1 means the samples do not differ enough for RL to learn from (too easy, too hard, or a policy sampled
+        # too greedily); near 0, every group carries a signal. (Groups of one have no group baseline: not logged.)
+        flat = 1.0 - dynamic_sampling_keep(stats.returns(ac.gamma), ac.group_size).float().mean()
+        metrics["data/flat_groups"] = flat
     if ac.dynamic_sampling or ac.difficulty_low is not None or ac.difficulty_high is not None:
         metrics["data/kept_groups"] = collected.kept_groups
         metrics["data/sampled_batches"] = collected.sampled_batches
