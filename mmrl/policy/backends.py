@@ -18,7 +18,11 @@
   the backend is therefore the static cache without compilation, which the tests check gives the `hf` tokens and
   log-probs. The compiled path is tested on CUDA (`-m gpu`: `hf`'s tokens in float32 on the tiny models) and
   measured on an H200 (BENCHMARKS.md: 2.09x `hf`'s tokens/s at 3B after a 46 s compile; in bfloat16 at 3B its
-  greedy tokens leave `hf`'s at near-ties, from rounding).
+  greedy tokens leave `hf`'s at near-ties, from rounding). **Nor is it compiled outside the main thread**
+  (pipelined collection, `trainer.max_staleness: 1`, generates in a thread): torch's CUDA graph trees keep
+  thread-local state that a Python thread lacks, and the first compiled call there fails with an AssertionError in
+  `cudagraph_trees.get_obj` (seen on an H100 with torch 2.11; pytorch/pytorch#123177). There the backend decodes
+  with the static cache, uncompiled.
 * `"vllm"` (`mmrl.policy.vllm_backend.VLLMBackend`): a colocated vLLM engine; see that module.
 
 Not used: transformers' continuous batching (`generate_batch`, paged attention). In transformers 5.x it takes
@@ -36,6 +40,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import threading
 from typing import Protocol
 
 import torch
@@ -251,8 +256,10 @@ class StaticCacheBackend(HFBackend):
         return {
             "cache_implementation": "static",
             "max_cache_len": length,
-            # Explicit, though transformers' auto-compile criteria already exclude the CPU: see the module docstring.
-            "disable_compile": policy.device.type == "cpu",
+            # Explicit, though transformers' auto-compile criteria already exclude the CPU; and never in a thread
+            # (CUDA graph trees fail there): see the module docstring.
+            "disable_compile": policy.device.type == "cpu"
+            or threading.current_thread() is not threading.main_thread(),
         }
 
 

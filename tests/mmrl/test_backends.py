@@ -9,6 +9,7 @@ unless vLLM and a GPU are present (`-m gpu`), and only its pure functions run he
 from __future__ import annotations
 
 import importlib.util
+import threading
 from types import SimpleNamespace
 
 import numpy as np
@@ -17,6 +18,7 @@ import torch
 from PIL import Image
 
 from mmrl.policy import TINY_ARCHS, Sampling, VLMPolicy, add_action_tokens
+from mmrl.policy.backends import StaticCacheBackend
 from mmrl.policy.vllm_backend import completions_from_vllm, sampling_params_kwargs, vllm_requests
 from sim.base import Observation
 
@@ -245,6 +247,23 @@ def test_vllm_outputs_become_padded_completions():
     assert repeated.completion_ids.tolist() == [[3, 2], [3, 2]]
     with pytest.raises(ValueError, match="logprobs=0"):
         completions_from_vllm([SimpleNamespace(outputs=[SimpleNamespace(index=0, token_ids=[1], logprobs=None)])], 0)
+
+
+def test_the_static_backend_compiles_only_on_cuda_and_in_the_main_thread():
+    """Pipelined collection decodes in a thread, where torch's CUDA graph trees fail (pytorch/pytorch#123177, seen
+    on an H100): there the static cache runs uncompiled. The policy is a stand-in whose device reads CUDA, since only
+    `.device` is read and no GPU exists here."""
+    backend = StaticCacheBackend()
+    on_gpu, on_cpu = SimpleNamespace(device=torch.device("cuda")), SimpleNamespace(device=torch.device("cpu"))
+    assert backend.generate_kwargs(on_gpu, 100, 20) == {
+        "cache_implementation": "static", "max_cache_len": 256, "disable_compile": False
+    }  # fmt: skip
+    assert backend.generate_kwargs(on_cpu, 100, 20)["disable_compile"] is True
+    in_thread: dict = {}
+    thread = threading.Thread(target=lambda: in_thread.update(backend.generate_kwargs(on_gpu, 300, 20)))
+    thread.start()
+    thread.join()
+    assert in_thread == {"cache_implementation": "static", "max_cache_len": 512, "disable_compile": True}
 
 
 # ------------------------------------------------------------------------------- compiled static cache, GPU only

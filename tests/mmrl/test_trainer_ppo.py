@@ -6,12 +6,15 @@ The runs train a random tiny Qwen2-VL on `grounding_letters` (conftest), whose d
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 
 import pytest
 import torch
+from transformers import CompileConfig
 
 from mmrl.batching import mini_batch_rows
+from mmrl.collect import forget_compiled_calls
 from mmrl.config import ConfigError
 from mmrl.logging import read_metrics
 from mmrl.trainer import train
@@ -161,6 +164,20 @@ def test_resume_is_exact_with_pipelined_collection(tmp_path, tiny_run_config, le
     for got, want in zip(resumed, whole):
         for key in ("reward/total", "loss/policy", "grad_norm", "mismatch/kl"):
             assert got[key] == pytest.approx(want[key], abs=1e-6), (got["step"], key)
+
+
+def test_the_pipelined_copy_decodes_with_its_own_weights_not_through_the_originals_compiled_forward(tiny_policy):
+    """transformers caches a compiled forward on a model the first time a compiled backend generates with it; a deep
+    copy made after that keeps a reference to the ORIGINAL's compiled forward (functions are copied by reference), so
+    the pipelined copy would sample with the weights being updated. `prefetch` drops it from its copy."""
+    policy = tiny_policy("qwen2_vl", seed=0)
+    mine = policy.model.get_compiled_call(CompileConfig())  # what the static backend's first CUDA call leaves
+    clone = copy.deepcopy(policy)
+    assert clone.model._compiled_call is mine  # the hazard: a copy as it comes
+    forget_compiled_calls(clone.model)
+    assert not any(hasattr(m, "_compiled_call") for m in clone.model.modules())
+    assert clone.model.get_compiled_call(CompileConfig()) is not mine
+    assert policy.model._compiled_call is mine  # the original keeps its own
 
 
 def test_staleness_beyond_one_is_refused(tmp_path, tiny_run_config):
