@@ -39,6 +39,7 @@ from .config import AlgoConfig, TrainConfig
 from .consistency import with_vote_rewards
 from .curriculum import Curriculum
 from .judge import make_judge
+from .policy.backends import forget_compiled_calls
 from .policy.vlm import VLMPolicy
 from .rollout import collect_episodes
 from .rollout_workers import RolloutWorkers
@@ -272,16 +273,3 @@ class Collector:
             except Exception as error:  # noqa: BLE001
                 print(f"closing the {'rollout workers' if name == 'workers' else name} failed: {error!r}",
                       file=sys.stderr)  # fmt: skip
-
-
-def forget_compiled_calls(model: torch.nn.Module) -> None:
-    """Drop the compiled forward that transformers' `generate` caches on a model (`_compiled_call`, made by
-    `get_compiled_call` on a compiled backend's first call) from every module of `model`, a fresh deep copy.
-
-    `copy.deepcopy` copies functions by reference, so a copy made after the original had compiled its decoding step
-    would decode with the ORIGINAL's weights (the compiled callable wraps the original's bound `__call__`): the
-    pipelined copy would sample from the weights being updated at that moment, not the snapshot it holds.
-    """
-    for module in model.modules():
-        for name in ("_compiled_call", "_last_compile_config"):
-            module.__dict__.pop(name, None)

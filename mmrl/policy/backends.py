@@ -98,6 +98,21 @@ def make_backend(name: str, **options) -> GenerationBackend:
     return backend
 
 
+def forget_compiled_calls(model: torch.nn.Module) -> None:
+    """Drop the compiled forward that transformers' `generate` caches on a model (`_compiled_call`, made by
+    `get_compiled_call` on a compiled backend's first call) from every module of `model`, a fresh deep copy: the
+    pipelined collector's, or the CPU copy shipped to rollout workers.
+
+    `copy.deepcopy` copies functions by reference, so a copy made after the original had compiled its decoding step
+    would decode with the ORIGINAL's weights (the compiled callable wraps the original's bound `__call__`): the
+    pipelined copy would sample from the weights being updated at that moment, not the snapshot it holds, and the
+    workers' copy would carry the original model along.
+    """
+    for module in model.modules():
+        for name in ("_compiled_call", "_last_compile_config"):
+            module.__dict__.pop(name, None)
+
+
 class _SamplingLogprobs(LogitsProcessor):
     """The first logits processor of a `generate` call: records the sampled tokens' log-probs, then applies bans.
 

@@ -14,9 +14,9 @@ import torch
 from transformers import CompileConfig
 
 from mmrl.batching import mini_batch_rows
-from mmrl.collect import forget_compiled_calls
 from mmrl.config import ConfigError
 from mmrl.logging import read_metrics
+from mmrl.policy.backends import forget_compiled_calls
 from mmrl.trainer import train
 
 
