@@ -92,7 +92,10 @@ def starting_policy(
     if env.action_kind == "continuous" and policy.action_codec is None:
         if cfg.model.action_bins < 2:
             raise ValueError(f"env {cfg.env.name!r} takes continuous actions: set model.action_bins (e.g. 256)")
-        add_action_tokens(policy, env.action_low, env.action_high, cfg.model.action_bins, cfg.model.action_chunk)
+        add_action_tokens(
+            policy, env.action_low, env.action_high, cfg.model.action_bins, cfg.model.action_chunk,
+            seed=cfg.trainer.seed,
+        )  # fmt: skip
     # After the action tokens exist (LoRA keeps their rows trainable), before anything trains.
     policy = apply_model_options(policy, cfg.model)
     if cfg.sft.episodes <= 0:

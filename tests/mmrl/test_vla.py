@@ -86,6 +86,23 @@ def test_action_tokens_are_added_never_overwritten(tiny_policy, tmp_path):
         add_action_tokens(policy, torch.full((2,), -1.0), torch.ones(2), bins=64)
 
 
+def test_new_action_token_rows_depend_on_the_seed_alone(tiny_policy):
+    """The rows transformers' mean_resizing draws for new tokens come from `seed`, whatever torch's global generator
+    holds (torch seeds it at random per process), and the global generator is left as it was."""
+
+    def rows(global_seed: int, seed: int) -> torch.Tensor:
+        policy = tiny_policy("qwen3_vl", prompt_template="{image} {instruction}")
+        torch.manual_seed(global_seed)
+        before = torch.random.get_rng_state()
+        codec = add_action_tokens(policy, torch.full((2,), -1.0), torch.ones(2), bins=16, seed=seed)
+        assert torch.equal(torch.random.get_rng_state(), before)
+        return policy.model.get_input_embeddings().weight[codec.token_ids].detach().clone()
+
+    first = rows(global_seed=1, seed=0)
+    torch.testing.assert_close(rows(global_seed=2, seed=0), first, rtol=0, atol=0)
+    assert not torch.equal(rows(global_seed=1, seed=1), first)
+
+
 def test_vla_generation_is_restricted_and_logprobs_match_after_save_and_load(tiny_policy, point_env, tmp_path):
     policy = tiny_policy("qwen3_vl", prompt_template="{image} {instruction}")
     env = sim.make(point_env, num_envs=4)
