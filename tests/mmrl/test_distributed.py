@@ -193,7 +193,16 @@ def test_checkpoint_holds_full_weights_that_load_in_one_process(runs):
     got, want = final_weights(two), final_weights(one)
     assert got.keys() == want.keys()  # the tied LM head written once, as one process writes it
     for name in want:
-        torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+        # Equal up to float32 summation order, except where Adam amplifies it: each element's step is its gradient
+        # over its own running scale plus eps (1e-8), so an element whose gradient is near eps steps by a fraction
+        # of lr that follows the roundoff. Seen with transformers 5.24: layer 1's v_proj[12, 32], gradient 1.2e-8
+        # (the tensor's median 3.7e-5), 6% apart between the runs, stepped 1.5e-5 apart at lr 1e-3. A wrong shard
+        # or a lost gradient moves whole slices: at most 1 element in 1000 may differ, and by less than one step.
+        close = torch.isclose(got[name], want[name], rtol=1e-4, atol=1e-5)
+        assert (~close).sum() <= close.numel() // 1000, f"{name}: {(~close).sum()} of {close.numel()} elements differ"
+        torch.testing.assert_close(
+            got[name], want[name], rtol=0, atol=RUN["trainer"]["lr"], msg=lambda m, n=name: f"{n}: {m}"
+        )
     start = load_file(REPO / ASSET / "model.safetensors")
     assert any(not torch.equal(got[k], start[k]) for k in got)  # training moved them
     policy = VLMPolicy.from_pretrained(latest_checkpoint(two))
