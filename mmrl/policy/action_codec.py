@@ -21,6 +21,7 @@ tensor([[[0.0000, 1.5000]]])
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -107,6 +108,13 @@ class ActionCodec:
         (Path(folder) / CODEC_FILE).write_text(json.dumps(self.state_dict(), indent=2))
 
 
+def action_rows_seed(seed: int) -> int:
+    """The generator seed of the new action-token rows for run seed `seed`: a hash, not `seed` itself, because the
+    cold start's demonstrations draw their execution noise from `torch.Generator().manual_seed(seed)`, and with the
+    same seed the rows' perturbations would be the very numbers of the first episodes' noise."""
+    return int.from_bytes(hashlib.sha256(f"mmrl action-token rows {seed}".encode()).digest()[:8], "little")
+
+
 def add_action_tokens(
     policy, low: torch.Tensor, high: torch.Tensor, bins: int = 256, chunk: int = 1, seed: int = 0
 ) -> ActionCodec:
@@ -116,7 +124,7 @@ def add_action_tokens(
     the same restriction (see `VLMPolicy.action_codec`).
 
     New embedding rows are drawn around the mean of the existing ones (transformers' `mean_resizing`) from a
-    generator seeded with `seed`, not from torch's global one, which torch seeds at random in every process: the
+    generator seeded from `seed` (`action_rows_seed`), not from torch's global one, which torch seeds at random in every process: the
     K rows differ from each other only by that draw, so unseeded, two runs of the same config started their
     action tokens differently (the reach preset's cold start then ranged 0.42-0.96 on one data size).
 
@@ -136,7 +144,7 @@ def add_action_tokens(
             # New rows start at the mean of the existing embeddings (transformers' mean_resizing), not at noise.
             device = embeddings.weight.device
             with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-                torch.manual_seed(seed)
+                torch.manual_seed(action_rows_seed(seed))
                 policy.model.resize_token_embeddings(len(tok), mean_resizing=True)
     ids = tok.convert_tokens_to_ids(names)
     codec = ActionCodec(low, high, ids, chunk=chunk)

@@ -13,6 +13,7 @@ import sim
 from mmrl.algos.advantages import step_group_advantages
 from mmrl.curriculum import Curriculum, CurriculumConfig
 from mmrl.policy import ActionCodec, Sampling, VLMPolicy, add_action_tokens
+from mmrl.policy.action_codec import action_rows_seed
 from mmrl.rollout import collect_episodes
 from mmrl.trainer import train
 from mmrl.types import cat_episodes
@@ -101,6 +102,9 @@ def test_new_action_token_rows_depend_on_the_seed_alone(tiny_policy):
     first = rows(global_seed=1, seed=0)
     torch.testing.assert_close(rows(global_seed=2, seed=0), first, rtol=0, atol=0)
     assert not torch.equal(rows(global_seed=1, seed=1), first)
+    # Not the stream the demonstrations' execution noise comes from (torch.Generator().manual_seed(seed)).
+    noise = torch.randn(8, generator=torch.Generator().manual_seed(0))
+    assert not torch.equal(torch.randn(8, generator=torch.Generator().manual_seed(action_rows_seed(0))), noise)
 
 
 def test_vla_generation_is_restricted_and_logprobs_match_after_save_and_load(tiny_policy, point_env, tmp_path):
