@@ -39,7 +39,6 @@ from .config import AlgoConfig, TrainConfig
 from .consistency import with_vote_rewards
 from .curriculum import Curriculum
 from .judge import make_judge
-from .policy.backends import forget_compiled_calls
 from .policy.vlm import VLMPolicy
 from .rollout import collect_episodes
 from .rollout_workers import RolloutWorkers
@@ -148,7 +147,6 @@ class Collector:
         if self._copy is None:
             self._copy = copy.deepcopy(policy)
             self._copy.model.requires_grad_(False)
-            forget_compiled_calls(self._copy.model)
         else:
             with torch.no_grad():
                 for mine, theirs in zip(self._copy.model.parameters(), policy.model.parameters(), strict=True):

@@ -41,7 +41,6 @@ from sim.registry import ENVS
 
 from .config import JudgeConfig
 from .judge import make_judge
-from .policy.backends import forget_compiled_calls
 from .policy.vlm import VLMPolicy
 from .rollout import collect_episodes
 from .types import Episodes, Sampling
@@ -263,6 +262,5 @@ def _cpu_copy(policy: VLMPolicy) -> VLMPolicy:
     import copy
 
     clone = copy.deepcopy(policy)
-    forget_compiled_calls(clone.model)
     clone.model.to("cpu")
     return clone

@@ -124,9 +124,9 @@ def add_action_tokens(
     the same restriction (see `VLMPolicy.action_codec`).
 
     New embedding rows are drawn around the mean of the existing ones (transformers' `mean_resizing`) from a
-    generator seeded from `seed` (`action_rows_seed`), not from torch's global one, which torch seeds at random in every process: the
-    K rows differ from each other only by that draw, so unseeded, two runs of the same config started their
-    action tokens differently (the reach preset's cold start then ranged 0.42-0.96 on one data size).
+    generator seeded from `seed` (`action_rows_seed`), not from torch's global one, which torch seeds at random in
+    every process: the K rows differ from each other only by that draw, so unseeded, two runs of the same config
+    started their action tokens differently (the reach preset's cold start then ranged 0.42-0.96 on one data size).
 
     Returns:
         The codec, also set as `policy.action_codec`.

@@ -100,13 +100,13 @@ def make_backend(name: str, **options) -> GenerationBackend:
 
 def forget_compiled_calls(model: torch.nn.Module) -> None:
     """Drop the compiled forward that transformers' `generate` caches on a model (`_compiled_call`, made by
-    `get_compiled_call` on a compiled backend's first call) from every module of `model`, a fresh deep copy: the
-    pipelined collector's, or the CPU copy shipped to rollout workers.
+    `get_compiled_call` on a compiled backend's first call) from every module of `model`, a fresh deep copy
+    (`VLMPolicy.__deepcopy__` calls it on every copy of a policy).
 
     `copy.deepcopy` copies functions by reference, so a copy made after the original had compiled its decoding step
     would decode with the ORIGINAL's weights (the compiled callable wraps the original's bound `__call__`): the
-    pipelined copy would sample from the weights being updated at that moment, not the snapshot it holds, and the
-    workers' copy would carry the original model along.
+    pipelined collector's copy would sample from the weights being updated at that moment, not the snapshot it
+    holds, and the copy shipped to rollout workers would carry the original model along.
     """
     for module in model.modules():
         for name in ("_compiled_call", "_last_compile_config"):

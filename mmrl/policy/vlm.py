@@ -6,6 +6,7 @@ per-token log-probs; `logprobs(batch)` recomputes them under the current weights
 
 from __future__ import annotations
 
+import copy
 import inspect
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from sim.base import Observation
 from ..algos.losses import entropy_from_logits
 from ..types import Rollout, Sampling, Turn
 from .action_codec import load_action_codec
-from .backends import make_backend
+from .backends import forget_compiled_calls, make_backend
 from .options import LORA_DIR, is_lora, load_lora, plain_model, save_lora
 from .processing import VisionTextProcessor
 from .tokens import AllowOnly, completion_mask_from_ids, token_logprobs  # noqa: F401  (re-exported)
@@ -72,6 +73,16 @@ class VLMPolicy:
         self.action_codec = None
         self._backend = None
         self.set_generation_backend(generation_backend)
+
+    def __deepcopy__(self, memo: dict) -> VLMPolicy:
+        """A deep copy less the compiled forward transformers caches on the model (`forget_compiled_calls`), so
+        that every copy (the pipelined collector's, the one shipped to rollout workers, a reference) decodes with
+        its own weights."""
+        clone = object.__new__(type(self))
+        memo[id(self)] = clone
+        clone.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        forget_compiled_calls(clone.model)
+        return clone
 
     @classmethod
     def from_pretrained(

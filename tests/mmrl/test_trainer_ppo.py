@@ -16,7 +16,6 @@ from transformers import CompileConfig
 from mmrl.batching import mini_batch_rows
 from mmrl.config import ConfigError
 from mmrl.logging import read_metrics
-from mmrl.policy.backends import forget_compiled_calls
 from mmrl.trainer import train
 
 
@@ -166,18 +165,19 @@ def test_resume_is_exact_with_pipelined_collection(tmp_path, tiny_run_config, le
             assert got[key] == pytest.approx(want[key], abs=1e-6), (got["step"], key)
 
 
-def test_the_pipelined_copy_decodes_with_its_own_weights_not_through_the_originals_compiled_forward(tiny_policy):
-    """transformers caches a compiled forward on a model the first time a compiled backend generates with it; a deep
-    copy made after that keeps a reference to the ORIGINAL's compiled forward (functions are copied by reference), so
-    the pipelined copy would sample with the weights being updated. `prefetch` drops it from its copy."""
+def test_a_copy_of_the_policy_decodes_with_its_own_weights_not_through_the_originals_compiled_forward(tiny_policy):
+    """transformers caches a compiled forward on a model the first time a compiled backend generates with it, and
+    `copy.deepcopy` copies functions by reference: a plain deep copy would keep the ORIGINAL's compiled forward, so
+    the pipelined copy would sample with the weights being updated. `VLMPolicy.__deepcopy__` drops it."""
     policy = tiny_policy("qwen2_vl", seed=0)
     mine = policy.model.get_compiled_call(CompileConfig())  # what the static backend's first CUDA call leaves
+    assert copy.deepcopy(policy.model)._compiled_call is mine  # the hazard: a model copied as it comes
     clone = copy.deepcopy(policy)
-    assert clone.model._compiled_call is mine  # the hazard: a copy as it comes
-    forget_compiled_calls(clone.model)
     assert not any(hasattr(m, "_compiled_call") for m in clone.model.modules())
     assert clone.model.get_compiled_call(CompileConfig()) is not mine
     assert policy.model._compiled_call is mine  # the original keeps its own
+    assert clone.action_codec is None and clone.prompt_template == policy.prompt_template
+    assert clone.generation_backend == policy.generation_backend
 
 
 def test_staleness_beyond_one_is_refused(tmp_path, tiny_run_config):
