@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import torch
 
 from sim.base import Observation
@@ -106,6 +108,12 @@ def collect_demonstrations(env, codec, episodes: int, noise: float = 0.0, seed: 
         seed: seeds the noise; worlds use seeds from `DEMO_SEED_BASE + seed * episodes`.
         label_noise: scale of the noise of the labels (0: clean labels).
 
+    With a continuous env, each episode draws its noise from a generator of its own (`episode_noise_seed`), so the
+    demonstrations are the same whatever the env's world count (the trainer sizes it prompts x group), and their rows
+    come episode by episode. A text env's noise is the env's own notion (`expert_action(noise, generator)`) and comes
+    from one generator in world order, and its rows stay world-interleaved, step by step (so text presets' cold
+    starts are what they were).
+
     Returns:
         `(images [M, H, W, 3] uint8, instructions [M], labels, success_rate, previous)` where labels are token ids
         `[M, C*D]` for a continuous env and M strings for a text env, and `previous[m]` is the index of the same
@@ -117,12 +125,16 @@ def collect_demonstrations(env, codec, episodes: int, noise: float = 0.0, seed: 
     if not text and codec is None:
         raise ValueError("a continuous-action env needs the policy's action codec to label demonstrations")
     generator = torch.Generator().manual_seed(seed)
-    images, instructions, labels, successes, previous = [], [], [], [], []
+    images, instructions, labels, successes, previous, episode_of = [], [], [], [], [], []
     num = env.num_envs
     chunk = 1 if text else codec.chunk
     for start in range(0, episodes, num):
         obs = env.reset(seed=DEMO_SEED_BASE + seed * episodes + start)
-        running = torch.ones(num, dtype=torch.bool)
+        running = torch.arange(num) < episodes - start  # a last batch's spare worlds run unrecorded
+        if not text:
+            episode_generators = [
+                torch.Generator().manual_seed(episode_noise_seed(seed, start + i)) for i in range(num)
+            ]
         success = torch.zeros(num, dtype=torch.bool)
         last = [-1] * num  # each world's latest demonstration step
         while running.any():
@@ -132,17 +144,27 @@ def collect_demonstrations(env, codec, episodes: int, noise: float = 0.0, seed: 
                 previous.append(last[i])
                 last[i] = len(instructions)
                 instructions.append(obs.instruction[i])
+                episode_of.append(start + i)
             step_labels = []
             for _ in range(chunk):
-                label = (
-                    env.expert_action(noise=label_noise, generator=generator) if label_noise else env.expert_action()
-                )
-                step_labels.append(label)
                 if text:
+                    label = (
+                        env.expert_action(noise=label_noise, generator=generator)
+                        if label_noise
+                        else env.expert_action()
+                    )
                     executed = env.expert_action(noise=noise, generator=generator) if noise else label
                 else:
-                    noisy = label + noise * torch.randn(label.shape, generator=generator)
-                    executed = torch.maximum(torch.minimum(noisy, codec.high), codec.low)
+                    label = env.expert_action()  # [N, D]
+                    if label_noise:
+                        label = _clip(
+                            label + label_noise * _episode_normal(episode_generators, label.shape[1]).to(label.device),
+                            codec,
+                        )
+                    executed = _clip(
+                        label + noise * _episode_normal(episode_generators, label.shape[1]).to(label.device), codec
+                    )
+                step_labels.append(label)
                 result = env.step(executed)
                 success |= result.info.get("success", torch.zeros(num, dtype=torch.bool)).bool() & running
                 running &= ~(result.terminated | result.truncated)
@@ -153,7 +175,30 @@ def collect_demonstrations(env, codec, episodes: int, noise: float = 0.0, seed: 
                 labels.append(codec.encode(torch.stack(step_labels, dim=1)[ids]))  # [n, C*D]
         successes.append(success[: min(num, episodes - start)])
     rate = float(torch.cat(successes).float().mean())
-    return torch.cat(images), instructions, (labels if text else torch.cat(labels)), rate, previous
+    if text:
+        return torch.cat(images), instructions, labels, rate, previous
+    # Episode by episode, each in step order (rows come world-interleaved, an order that depends on the world count).
+    order = sorted(range(len(previous)), key=lambda m: episode_of[m])  # stable: steps stay in order
+    position = {m: n for n, m in enumerate(order)}
+    previous = [-1 if previous[m] == -1 else position[previous[m]] for m in order]
+    index = torch.tensor(order)
+    return torch.cat(images)[index], [instructions[m] for m in order], torch.cat(labels)[index], rate, previous
+
+
+def episode_noise_seed(seed: int, episode: int) -> int:
+    """The generator seed of demonstration episode `episode`'s noise in run seed `seed`: a hash of both, so no two
+    episodes, and no other stream seeded with `seed` (the cold start's batches, the action-token rows), share draws."""
+    return int.from_bytes(hashlib.sha256(f"mmrl demonstration noise {seed} {episode}".encode()).digest()[:8], "little")
+
+
+def _clip(action: torch.Tensor, codec) -> torch.Tensor:
+    """`[N, D]` actions clipped to the codec's bounds."""
+    return torch.maximum(torch.minimum(action, codec.high), codec.low)
+
+
+def _episode_normal(generators: list[torch.Generator], dim: int) -> torch.Tensor:
+    """`[N, dim]` standard normal draws, row n from world n's own generator."""
+    return torch.stack([torch.randn(dim, generator=g) for g in generators])
 
 
 def merge_demonstrations(parts: list[tuple]) -> tuple:

@@ -109,9 +109,9 @@ class ActionCodec:
 
 
 def action_rows_seed(seed: int) -> int:
-    """The generator seed of the new action-token rows for run seed `seed`: a hash, not `seed` itself, because the
-    cold start's demonstrations draw their execution noise from `torch.Generator().manual_seed(seed)`, and with the
-    same seed the rows' perturbations would be the very numbers of the first episodes' noise."""
+    """The generator seed of the new action-token rows for run seed `seed`: a hash, not `seed` itself, because other
+    streams start from `torch.Generator().manual_seed(seed)` (the cold start's batches; until 2026-11-26 also the
+    demonstrations' execution noise, whose first draws the rows' perturbations then were)."""
     return int.from_bytes(hashlib.sha256(f"mmrl action-token rows {seed}".encode()).digest()[:8], "little")
 
 

@@ -15,6 +15,7 @@ from mmrl.curriculum import Curriculum, CurriculumConfig
 from mmrl.policy import ActionCodec, Sampling, VLMPolicy, add_action_tokens
 from mmrl.policy.action_codec import action_rows_seed
 from mmrl.rollout import collect_episodes
+from mmrl.sft import collect_demonstrations, episode_noise_seed
 from mmrl.trainer import train
 from mmrl.types import cat_episodes
 
@@ -102,9 +103,33 @@ def test_new_action_token_rows_depend_on_the_seed_alone(tiny_policy):
     first = rows(global_seed=1, seed=0)
     torch.testing.assert_close(rows(global_seed=2, seed=0), first, rtol=0, atol=0)
     assert not torch.equal(rows(global_seed=1, seed=1), first)
-    # Not the stream the demonstrations' execution noise comes from (torch.Generator().manual_seed(seed)).
-    noise = torch.randn(8, generator=torch.Generator().manual_seed(0))
-    assert not torch.equal(torch.randn(8, generator=torch.Generator().manual_seed(action_rows_seed(0))), noise)
+    # Not the stream of the cold start's batches (torch.Generator().manual_seed(seed)), nor a demonstration's noise.
+    drawn = torch.randn(8, generator=torch.Generator().manual_seed(action_rows_seed(0)))
+    for other in (0, episode_noise_seed(0, 0)):
+        assert not torch.equal(drawn, torch.randn(8, generator=torch.Generator().manual_seed(other)))
+
+
+def test_continuous_demonstrations_do_not_depend_on_the_world_count():
+    """Each demonstration episode draws its execution and label noise from its own generator, and a last batch's
+    spare worlds are not recorded: 5 episodes from 2 or 3 reach worlds are the same demonstrations, pixel for pixel
+    (the trainer sizes the collector prompts x group, so before, the cold start changed with trainer.prompts_per_step)."""
+    pytest.importorskip("mujoco")
+    codec = ActionCodec(low=torch.full((2,), -1.0), high=torch.ones(2), token_ids=list(range(100, 117)))
+
+    def demos(num_envs: int, seed: int = 0):
+        env = sim.make("reach", num_envs=num_envs, image_size=32)
+        try:
+            return collect_demonstrations(env, codec, episodes=5, noise=0.5, seed=seed, label_noise=0.1)
+        finally:
+            env.close()
+
+    images, instructions, labels, rate, previous = demos(2)
+    assert sum(p == -1 for p in previous) == 5  # five episodes, no spare world's
+    for other in (demos(3), demos(5)):
+        torch.testing.assert_close(other[0], images, rtol=0, atol=0)
+        torch.testing.assert_close(other[2], labels, rtol=0, atol=0)
+        assert other[1] == instructions and other[3] == rate and other[4] == previous
+    assert not torch.equal(demos(2, seed=1)[2][:8], labels[:8])  # other worlds and other noise
 
 
 def test_vla_generation_is_restricted_and_logprobs_match_after_save_and_load(tiny_policy, point_env, tmp_path):
