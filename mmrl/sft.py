@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import hashlib
-
 import torch
 
 from sim.base import Observation
-from sim.seeds import DEMO_SEED_BASE
+from sim.seeds import DEMO_SEED_BASE, stream_seed
 
 from .policy.vlm import VLMPolicy
 from .types import Rollout, Turn
@@ -157,12 +155,11 @@ def collect_demonstrations(env, codec, episodes: int, noise: float = 0.0, seed: 
                 else:
                     label = env.expert_action()  # [N, D]
                     if label_noise:
-                        label = _clip(
-                            label + label_noise * _episode_normal(episode_generators, label.shape[1]).to(label.device),
-                            codec,
+                        label = (label + label_noise * _episode_normal(episode_generators, label)).clamp(
+                            codec.low, codec.high
                         )
-                    executed = _clip(
-                        label + noise * _episode_normal(episode_generators, label.shape[1]).to(label.device), codec
+                    executed = (label + noise * _episode_normal(episode_generators, label)).clamp(
+                        codec.low, codec.high
                     )
                 step_labels.append(label)
                 result = env.step(executed)
@@ -188,17 +185,12 @@ def collect_demonstrations(env, codec, episodes: int, noise: float = 0.0, seed: 
 def episode_noise_seed(seed: int, episode: int) -> int:
     """The generator seed of demonstration episode `episode`'s noise in run seed `seed`: a hash of both, so no two
     episodes, and no other stream seeded with `seed` (the cold start's batches, the action-token rows), share draws."""
-    return int.from_bytes(hashlib.sha256(f"mmrl demonstration noise {seed} {episode}".encode()).digest()[:8], "little")
+    return stream_seed("demonstration noise", seed, episode)
 
 
-def _clip(action: torch.Tensor, codec) -> torch.Tensor:
-    """`[N, D]` actions clipped to the codec's bounds."""
-    return torch.maximum(torch.minimum(action, codec.high), codec.low)
-
-
-def _episode_normal(generators: list[torch.Generator], dim: int) -> torch.Tensor:
-    """`[N, dim]` standard normal draws, row n from world n's own generator."""
-    return torch.stack([torch.randn(dim, generator=g) for g in generators])
+def _episode_normal(generators: list[torch.Generator], like: torch.Tensor) -> torch.Tensor:
+    """Standard normal draws shaped and placed like `like` (`[N, D]`), row n from world n's own generator."""
+    return torch.stack([torch.randn(like.shape[1], generator=g) for g in generators]).to(like.device)
 
 
 def merge_demonstrations(parts: list[tuple]) -> tuple:

@@ -14,6 +14,8 @@ keep training, demonstrations and evaluation on disjoint worlds. `sim` owns the 
 
 from __future__ import annotations
 
+import hashlib
+
 TRAIN_SEED_STRIDE = 100_000_000  # trainer.seed s trains on seeds from s * TRAIN_SEED_STRIDE up
 SFT_SEED_BASE = 500_000_000
 DEMO_SEED_BASE = 900_000_000
@@ -33,3 +35,11 @@ def train_seeds(step: int, prompts_per_step: int, group_size: int, base: int = 0
 def eval_seeds(episodes: int, first: int = 0) -> list[int]:
     """Held-out seeds `first .. first + episodes - 1` of the held-out range."""
     return [EVAL_SEED_BASE + first + i for i in range(episodes)]
+
+
+def stream_seed(*parts: object) -> int:
+    """The generator seed of one named random stream, e.g. `stream_seed("demonstration noise", seed, episode)`: the
+    first 8 bytes of a SHA-256 of `"mmrl <part> <part> ..."`. Streams derived from one run seed this way draw
+    unrelated numbers, where seeding each with the run seed itself would hand them the same ones."""
+    text = " ".join(str(part) for part in ("mmrl", *parts))
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")

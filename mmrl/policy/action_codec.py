@@ -21,12 +21,13 @@ tensor([[[0.0000, 1.5000]]])
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+
+from sim.seeds import stream_seed
 
 CODEC_FILE = "action_codec.json"
 
@@ -112,7 +113,7 @@ def action_rows_seed(seed: int) -> int:
     """The generator seed of the new action-token rows for run seed `seed`: a hash, not `seed` itself, because other
     streams start from `torch.Generator().manual_seed(seed)` (the cold start's batches; until 2026-11-26 also the
     demonstrations' execution noise, whose first draws the rows' perturbations then were)."""
-    return int.from_bytes(hashlib.sha256(f"mmrl action-token rows {seed}".encode()).digest()[:8], "little")
+    return stream_seed("action-token rows", seed)
 
 
 def add_action_tokens(
