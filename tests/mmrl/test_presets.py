@@ -31,7 +31,8 @@ PRESETS = {
     "gui_click_tiny.yaml": [],
     "gui_task_tiny.yaml": [],
     "svg_tiny.yaml": [],
-    "highway_tiny.yaml": ["env.options={image_size: 64, max_episode_steps: 2}"],
+    # Its critic trains alone for 2 steps (algo.critic_warmup_steps), so a third step moves the policy.
+    "highway_tiny.yaml": ["env.options={image_size: 64, max_episode_steps: 2}", "trainer.total_steps=3"],
     "dataset_tiny.yaml": [],
     "cad_tiny.yaml": [],
     "jigsaw_tiny.yaml": ["curriculum.steps_per_level=1"],  # one step at 2x2, the eval at 3x3
@@ -75,6 +76,8 @@ def test_family_preset_runs_end_to_end(preset, tmp_path):
     assert lines[-1].startswith("held-out ") and " -> " in lines[-1]
     row = next(m for m in metrics if "loss/policy" in m)
     assert math.isfinite(row["loss/policy"]) and math.isfinite(row["reward/total"])
+    if preset == "highway_tiny.yaml":  # PPO + GAE: the value head was fitted, then the policy stepped
+        assert [m["critic/warmup"] for m in metrics if "critic/warmup" in m] == [1.0, 1.0, 0.0]
     if preset == "papo_shapes_tiny.yaml":  # the perception KL of the masked pass, pushed up by the loss
         assert row["papo/kl"] >= 0 and row["papo/masked_entropy"] > 0
     scores = json.loads((tmp_path / "eval.json").read_text())
