@@ -23,7 +23,7 @@ def test_preset_loads_and_names_registered_components(preset):
     cfg = load_config(preset)
     assert isinstance(cfg, TrainConfig)
     assert cfg.env.name in sim.ENVS
-    assert cfg.algo.advantage in algos.ADVANTAGES
+    assert cfg.algo.advantage in algos.ADVANTAGES or cfg.algo.advantage in algos.CRITIC_ADVANTAGES
     assert cfg.algo.loss in algos.POLICY_LOSSES
     assert "{instruction}" in cfg.model.prompt_template
 
