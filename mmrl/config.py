@@ -136,7 +136,7 @@ SamplingConfig = Sampling
 @dataclass(frozen=True)
 class AlgoConfig:
     group_size: int = 8  # G completions per prompt
-    advantage: str = "grpo"  # a name in mmrl.algos.ADVANTAGES: grpo, dr_grpo, rloo, reinforce_pp
+    advantage: str = "grpo"  # mmrl.algos.ADVANTAGES (grpo, dr_grpo, rloo, reinforce_pp) or CRITIC_ADVANTAGES (gae)
     scale_by_std: bool = True
     loss: str = "ppo_clip"  # a name in mmrl.algos.POLICY_LOSSES: ppo_clip, dual_clip, gspo
     clip_low: float = 0.2
