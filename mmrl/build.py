@@ -222,7 +222,7 @@ def build(cfg: TrainConfig, policy: VLMPolicy | None, generation_shards: int | N
     if ac.advantage in CRITIC_ADVANTAGES:
         critic = Critic(
             model, width=ac.critic_hidden, lr=ac.critic_lr, trunk_grad=ac.critic_trunk_grad, seed=tc.seed,
-            device=cfg.model.device,
+            device=cfg.model.device, time=ac.critic_time,
         )  # fmt: skip
     start_step = 0
     if resume_from is not None:

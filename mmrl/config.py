@@ -202,6 +202,7 @@ class AlgoConfig:
     critic_hidden: int = 256  # units of the head's hidden layer; 0: a linear head
     critic_warmup_steps: int = 0
     critic_trunk_grad: bool = False  # let the value loss train the policy's trunk too (a shared actor-critic)
+    critic_time: bool = False  # the head also reads the share of the episode's turns left (time-aware values)
     # Label-free rewards (mmrl/consistency.py). "ttrv": TTRV (https://arxiv.org/abs/2510.06783), each sample's reward is
     # the share of its group giving the same parsed answer plus ttrv_entropy_coef x its part in a low entropy of the
     # group's answer distribution; the env's reward (its labels) is then only logged, never trained on.
@@ -261,7 +262,7 @@ class AlgoConfig:
         for name in ("value_coef", "value_clip", "critic_hidden", "critic_warmup_steps"):
             _require(getattr(self, name) >= 0, f"algo.{name}", f"must be >= 0, got {getattr(self, name)}")
         _require(self.critic_lr > 0, "algo.critic_lr", "must be > 0")
-        for name in ("critic_warmup_steps", "critic_trunk_grad"):
+        for name in ("critic_warmup_steps", "critic_trunk_grad", "critic_time"):
             _require(
                 critic or not getattr(self, name),
                 f"algo.{name}",

@@ -6,7 +6,10 @@ state a generation starts from, with its image. One value per row, so one per tu
 VLA action chunk); `mmrl.algos.critic` turns them into GAE advantages.
 
 The head is float32 and small (`algo.critic_hidden` units, or a linear probe with 0), replicated in every process
-(its gradients averaged over processes), with its own AdamW at `algo.critic_lr`. With `algo.critic_trunk_grad` the
+(its gradients averaged over processes), with its own AdamW at `algo.critic_lr`. With `algo.critic_time` the head also
+reads the share of the episode's turns still to come, `(T - t) / T`: under a time limit the return-to-go depends on
+it, and the prompt state does not show it (Pardo et al. 2018, "Time Limits in Reinforcement Learning",
+https://arxiv.org/abs/1712.00378, time-aware value functions). With `algo.critic_trunk_grad` the
 value loss also trains the policy's trunk (a shared actor-critic); by default the trunk's features are detached, so
 the critic never moves the policy, which is also what the warm-up (`algo.critic_warmup_steps`: the head trains, the
 policy does not) needs.
@@ -25,36 +28,50 @@ from .distributed import World
 
 
 class ValueHead(nn.Module):
-    """`[r, H]` hidden states -> `[r]` values; the last layer starts at zero, so every value starts at 0."""
+    """`[r, H]` hidden states (and `[r, E]` extra features) -> `[r]` values; the last layer starts at zero, so every
+    value starts at 0."""
 
-    def __init__(self, hidden_size: int, width: int, seed: int):
+    def __init__(self, hidden_size: int, width: int, seed: int, extra: int = 0):
         super().__init__()
         generator = torch.Generator().manual_seed(seed)
+        inputs = hidden_size + extra
         layers: list[nn.Module] = []
         if width > 0:
-            first = nn.Linear(hidden_size, width)
-            with torch.no_grad():
-                first.weight.copy_(torch.randn(width, hidden_size, generator=generator) / hidden_size**0.5)
+            first = nn.Linear(inputs, width)
+            with torch.no_grad():  # the hidden state's columns share a unit of gain; each extra feature has one
+                weight = torch.randn(width, inputs, generator=generator)
+                first.weight.copy_(torch.cat([weight[:, :hidden_size] / hidden_size**0.5, weight[:, hidden_size:]], 1))
                 first.bias.zero_()
             layers += [first, nn.Tanh()]
-        last = nn.Linear(width or hidden_size, 1)
+        last = nn.Linear(width or inputs, 1)
         nn.init.zeros_(last.weight)
         nn.init.zeros_(last.bias)
         self.net = nn.Sequential(*layers, last)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.net(hidden.float()).squeeze(-1)
+    def forward(self, hidden: torch.Tensor, extra: torch.Tensor | None = None) -> torch.Tensor:
+        hidden = hidden.float()
+        if extra is not None:
+            hidden = torch.cat([hidden, extra.to(hidden)], dim=-1)
+        return self.net(hidden).squeeze(-1)
+
+
+def turns_left(turn: torch.Tensor, turns: int) -> torch.Tensor:
+    """`[r, 1]` the share of an episode's `turns` still to come at each row's `turn` (0-based): 1 at the first."""
+    return ((turns - turn).float() / turns).unsqueeze(-1)
 
 
 class Critic:
     """The value head, its optimiser, and the hook that reads the policy's hidden state."""
 
-    def __init__(self, model: nn.Module, *, width: int, lr: float, trunk_grad: bool, seed: int, device: str):
+    def __init__(
+        self, model: nn.Module, *, width: int, lr: float, trunk_grad: bool, seed: int, device: str, time: bool = False
+    ):
         self.lm_head = model.get_output_embeddings()
         hidden_size = (
             self.lm_head.in_features if hasattr(self.lm_head, "in_features") else self.lm_head.weight.shape[1]
         )
-        self.head = ValueHead(hidden_size, width, seed).to(device)
+        self.time = time  # the head also reads `turns_left`
+        self.head = ValueHead(hidden_size, width, seed, extra=int(time)).to(device)
         self.optimizer = torch.optim.AdamW(self.head.parameters(), lr=lr)
         self.trunk_grad = trunk_grad
         self._seen: torch.Tensor | None = None
@@ -72,12 +89,16 @@ class Critic:
         finally:
             handle.remove()
 
-    def values(self, train_trunk: bool = False) -> torch.Tensor:
-        """`[r]` the values of the last forward pass read; gradients reach the trunk only with `train_trunk`."""
+    def values(self, train_trunk: bool = False, turns_left: torch.Tensor | None = None) -> torch.Tensor:
+        """`[r]` the values of the last forward pass read; gradients reach the trunk only with `train_trunk`. A
+        time-aware head (`time`) needs each row's `turns_left` (`[r, 1]`, from the function of that name)."""
         if self._seen is None:
             raise RuntimeError("no hidden state read: score the policy inside `with critic.reading():` first")
+        if self.time and turns_left is None:
+            raise ValueError("a time-aware critic needs each row's turns_left")
         hidden, self._seen = self._seen, None
-        return self.head(hidden if train_trunk and self.trunk_grad else hidden.detach())
+        hidden = hidden if train_trunk and self.trunk_grad else hidden.detach()
+        return self.head(hidden, turns_left.to(hidden.device) if self.time else None)
 
     def step(self, world: World, max_norm: float) -> float:
         """Average the head's gradients over processes, clip them, step; returns the gradient norm before clipping."""

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from . import algos, distributed
+from . import algos, critic, distributed
 from .batching import MicroBatch, micro_batches, mini_batch_rows
 from .build import Run
 from .policy import VLMPolicy
@@ -58,6 +58,7 @@ def score_before_update(run: Run, episodes: Episodes, step: int) -> Before:
     rollout = episodes.rollout
     old = torch.zeros_like(rollout.logprobs) if recompute else None
     values = torch.zeros(len(rollout)) if run.critic is not None else None
+    left = turns_left(episodes)
     with torch.no_grad():
         for mb in micro_batches(
             rollout, torch.zeros(len(rollout)), None, micro_batch_size=tc.micro_batch_size,
@@ -67,7 +68,7 @@ def score_before_update(run: Run, episodes: Episodes, step: int) -> Before:
             with run.critic.reading() if run.critic is not None else nullcontext():
                 logprobs = run.policy.logprobs(mb.rollout, temperature=run.sampling.temperature)
             if run.critic is not None:
-                read = run.critic.values().cpu()
+                read = run.critic.values(turns_left=left[rows]).cpu()
                 if mb.weight > 0 or mb.row_weight > 0:
                     values[rows] = read
             if old is not None and (mb.weight > 0 or mb.row_weight > 0):
@@ -106,9 +107,11 @@ def update(
     if before.old_logprobs is not None:
         rollout = replace(rollout, logprobs=before.old_logprobs)
     updates, sums, norms = before.updates, {}, 0.0
+    left = turns_left(episodes)
     for rows in itertools.chain(*before.passes):
         idle = rows is not None and len(rows) == 0  # a mini-batch of groups that only other processes hold
         part_values, part_returns = _rows(before.values, rows, idle), _rows(returns, rows, idle)
+        part_left = _rows(left, rows, idle)
         run.optimizer.zero_grad(set_to_none=True)
         for mb in micro_batches(
             _rows(rollout, rows, idle), _rows(advantages, rows, idle), _rows(masked, rows, idle),
@@ -134,8 +137,9 @@ def update(
                 loss = out.loss * mb.weight
                 accumulate(sums, out.metrics, mb.weight, scale=1 / updates)
             if run.critic is not None:
-                values = run.critic.values(train_trunk=not warming)  # [r] from the policy pass's hidden state
                 rows_mb = slice(mb.start, mb.start + len(mb.rollout))
+                # [r] from the policy pass's hidden state
+                values = run.critic.values(train_trunk=not warming, turns_left=part_left[rows_mb])
                 value = algos.value_loss(
                     values, part_values[rows_mb].to(values.device), part_returns[rows_mb].to(values.device),
                     clip=ac.value_clip,
@@ -199,6 +203,11 @@ def _scored(policy: VLMPolicy, batch, temperature: float, with_entropy: bool) ->
     """(logprobs,) or (logprobs, entropy) of `batch` under `policy`."""
     scored = policy.logprobs(batch, temperature=temperature, with_entropy=with_entropy)
     return scored if with_entropy else (scored,)
+
+
+def turns_left(episodes: Episodes) -> torch.Tensor:
+    """`[M, 1]` the share of its episode's turns still to come at each row (a time-aware critic's input)."""
+    return critic.turns_left(episodes.turn, episodes.step_rewards.shape[1])
 
 
 def _rows(x, rows: torch.Tensor | None, idle: bool):

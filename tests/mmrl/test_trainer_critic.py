@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 
 from mmrl.checkpoint import latest_checkpoint, load_training_state
 from mmrl.config import ConfigError
+from mmrl.critic import ValueHead, turns_left
 from mmrl.logging import read_metrics
 from mmrl.trainer import train
 
@@ -78,6 +79,46 @@ def test_gae_over_vla_episodes_gives_each_turn_its_own_value(tmp_path, tiny_run_
     assert all(torch.isfinite(torch.tensor(r["loss/policy"])) for r in rows)
 
 
+@pytest.mark.parametrize("time", [False, True])
+def test_only_a_time_aware_head_can_fit_returns_that_depend_on_the_turn(time):
+    # Every turn shows the same prompt state, and the return-to-go is what is left of a 10-turn episode at 0.1 a turn
+    # (the highway preset's case): without the turn the best a head can do is the mean.
+    turns = 10
+    turn = torch.arange(turns).repeat(8)  # [80]
+    hidden = torch.randn(1, 32).expand(len(turn), 32)
+    returns = 0.1 * (turns - turn).float()
+    head = ValueHead(32, 16, seed=0, extra=int(time))
+    optimizer = torch.optim.AdamW(head.parameters(), lr=1e-2)
+    left = turns_left(turn, turns)
+    assert left[0].item() == 1.0 and left[turns - 1].item() == pytest.approx(0.1)
+    for _ in range(300):
+        loss = (head(hidden, left if time else None) - returns).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    with torch.no_grad():
+        explained = 1 - (returns - head(hidden, left if time else None)).var() / returns.var()
+    assert (explained > 0.95) if time else (abs(explained) < 0.01), explained
+
+
+def test_a_time_aware_critic_explains_the_returns_of_multi_turn_episodes(tmp_path, tiny_run_config, first_axis_env):
+    from tests.mmrl.test_vla import VLA_RUN
+
+    # Each of the 4 turns pays about alike, so the return-to-go is mostly what is left of the episode.
+    def run(time: bool) -> list[dict]:
+        cfg = tiny_run_config(
+            str(tmp_path / str(time)), *VLA_RUN, f"env.name={first_axis_env}", "env.eval_metric=reward",
+            "trainer.total_steps=8", "algo.advantage=gae", "algo.critic_lr=0.003", "algo.value_clip=0",
+            "algo.ppo_epochs=4", f"algo.critic_time={time}",
+            "sft.episodes=0", "trainer.eval_every=0",
+        )  # fmt: skip
+        return _rows(cfg)
+
+    plain, timed = run(False), run(True)
+    late = [sum(r["critic/explained_variance"] for r in rows[-3:]) / 3 for rows in (plain, timed)]
+    assert late[1] > 0.5 and late[1] > late[0] + 0.3, late
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -87,6 +128,7 @@ def test_gae_over_vla_episodes_gives_each_turn_its_own_value(tmp_path, tiny_run_
         ),
         (("algo.critic_warmup_steps=2",), "algo.critic_warmup_steps needs a critic: algo.advantage gae, not 'grpo'"),
         (("algo.critic_trunk_grad=true",), "algo.critic_trunk_grad needs a critic"),
+        (("algo.critic_time=true",), "algo.critic_time needs a critic"),
         (("algo.advantage=gae", "algo.gae_lambda=1.5"), r"algo.gae_lambda must be in \[0, 1\]"),
         (("algo.advantage=ppo",), "algo.advantage 'ppo' is not one of"),
     ],
