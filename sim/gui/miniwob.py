@@ -183,14 +183,20 @@ def _check_tasks(tasks: str | Sequence[str]) -> tuple[str, ...]:
     return chosen
 
 
+# Resolves after the browser has produced two more frames, so every change made before it has been painted.
+_NEXT_PAINT = "const done = arguments[0]; requestAnimationFrame(() => requestAnimationFrame(() => done()));"
+
+
 def _settled_screenshot(env: Any, first: np.ndarray, tries: int = 5) -> np.ndarray:
-    """The page's screenshot once two in a row agree: on a loaded machine the one taken right after a reset can
-    show the page before its last paint, so the same seed would not give the same image."""
+    """The page's screenshot once two in a row agree, each taken after the next paint: on a loaded machine the one
+    taken right after a reset can show the page before its last paint, and two taken back to back can both show
+    it (no frame came between them), so the same seed would not give the same image."""
     from miniwob.screenshot import get_screenshot, pil_to_numpy_array
 
     inst = env.unwrapped.instance
     shot = first
     for _ in range(tries):
+        inst.driver.execute_async_script(_NEXT_PAINT)
         image = get_screenshot(inst.driver, inst.inner_width, inst.inner_height, inst.task_width, inst.task_height)
         again = pil_to_numpy_array(image)
         if np.array_equal(again, shot):
