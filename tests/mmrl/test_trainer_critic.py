@@ -85,7 +85,7 @@ def test_only_a_time_aware_head_can_fit_returns_that_depend_on_the_turn(time):
     # (the highway preset's case): without the turn the best a head can do is the mean.
     turns = 10
     turn = torch.arange(turns).repeat(8)  # [80]
-    hidden = torch.randn(1, 32).expand(len(turn), 32)
+    hidden = torch.randn(1, 32, generator=torch.Generator().manual_seed(0)).expand(len(turn), 32)
     returns = 0.1 * (turns - turn).float()
     head = ValueHead(32, 16, seed=0, extra=int(time))
     optimizer = torch.optim.AdamW(head.parameters(), lr=1e-2)
