@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from sim.seeds import TRAIN_SEED_STRIDE, train_seeds
+from sim.seeds import train_seeds
 from sim.workers import make_vec_env
 
 from . import distributed
@@ -207,8 +207,7 @@ class Collector:
             if self.workers is not None:
                 self.workers.sync(policy)
             for attempt in range(max(ac.max_sample_batches, 1)):
-                base = tc.seed * TRAIN_SEED_STRIDE
-                seeds = train_seeds(step + attempt * tc.total_steps, tc.prompts_per_step, group_size, base=base)
+                seeds = train_seeds(step + attempt * tc.total_steps, tc.prompts_per_step, group_size, seed=tc.seed)
                 jobs = [
                     (seeds[shard * self.shard_rows : (shard + 1) * self.shard_rows], group_size, self.sampling,
                      distributed.sampling_seed(tc.seed, step, shard, attempt))

@@ -16,6 +16,7 @@ import yaml
 from rewards import REWARDS
 from rewards.combine import RewardSpec
 from sim.mix import ENV_REWARD
+from sim.seeds import TRAIN_SEEDS
 
 from .algos import ADVANTAGES, CRITIC_ADVANTAGES, POLICY_LOSSES, STEP_ADVANTAGES
 from .types import Sampling
@@ -346,6 +347,8 @@ class TrainerConfig:
                      "generation_shards"):  # fmt: skip
             _require(getattr(self, name) >= 0, f"trainer.{name}", f"must be >= 0, got {getattr(self, name)}")
         _require(self.lr >= 0, "trainer.lr", "must be >= 0")
+        _require(0 <= self.seed < TRAIN_SEEDS, "trainer.seed",
+                 f"must be in [0, {TRAIN_SEEDS}): each run seed trains on its own range of worlds, got {self.seed}")  # fmt: skip
         _require(self.max_grad_norm > 0, "trainer.max_grad_norm", "must be > 0")
         k = self.rollout_workers
         _require(k >= 0, "trainer.rollout_workers", f"must be >= 0 (0: generate in this process), got {k}")

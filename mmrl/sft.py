@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from sim.base import Observation
-from sim.seeds import DEMO_SEED_BASE, stream_seed
+from sim.seeds import DEMO_SEED_BASE, EVAL_SEED_BASE, stream_seed
 
 from .policy.vlm import VLMPolicy
 from .types import Rollout, Turn
@@ -122,6 +122,8 @@ def collect_demonstrations(env, codec, episodes: int, noise: float = 0.0, seed: 
     text = env.action_kind == "text"
     if not text and codec is None:
         raise ValueError("a continuous-action env needs the policy's action codec to label demonstrations")
+    if DEMO_SEED_BASE + (seed + 1) * episodes + env.num_envs > EVAL_SEED_BASE:
+        raise ValueError(f"{episodes} demonstration episodes at seed {seed} would reach the held-out worlds")
     generator = torch.Generator().manual_seed(seed)
     images, instructions, labels, successes, previous, episode_of = [], [], [], [], [], []
     num = env.num_envs

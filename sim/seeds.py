@@ -6,7 +6,7 @@ keep training, demonstrations and evaluation on disjoint worlds. `sim` owns the 
 
 | range                                  | used by                                                    |
 | -------------------------------------- | ---------------------------------------------------------- |
-| `[s * TRAIN_SEED_STRIDE, +TRAIN_SEED_STRIDE)` | training prompts of a run with `trainer.seed = s`    |
+| `[s * TRAIN_SEED_STRIDE, +TRAIN_SEED_STRIDE)` | training prompts of a run with `trainer.seed = s` (0 <= s < TRAIN_SEEDS) |
 | `[SFT_SEED_BASE, +10**8)`              | the warm-start asset's supervised worlds (scripts/)        |
 | `[DEMO_SEED_BASE, EVAL_SEED_BASE)`     | cold-start demonstrations (`sft.episodes`), warm-start validation |
 | `[EVAL_SEED_BASE, ...)`                | held-out evaluation                                        |
@@ -16,19 +16,27 @@ from __future__ import annotations
 
 import hashlib
 
-TRAIN_SEED_STRIDE = 100_000_000  # trainer.seed s trains on seeds from s * TRAIN_SEED_STRIDE up
+# trainer.seed s trains on seeds [s * TRAIN_SEED_STRIDE, (s + 1) * TRAIN_SEED_STRIDE): ten million prompts a run,
+# TRAIN_SEEDS run seeds, all below SFT_SEED_BASE. (The stride was 10**8 until 2026-11-27: trainer.seed 5 then trained
+# on the warm start's worlds, 9 in the demonstrations' range, and 10 and up failed at their first step.)
+TRAIN_SEED_STRIDE = 10_000_000
 SFT_SEED_BASE = 500_000_000
+TRAIN_SEEDS = SFT_SEED_BASE // TRAIN_SEED_STRIDE  # 50
 DEMO_SEED_BASE = 900_000_000
-EVAL_SEED_BASE = 1_000_000_000  # a run would need a billion prompts to reach it, and `train_seeds` refuses to
+EVAL_SEED_BASE = 1_000_000_000  # no run seed's training range and no cold start's demonstrations reach it
 
 assert SFT_SEED_BASE + 10**8 <= DEMO_SEED_BASE < EVAL_SEED_BASE
 
 
-def train_seeds(step: int, prompts_per_step: int, group_size: int, base: int = 0) -> list[int]:
-    """Per-world seeds of one training step: B prompts, each repeated G times (contiguous groups)."""
-    first = base + step * prompts_per_step
-    if first + prompts_per_step > EVAL_SEED_BASE:
-        raise ValueError("training seeds would reach the held-out range")
+def train_seeds(step: int, prompts_per_step: int, group_size: int, seed: int = 0) -> list[int]:
+    """Per-world seeds of one training step of a run with `trainer.seed = seed`: B prompts, each repeated G times
+    (contiguous groups), the step's B seeds of the run's own range."""
+    if not 0 <= seed < TRAIN_SEEDS:
+        raise ValueError(f"trainer.seed must be in [0, {TRAIN_SEEDS}) (each has its own training worlds), got {seed}")
+    first = step * prompts_per_step
+    if first + prompts_per_step > TRAIN_SEED_STRIDE:
+        raise ValueError(f"step {step} would use training seeds beyond this run's {TRAIN_SEED_STRIDE}")
+    first += seed * TRAIN_SEED_STRIDE
     return [first + b for b in range(prompts_per_step) for _ in range(group_size)]
 
 

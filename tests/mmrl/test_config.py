@@ -111,6 +111,12 @@ def test_unknown_top_level_key_in_a_yaml_file_is_refused(tmp_path):
         load_config(path)
 
 
+@pytest.mark.parametrize("seed", ["-1", "50", "1234"])
+def test_a_run_seed_outside_the_training_ranges_names_the_field(seed):
+    with pytest.raises(ConfigError, match="trainer.seed"):
+        load_config(None, [f"trainer.seed={seed}"])
+
+
 def test_yaml_file_must_be_a_mapping(tmp_path):
     path = tmp_path / "list.yaml"
     path.write_text("- trainer\n- model\n")

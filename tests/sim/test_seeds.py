@@ -1,0 +1,37 @@
+"""Seed ranges: every run seed's training worlds are its own and stay clear of demonstrations and held-out worlds."""
+
+import pytest
+
+from sim.seeds import (
+    DEMO_SEED_BASE,
+    EVAL_SEED_BASE,
+    SFT_SEED_BASE,
+    TRAIN_SEED_STRIDE,
+    TRAIN_SEEDS,
+    eval_seeds,
+    train_seeds,
+)
+
+
+def test_every_run_seed_trains_below_the_warm_start_demonstration_and_held_out_worlds():
+    last_step = TRAIN_SEED_STRIDE // 16 - 1  # the last step a run of 16 prompts a step can take
+    ranges = []
+    for seed in range(TRAIN_SEEDS):
+        first = train_seeds(0, 16, 2, seed=seed)
+        last = train_seeds(last_step, 16, 2, seed=seed)
+        assert first[0] == first[1] and len(first) == 32  # groups of G equal seeds
+        ranges.append((first[0], last[-1]))
+    assert ranges[-1][1] < SFT_SEED_BASE < DEMO_SEED_BASE < EVAL_SEED_BASE == eval_seeds(1)[0]
+    for (_, end), (start, _) in zip(ranges, ranges[1:]):
+        assert end < start  # disjoint, in order
+
+
+@pytest.mark.parametrize("seed", [-1, TRAIN_SEEDS, 1234])
+def test_a_run_seed_without_a_range_is_refused(seed):
+    with pytest.raises(ValueError, match="trainer.seed"):
+        train_seeds(0, 16, 2, seed=seed)
+
+
+def test_a_run_that_would_use_up_its_range_is_refused():
+    with pytest.raises(ValueError, match="beyond"):
+        train_seeds(TRAIN_SEED_STRIDE // 16, 16, 2, seed=3)
