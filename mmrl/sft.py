@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from sim.base import Observation
-from sim.seeds import DEMO_SEED_BASE, EVAL_SEED_BASE, stream_seed
+from sim.seeds import demo_seed_base, stream_seed
 
 from .policy.vlm import VLMPolicy
 from .types import Rollout, Turn
@@ -103,7 +103,7 @@ def collect_demonstrations(env, codec, episodes: int, noise: float = 0.0, seed: 
             next C actions), None for a text env.
         episodes: how many demonstration episodes.
         noise: scale of the execution noise (action units for continuous envs; the env's own notion for text envs).
-        seed: seeds the noise; worlds use seeds from `DEMO_SEED_BASE + seed * episodes`.
+        seed: seeds the noise; worlds use seeds from `sim.seeds.demo_seed_base`.
         label_noise: scale of the noise of the labels (0: clean labels).
 
     With a continuous env, each episode draws its noise from a generator of its own (`episode_noise_seed`), so the
@@ -122,14 +122,13 @@ def collect_demonstrations(env, codec, episodes: int, noise: float = 0.0, seed: 
     text = env.action_kind == "text"
     if not text and codec is None:
         raise ValueError("a continuous-action env needs the policy's action codec to label demonstrations")
-    if DEMO_SEED_BASE + (seed + 1) * episodes + env.num_envs > EVAL_SEED_BASE:
-        raise ValueError(f"{episodes} demonstration episodes at seed {seed} would reach the held-out worlds")
+    base = demo_seed_base(seed, episodes, env.num_envs)
     generator = torch.Generator().manual_seed(seed)
     images, instructions, labels, successes, previous, episode_of = [], [], [], [], [], []
     num = env.num_envs
     chunk = 1 if text else codec.chunk
     for start in range(0, episodes, num):
-        obs = env.reset(seed=DEMO_SEED_BASE + seed * episodes + start)
+        obs = env.reset(seed=base + start)
         running = torch.arange(num) < episodes - start  # a last batch's spare worlds run unrecorded
         if not text:
             episode_generators = [

@@ -40,6 +40,16 @@ def train_seeds(step: int, prompts_per_step: int, group_size: int, seed: int = 0
     return [first + b for b in range(prompts_per_step) for _ in range(group_size)]
 
 
+def demo_seed_base(seed: int, episodes: int, num_envs: int) -> int:
+    """The first world seed of a cold start's `episodes` demonstrations with `trainer.seed = seed`, played in
+    batches of `num_envs` worlds (a last batch's spare worlds are reset too): `DEMO_SEED_BASE + seed * episodes`.
+    Refuses a cold start whose worlds would reach the held-out range."""
+    base = DEMO_SEED_BASE + seed * episodes
+    if base + episodes + num_envs > EVAL_SEED_BASE:
+        raise ValueError(f"{episodes} demonstration episodes at seed {seed} would reach the held-out worlds")
+    return base
+
+
 def eval_seeds(episodes: int, first: int = 0) -> list[int]:
     """Held-out seeds `first .. first + episodes - 1` of the held-out range."""
     return [EVAL_SEED_BASE + first + i for i in range(episodes)]

@@ -8,6 +8,7 @@ from sim.seeds import (
     SFT_SEED_BASE,
     TRAIN_SEED_STRIDE,
     TRAIN_SEEDS,
+    demo_seed_base,
     eval_seeds,
     train_seeds,
 )
@@ -35,3 +36,11 @@ def test_a_run_seed_without_a_range_is_refused(seed):
 def test_a_run_that_would_use_up_its_range_is_refused():
     with pytest.raises(ValueError, match="beyond"):
         train_seeds(TRAIN_SEED_STRIDE // 16, 16, 2, seed=3)
+
+
+def test_demonstrations_stay_below_the_held_out_worlds():
+    assert demo_seed_base(3, 512, 16) == DEMO_SEED_BASE + 3 * 512
+    last = demo_seed_base(TRAIN_SEEDS - 1, 2048, 64) + 2048 + 64  # the largest preset cold start (svg), last seed
+    assert last <= EVAL_SEED_BASE
+    with pytest.raises(ValueError, match="held-out"):
+        demo_seed_base(1, (EVAL_SEED_BASE - DEMO_SEED_BASE) // 2, 16)
