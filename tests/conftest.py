@@ -23,6 +23,7 @@ for _var, _sub in (("HOME", "home"), ("XDG_CACHE_HOME", "cache"), ("MPLCONFIGDIR
     os.makedirs(os.environ[_var], exist_ok=True)
 
 import contextlib  # noqa: E402
+import time  # noqa: E402
 from collections.abc import Callable, Iterator  # noqa: E402
 from dataclasses import replace  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -79,6 +80,31 @@ def letters_env() -> Iterator[str]:
     """The name under which `LetterBonusGroundingEnv` is registered while the requesting module runs."""
     with registered_env("grounding_letters", LetterBonusGroundingEnv):
         yield "grounding_letters"
+
+
+@pytest.fixture(scope="session")
+def kill_ray_actor() -> Callable:
+    """`kill_ray_actor(actor)`: kill a Ray actor (one with a `ping` method) and return once calls to it fail.
+
+    `ray.kill` only sends the order on its way; a call made at once can still reach the old actor. A fresh-clone CI
+    run saw it once: the `step` after the kill ran on the killed worker, and the restart the test expected never came.
+    """
+    ray = pytest.importorskip("ray")
+
+    def kill(actor) -> None:
+        ray.kill(actor, no_restart=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                ray.get(actor.ping.remote(), timeout=10)
+            except ray.exceptions.RayActorError:  # ActorDiedError is one
+                return
+            except ray.exceptions.GetTimeoutError:  # dying, not yet dead: ask again
+                continue
+            time.sleep(0.05)
+        raise AssertionError(f"the actor {actor} still answers 60 s after ray.kill")
+
+    return kill
 
 
 @pytest.fixture(scope="session")

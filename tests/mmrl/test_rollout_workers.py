@@ -74,14 +74,16 @@ def test_workers_collect_what_the_process_collects_and_follow_synced_weights(ray
         workers.close()
 
 
-def test_a_killed_worker_is_replaced_with_the_synced_weights_and_its_job_rerun(ray_cluster, tiny_policy):
+def test_a_killed_worker_is_replaced_with_the_synced_weights_and_its_job_rerun(
+    ray_cluster, tiny_policy, kill_ray_actor
+):
     policy = tiny_policy("qwen2_vl", seed=1)
     workers = RolloutWorkers(policy, "grounding", 4, ENV, workers=2, timeout_s=120)
     try:
         with torch.no_grad():
             next(policy.model.parameters()).mul_(1.5)
         workers.sync(policy)
-        ray.kill(workers._actors[1], no_restart=True)
+        kill_ray_actor(workers._actors[1])
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             remote = workers.collect(_jobs())

@@ -153,12 +153,12 @@ def test_grounding_keeps_the_contract_and_equals_the_in_process_env(grounding_pa
     assert not hasattr(remote, "expert_action")
 
 
-def test_partial_reset_calls_only_the_owning_worker(grounding_pair):
+def test_partial_reset_calls_only_the_owning_worker(grounding_pair, kill_ray_actor):
     remote, local = grounding_pair
     remote.reset(seed=0)
     local.reset(seed=0)
     restarts = remote.restarts
-    ray.kill(remote.actors[0])  # worker 0 (worlds 0, 1) is dead; a reset of worlds 3 and 2 must not notice
+    kill_ray_actor(remote.actors[0])  # worker 0 (worlds 0, 1) is dead; a reset of worlds 3 and 2 must not notice
     got = remote.reset(seed=[11, 12], env_ids=[3, 2])
     assert remote.restarts == restarts
     assert_same(got, local.reset(seed=[11, 12], env_ids=[3, 2]), "partial reset")
@@ -190,7 +190,7 @@ def test_reach_equals_the_in_process_env_step_by_step(reach_pair):
     assert not torch.equal(noisy, local.expert_action())
 
 
-def test_killed_reach_worker_replays_its_episodes(reach_pair):
+def test_killed_reach_worker_replays_its_episodes(reach_pair, kill_ray_actor):
     remote, local = reach_pair
     for env in (remote, local):
         env.reset(seed=7)
@@ -198,7 +198,7 @@ def test_killed_reach_worker_replays_its_episodes(reach_pair):
         env.reset(seed=[50], env_ids=[1])  # world 1's episode starts later than world 0's in the same worker
         env.step(torch.tensor([[0.5, 0.5], [-0.7, 0.2], [0.0, -1.0], [1.0, 1.0]]))
     restarts = remote.restarts
-    ray.kill(remote.actors[0])
+    kill_ray_actor(remote.actors[0])
     actions = local.expert_action()
     with pytest.warns(
         RuntimeWarning,
