@@ -241,7 +241,10 @@ class Collector:
         parts = []
         for shard_seeds, group_size, sampling, sampling_seed in jobs:
             torch.manual_seed(sampling_seed)
-            parts.append(collect_episodes(policy, self.env, shard_seeds, group_size, sampling, judge=self.judge))
+            branch = self.cfg.algo.credit == "branch"
+            parts.append(
+                collect_episodes(policy, self.env, shard_seeds, group_size, sampling, judge=self.judge, branch=branch)
+            )
         return parts
 
     def rebuild(self) -> None:

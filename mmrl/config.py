@@ -175,7 +175,12 @@ class AlgoConfig:
     # "step" compares each turn's return-to-go with the same turn of the other group members.
     # ("gigpo" with step credit: GiGPO, the episode's GRPO advantage plus gigpo_step_weight x the turn's return
     # normalised among the group's turns that saw the same observation, its anchor state.)
-    credit: Literal["episode", "step"] = "episode"
+    # "branch": policy-iteration rollouts. Each group plays greedily except at one turn, drawn uniformly per group,
+    # where its G worlds sample; only that turn's rows train, with the group advantage of the episode returns. The
+    # greedy prefix is the same in every world of the group (same seed, same answers), so the returns differ only
+    # through the sampled answer and the greedy play after it: each answer is scored by what the greedy policy,
+    # the one evaluated, makes of it.
+    credit: Literal["episode", "step", "branch"] = "episode"
     gamma: float = 1.0  # discount over turns
     gigpo_step_weight: float = 1.0
     # PPO epochs and mini-batches (verl's ppo_epochs / ppo_mini_batch_size): each rollout feeds ppo_epochs passes,
@@ -241,6 +246,17 @@ class AlgoConfig:
             "algo.credit",
             f"'step' works with algo.advantage {' or '.join(STEP_ADVANTAGES.names())}, not {self.advantage!r} (use "
             "algo.credit=episode with it)",
+        )
+        _require(
+            self.credit != "branch" or self.advantage in ADVANTAGES,
+            "algo.credit",
+            f"'branch' compares the group's episode returns: it needs an episode estimator "
+            f"({' or '.join(ADVANTAGES.names())}), not {self.advantage!r}",
+        )
+        _require(
+            self.credit != "branch" or self.group_size >= 2,
+            "algo.credit",
+            "'branch' compares the G answers sampled at the branch turn: it needs algo.group_size >= 2",
         )
         _require(self.advantage != "rloo" or self.group_size >= 2, "algo.advantage", "rloo needs algo.group_size >= 2")
         for name in ("clip_low", "clip_high", "kl_coef", "entropy_coef", "overlong_penalty", "papo_gamma", "papo_eta"):
@@ -510,6 +526,12 @@ class TrainConfig:
                 sep="",
             )
         if tc.rollout_workers:
+            _require(
+                self.algo.credit != "branch",
+                "trainer.rollout_workers",
+                "cannot play algo.credit branch yet (its greedy play with one sampled turn runs in this process); use "
+                "trainer.rollout_workers=0",
+            )
             _require(
                 not self.env.workers,
                 "trainer.rollout_workers",

@@ -8,6 +8,10 @@ so memory grows with the token count of the episodes, never with activations kep
 
 GRPO groups are G consecutive worlds reset with the same seed. At the first turn they see the same observation,
 so each group's prompt is encoded once and sampled G times; later turns differ per world.
+
+Branching (`algo.credit: branch`): each group draws one turn; its worlds answer greedily at every other turn and
+sample at that one, so they share the greedy prefix and part at the branch. Every row is returned, but only the
+branch turn's rows keep their completion mask: the others are played, never trained on.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from sim.base import Observation, StepResult, VecEnv
 
 from .judge import Judge, RemoteJudge, judge_observation
 from .policy.vlm import VLMPolicy
-from .types import Episodes, Sampling, Turn, cat_rollouts
+from .types import Episodes, Rollout, Sampling, Turn, cat_rollouts
 
 
 @torch.no_grad()
@@ -37,6 +41,7 @@ def collect_episodes(
     max_turns: int | None = None,
     record_frames: int = 0,
     judge: Judge | RemoteJudge | None = None,
+    branch: bool = False,
 ) -> Episodes:
     """Run R = len(seeds) episodes to their end and return every generation as a row.
 
@@ -52,6 +57,9 @@ def collect_episodes(
         judge: a judge model (`mmrl.judge`): each text answer's step reward gains `judge.cfg.weight` times the
             judge's score of it against the observation it answered (the component `judge`); a reason the judge
             gives is added to the step's `reasons`.
+        branch: play greedily except at one turn per group, drawn uniformly from the global torch generator, where
+            the G worlds sample with `sampling`; rows of the other turns come back with an empty completion mask
+            (see the module docstring).
 
     Returns:
         The episodes.
@@ -74,6 +82,11 @@ def collect_episodes(
         raise ValueError(f"{num} seeds for an env of {env.num_envs} worlds")
     chunk = codec.chunk if codec is not None else 1
     turns = max_turns or max(1, math.ceil(env.max_episode_steps / chunk))
+    branch_turn = None  # [R] the turn each world samples at (branching)
+    if branch:
+        if group_size < 2 or num % group_size:
+            raise ValueError(f"branching needs groups of G >= 2 worlds; got {num} worlds in groups of {group_size}")
+        branch_turn = torch.randint(turns, (num // group_size,)).repeat_interleave(group_size)
 
     obs = start = env.reset(seed=seeds)
     keep = getattr(policy, "history_turns", 0)  # earlier turns each prompt keeps (0: the current observation)
@@ -95,7 +108,13 @@ def collect_episodes(
             break
         active[ids, t] = True
         state_keys[ids, t] = observation_keys(obs.select(ids) if len(ids) < num else obs)
-        if t == 0 and group_size > 1:
+        if branch_turn is not None:
+            shown = obs.select(ids) if len(ids) < num else obs
+            past = [history[i] for i in ids.tolist()] if keep else None
+            sampled = branch_turn[ids] == t  # [n]
+            rollout = _branched(policy, shown, past, sampled, sampling)
+            rollout = replace(rollout, group_size=group_size)
+        elif t == 0 and group_size > 1:
             rollout = policy.generate(obs, group_size=group_size, sampling=sampling)
         else:
             shown = obs.select(ids) if len(ids) < num else obs
@@ -108,6 +127,9 @@ def collect_episodes(
                 answer = rollout.completion_ids[row][rollout.completion_mask[row]].tolist()
                 turn = Turn(views[i].clone(), obs.instruction[i], answer)
                 history[i] = [*history[i], turn][-keep:]
+        if branch_turn is not None:  # the greedy turns are played, not trained on
+            trained = rollout.completion_mask & sampled[:, None]
+            rollout = replace(rollout, completion_mask=trained, logprobs=torch.where(trained, rollout.logprobs, 0.0))
         parts.append(rollout)
         worlds.append(ids)
         turn_ids.append(torch.full((len(ids),), t, dtype=torch.long))
@@ -162,6 +184,23 @@ def collect_episodes(
         start=start,
         frames=torch.stack(frames, dim=1) if record_frames else None,
     )
+
+
+def _branched(
+    policy: VLMPolicy, shown: Observation, past: list[list[Turn]] | None, sampled: torch.Tensor, sampling: Sampling
+) -> Rollout:
+    """One turn of branching: `[n]` rows, the worlds `sampled` (`[n]` bool) drawn with `sampling`, the rest greedy."""
+    greedy = replace(sampling, temperature=0.0)
+    picks = [(rows, how) for rows, how in ((sampled.nonzero(), sampling), ((~sampled).nonzero(), greedy)) if len(rows)]
+    if len(picks) == 1:
+        return policy.generate(shown, group_size=1, sampling=picks[0][1], history=past)
+    parts = []
+    for rows, how in picks:
+        rows = rows.squeeze(-1)
+        subset = [past[i] for i in rows.tolist()] if past is not None else None
+        parts.append(policy.generate(shown.select(rows), group_size=1, sampling=how, history=subset))
+    order = torch.cat([rows.squeeze(-1) for rows, _ in picks])  # [n] the world of each concatenated row
+    return cat_rollouts(parts, policy.pad_token_id or 0).select(torch.argsort(order))
 
 
 def _judged(

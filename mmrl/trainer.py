@@ -159,7 +159,8 @@ def row_advantages(
     `[M]` value targets (else None).
 
     Episode credit gives each row its episode's advantage; the returns of every process are gathered first, since an
-    estimator may normalise over the whole batch (REINFORCE++). Step credit gives each row its turn's advantage
+    estimator may normalise over the whole batch (REINFORCE++). Branch credit is episode credit on rows of which only
+    the branch turn's keep a completion mask (`mmrl.rollout`). Step credit gives each row its turn's advantage
     against the same turn of the group's other worlds (`STEP_ADVANTAGES`). A critic's estimator (`CRITIC_ADVANTAGES`,
     GAE) gives each row its turn's advantage from the `values` of the rows' states, whitened over the batch of every
     process with `scale_by_std`.
