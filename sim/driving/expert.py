@@ -40,7 +40,8 @@ class HighwayExpert:
             generator: Source of the noise; required when `noise > 0`.
 
         Returns:
-            Text mode: N meta-action names (e.g. `"FASTER"`). Continuous mode: `[N, 2]` float32 in [-1, 1].
+            Text mode: N meta-action names (e.g. `"FASTER"`), or their letters with `answer="letter"`. Continuous
+            mode: `[N, 2]` float32 in [-1, 1].
         """
         if noise > 0 and generator is None:
             raise ValueError("noise > 0 needs a torch.Generator (no hidden global randomness)")
@@ -56,6 +57,8 @@ class HighwayExpert:
             draws = torch.rand(self.num_envs, generator=generator).tolist()
             picks = torch.randint(len(self.actions), (self.num_envs,), generator=generator).tolist()
             names = [self.actions[p] if u < noise else name for name, u, p in zip(names, draws, picks)]
+        if self.answer == "letter":
+            return [self.letters[name] for name in names]
         return names
 
     def _expert_meta(self, env: Any) -> str:

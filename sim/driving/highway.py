@@ -12,6 +12,9 @@ the ramp is passed; intersection: the exit is reached; `terminated`), or after `
 FASTER, SLOWER (case-insensitive; `lane left` and `lane-left` also count) in the answer region of the text (inside
 the last `<answer>...</answer>` if there is one, after removing `<think>` blocks). Text with no action, or one the
 scenario does not have, executes IDLE, is charged `invalid_penalty`, and gets a reason in `info["reasons"]`.
+With `answer="letter"` the instruction lists a letter per meta-action ("Answer with one letter: A LANE_LEFT, B
+IDLE, ..."), an answer that is one of those letters alone is its action (names still count), and the expert
+answers in letters: one token of a character-level tokenizer instead of up to ten.
 `action_mode="continuous"`: `[N, D=2]` float in `[-1, 1]` (highway-env's `ContinuousAction`: acceleration scaled to
 +-5 m/s^2, steering to +-45 degrees; clipped, NaN read as 0).
 
@@ -134,12 +137,16 @@ _MAX_ANGLE_RAD = math.pi / 2
 _MAX_CENTER_STD_M = 0.4
 
 
-def parse_meta_action(text: str, allowed: Sequence[str] = META_ACTIONS) -> tuple[str | None, str]:
+def parse_meta_action(
+    text: str, allowed: Sequence[str] = META_ACTIONS, letters: dict[str, str] | None = None
+) -> tuple[str | None, str]:
     """The first meta-action named in a model's answer.
 
     Args:
         text: One completion; `<think>` blocks are dropped and the last `<answer>` tag's content is searched if any.
         allowed: The scenario's meta-actions (upper case).
+        letters: Meta-action -> letter, where answers may be a letter (`HighwayEnv(answer="letter")`): an answer
+            that is one of them alone (spaces and a final period aside) is that action; otherwise names are searched.
 
     Returns:
         `(action, "")`, or `(None, reason)` when the text names no action or one not in `allowed`.
@@ -151,8 +158,15 @@ def parse_meta_action(text: str, allowed: Sequence[str] = META_ACTIONS) -> tuple
     """
     if not isinstance(text, str):
         return None, "answer is not a string"
+    if letters:
+        bare = answer_region(text).strip().rstrip(".").strip().upper()
+        by_letter = {letter: name for name, letter in letters.items()}
+        if bare in by_letter:
+            return by_letter[bare], ""
     match = _ACTION_RE.search(answer_region(text))
     if match is None:
+        if letters:
+            return None, f"no action found; answer with one letter of {', '.join(letters.values())}"
         return None, f"no action found; answer with one of {', '.join(allowed)}"
     name = re.sub(r"[ _-]", "_", match.group(1).upper())
     if name not in allowed:
@@ -193,6 +207,10 @@ class HighwayEnv(HighwayExpert):
         positive_goals: VLM-RL's positive language goals.
         negative_goals: VLM-RL's negative language goals.
         clg_threshold: The CLG score range mapped onto [0, 1] (0.03 in VLM-RL's code).
+        answer: Text mode: `"name"` answers name the meta-action (`LANE_LEFT`); `"letter"` answers are one letter,
+            A, B, ... for the scenario's meta-actions in `META_ACTIONS` order, which the instruction lists (one token
+            of a character-level tokenizer, where `LANE_LEFT` is nine). Names are understood in either mode; the
+            expert answers in the chosen one.
         config: Further highway-env config entries, applied last (e.g. `{"lanes_count": 4}`).
         device: Where the returned tensors live; the simulation and rendering run on the CPU.
     """
@@ -219,6 +237,7 @@ class HighwayEnv(HighwayExpert):
         positive_goals: Sequence[str] = POSITIVE_GOALS,
         negative_goals: Sequence[str] = NEGATIVE_GOALS,
         clg_threshold: float = 0.03,
+        answer: Literal["name", "letter"] = "name",
         config: dict[str, Any] | None = None,
         device: str = "cpu",
     ):
@@ -234,6 +253,8 @@ class HighwayEnv(HighwayExpert):
             raise ValueError(f"action_mode must be 'text' or 'continuous', got {action_mode!r}")
         if supersample < 1 or policy_frequency < 1:
             raise ValueError(f"supersample and policy_frequency must be >= 1, got {supersample}, {policy_frequency}")
+        if answer not in ("name", "letter"):
+            raise ValueError(f"answer must be 'name' or 'letter', got {answer!r}")
         if clg_threshold <= 0:
             raise ValueError(f"clg_threshold must be > 0, got {clg_threshold}")
         if reward == "vlm_rl":
@@ -326,7 +347,12 @@ class HighwayEnv(HighwayExpert):
         goal = GOALS.get(short or "", _DEFAULT_GOAL)
         if short == "highway" and reward == "env":
             goal = "Drive fast in the right lane without crashing."
-        if action_mode == "text":
+        self.answer = answer
+        self.letters = {name: chr(ord("A") + k) for k, name in enumerate(self.actions)}  # meta-action -> its letter
+        if action_mode == "text" and answer == "letter":
+            choices = ", ".join(f"{letter} {name}" for name, letter in self.letters.items())
+            self.instruction = f"{goal} Answer with one letter: {choices}."
+        elif action_mode == "text":
             self.instruction = f"{goal} Answer with one of: {', '.join(self.actions)}."
         else:
             self.instruction = f"{goal} Control acceleration and steering, each in [-1, 1]."
@@ -391,7 +417,7 @@ class HighwayEnv(HighwayExpert):
             actions = check_text_actions(actions, n, "HighwayEnv (text)")
             commands: list[Any] = []
             for k, text in enumerate(actions):
-                name, reason = parse_meta_action(text, self.actions)
+                name, reason = parse_meta_action(text, self.actions, self.letters if self.answer == "letter" else None)
                 if name is None:
                     name, reasons[k], invalid[k] = "IDLE", f"{reason} (IDLE executed)", 1.0
                 executed[k] = name

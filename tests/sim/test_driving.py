@@ -63,6 +63,41 @@ def test_parse_meta_action():
     assert parse_meta_action("")[0] is None and "no action found" in parse_meta_action("")[1]
 
 
+def test_parse_letter_answers():
+    letters = {"LANE_LEFT": "A", "IDLE": "B", "LANE_RIGHT": "C", "FASTER": "D", "SLOWER": "E"}
+    assert parse_meta_action("C", letters=letters) == ("LANE_RIGHT", "")
+    assert parse_meta_action(" <answer>a.</answer>", letters=letters) == ("LANE_LEFT", "")
+    assert parse_meta_action("SLOWER", letters=letters) == ("SLOWER", "")  # names still count
+    assert parse_meta_action("C", letters=None)[0] is None  # a letter means nothing in name mode
+    name, reason = parse_meta_action("CE", letters=letters)  # one letter, alone
+    assert name is None and "one letter of A, B, C, D, E" in reason
+
+
+def test_letter_answers_drive_like_names():
+    # The expert answers in letters; the episodes are the ones its names drive.
+    named = HighwayEnv(num_envs=2, image_size=32, max_episode_steps=4)
+    lettered = HighwayEnv(num_envs=2, image_size=32, max_episode_steps=4, answer="letter")
+    try:
+        assert lettered.instruction.endswith(
+            "Answer with one letter: A LANE_LEFT, B IDLE, C LANE_RIGHT, D FASTER, E SLOWER."
+        )
+        named.reset(seed=[3, 4])
+        lettered.reset(seed=[3, 4])
+        by_name = {letter: name for name, letter in lettered.letters.items()}
+        for _ in range(4):
+            names, letters = named.expert_action(), lettered.expert_action()
+            assert [by_name[letter] for letter in letters] == names
+            a, b = named.step(names), lettered.step(letters)
+            assert a.info["action"] == b.info["action"] == names
+            torch.testing.assert_close(a.reward, b.reward)
+            assert not b.info["reward_components"]["invalid"].any()
+        noisy = lettered.expert_action(noise=1.0, generator=torch.Generator().manual_seed(0))
+        assert set(noisy) <= set(lettered.letters.values())
+    finally:
+        named.close()
+        lettered.close()
+
+
 def test_observation_shows_the_ego_and_the_instruction_lists_the_actions(env):
     obs = env.reset(seed=11)
     assert obs.image.shape == (3, 64, 64, 3) and obs.state.shape == (3, 6)
@@ -205,6 +240,8 @@ def test_option_errors():
         HighwayEnv(num_envs=1, scenario="intersection", vehicles_count=5)
     with pytest.raises(ValueError, match="unknown option"):
         make("highway", num_envs=1, lanes=3)
+    with pytest.raises(ValueError, match="answer must be 'name' or 'letter'"):
+        HighwayEnv(num_envs=1, answer="number")
 
 
 @pytest.fixture(scope="module")
