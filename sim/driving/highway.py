@@ -84,7 +84,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -93,7 +92,6 @@ import torch
 from PIL import Image
 
 from rewards.clip import clip_contrast_reward, load_clip
-from rewards.parse import answer_region
 from sim.base import (
     Observation,
     StepResult,
@@ -102,10 +100,10 @@ from sim.base import (
     resolve_env_ids,
     resolve_seeds,
 )
+from sim.driving.actions import META_ACTIONS, parse_meta_action
 from sim.driving.expert import HighwayExpert, time_to_collision
 from sim.registry import ENVS
 
-META_ACTIONS = ("LANE_LEFT", "IDLE", "LANE_RIGHT", "FASTER", "SLOWER")
 # Short scenario names -> highway-env ids. The `-fast` highway variant simulates at 5 Hz instead of 15 and checks
 # only the ego's collisions, so it is several times cheaper than `highway-v0` for the same task.
 SCENARIOS = {
@@ -125,53 +123,12 @@ VIEW_LENGTH = {"highway": 40.0, "merge": 50.0, "roundabout": 50.0, "intersection
 POSITIVE_GOALS = ("the road is clear with no car accidents",)  # VLM-RL's contrasting language goals
 NEGATIVE_GOALS = ("two cars have collided with each other on the road",)
 
-# The first meta-action named in the text. Letters or digits may not touch it ("FASTERX" is no action), but an
-# underscore, space or hyphen may separate LANE from its side.
-_ACTION_RE = re.compile(r"(?<![a-z0-9])(lane[ _-]?left|lane[ _-]?right|idle|faster|slower)(?![a-z0-9])", re.IGNORECASE)
-
 # Expert rule constants (seconds and metres).
 
 # VLM-RL's vehicle-state factors (their CARLA defaults, `reward_fn_5_default` in the released config).
 _MAX_CENTER_DISTANCE_M = 3.0
 _MAX_ANGLE_RAD = math.pi / 2
 _MAX_CENTER_STD_M = 0.4
-
-
-def parse_meta_action(
-    text: str, allowed: Sequence[str] = META_ACTIONS, letters: dict[str, str] | None = None
-) -> tuple[str | None, str]:
-    """The first meta-action named in a model's answer.
-
-    Args:
-        text: One completion; `<think>` blocks are dropped and the last `<answer>` tag's content is searched if any.
-        allowed: The scenario's meta-actions (upper case).
-        letters: Meta-action -> letter, where answers may be a letter (`HighwayEnv(answer="letter")`): an answer
-            that is one of them alone (spaces and a final period aside) is that action; otherwise names are searched.
-
-    Returns:
-        `(action, "")`, or `(None, reason)` when the text names no action or one not in `allowed`.
-
-    >>> parse_meta_action("<answer>faster</answer>")
-    ('FASTER', '')
-    >>> parse_meta_action("turn left", ("SLOWER", "IDLE", "FASTER"))[0] is None
-    True
-    """
-    if not isinstance(text, str):
-        return None, "answer is not a string"
-    if letters:
-        bare = answer_region(text).strip().rstrip(".").strip().upper()
-        by_letter = {letter: name for name, letter in letters.items()}
-        if bare in by_letter:
-            return by_letter[bare], ""
-    match = _ACTION_RE.search(answer_region(text))
-    if match is None:
-        if letters:
-            return None, f"no action found; answer with one letter of {', '.join(letters.values())}"
-        return None, f"no action found; answer with one of {', '.join(allowed)}"
-    name = re.sub(r"[ _-]", "_", match.group(1).upper())
-    if name not in allowed:
-        return None, f"{name} is not an action here; answer with one of {', '.join(allowed)}"
-    return name, ""
 
 
 @ENVS.register("highway")
