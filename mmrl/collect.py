@@ -239,9 +239,9 @@ class Collector:
         if self.workers is not None:
             return self.workers.collect(jobs)
         parts = []
+        branch = self.cfg.algo.credit == "branch"
         for shard_seeds, group_size, sampling, sampling_seed in jobs:
             torch.manual_seed(sampling_seed)
-            branch = self.cfg.algo.credit == "branch"
             parts.append(
                 collect_episodes(policy, self.env, shard_seeds, group_size, sampling, judge=self.judge, branch=branch)
             )

@@ -108,18 +108,16 @@ def collect_episodes(
             break
         active[ids, t] = True
         state_keys[ids, t] = observation_keys(obs.select(ids) if len(ids) < num else obs)
-        if branch_turn is not None:
-            shown = obs.select(ids) if len(ids) < num else obs
-            past = [history[i] for i in ids.tolist()] if keep else None
-            sampled = branch_turn[ids] == t  # [n]
-            rollout = _branched(policy, shown, past, sampled, sampling)
-            rollout = replace(rollout, group_size=group_size)
-        elif t == 0 and group_size > 1:
+        if t == 0 and group_size > 1 and branch_turn is None:
             rollout = policy.generate(obs, group_size=group_size, sampling=sampling)
         else:
             shown = obs.select(ids) if len(ids) < num else obs
             past = [history[i] for i in ids.tolist()] if keep else None
-            rollout = policy.generate(shown, group_size=1, sampling=sampling, history=past)
+            if branch_turn is not None:
+                sampled = branch_turn[ids] == t  # [n]
+                rollout = _branched(policy, shown, past, sampled, sampling)
+            else:
+                rollout = policy.generate(shown, group_size=1, sampling=sampling, history=past)
             rollout = replace(rollout, group_size=group_size)
         if keep:  # this turn joins each world's conversation: its images, instruction and sampled tokens
             views = obs.views
@@ -191,15 +189,14 @@ def _branched(
 ) -> Rollout:
     """One turn of branching: `[n]` rows, the worlds `sampled` (`[n]` bool) drawn with `sampling`, the rest greedy."""
     greedy = replace(sampling, temperature=0.0)
-    picks = [(rows, how) for rows, how in ((sampled.nonzero(), sampling), ((~sampled).nonzero(), greedy)) if len(rows)]
-    if len(picks) == 1:
-        return policy.generate(shown, group_size=1, sampling=picks[0][1], history=past)
+    if sampled.all() or not sampled.any():
+        return policy.generate(shown, group_size=1, sampling=sampling if sampled.all() else greedy, history=past)
+    picks = ((sampled.nonzero().squeeze(-1), sampling), ((~sampled).nonzero().squeeze(-1), greedy))
     parts = []
     for rows, how in picks:
-        rows = rows.squeeze(-1)
         subset = [past[i] for i in rows.tolist()] if past is not None else None
         parts.append(policy.generate(shown.select(rows), group_size=1, sampling=how, history=subset))
-    order = torch.cat([rows.squeeze(-1) for rows, _ in picks])  # [n] the world of each concatenated row
+    order = torch.cat([rows for rows, _ in picks])  # [n] the world of each concatenated row
     return cat_rollouts(parts, policy.pad_token_id or 0).select(torch.argsort(order))
 
 
