@@ -57,6 +57,7 @@ __all__ = ["EnvWorlds", "SubprocVecEnv", "SERVE"]
 
 SERVE = Path(__file__).resolve().with_name("serve.py")
 _POLL_S = 0.25  # how often a waiting parent checks that the worker it waits for is still alive
+_EXIT_WAIT_S = 5.0  # how long a worker whose pipe closed gets to finish exiting, so its exit code can be named
 _LOG_TAIL = 30  # lines of a failed worker's log quoted in the error
 
 
@@ -344,7 +345,12 @@ class SubprocVecEnv:
                 if worker.conn.poll(_POLL_S):
                     return worker.conn.recv()
             except (EOFError, OSError):
-                worker.proc.poll()
+                # The pipe closes as the process exits, a moment before it can be reaped (on a loaded machine the
+                # exit code was still None here).
+                try:
+                    worker.proc.wait(timeout=_EXIT_WAIT_S)
+                except subprocess.TimeoutExpired:
+                    pass  # its pipe closed but it runs on: reported without an exit code, then killed
                 return f"died (exit code {worker.proc.returncode})"
             if worker.proc.poll() is not None:
                 return f"died (exit code {worker.proc.returncode})"
