@@ -4,14 +4,9 @@ arguments override any field. Unknown keys are errors that name the key and the 
 
 from __future__ import annotations
 
-import dataclasses
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
-
-import yaml
 
 from rewards import REWARDS
 from rewards.combine import RewardSpec
@@ -19,6 +14,7 @@ from sim.mix import ENV_REWARD
 from sim.seeds import TRAIN_SEEDS
 
 from .algos import ADVANTAGES, CRITIC_ADVANTAGES, POLICY_LOSSES, STEP_ADVANTAGES
+from .schema import ConfigError, apply_overrides, from_dict, load, require, to_dict  # noqa: F401 (re-exported)
 from .types import Sampling
 
 LOG_BACKENDS = ("jsonl", "tensorboard", "wandb")
@@ -63,32 +59,32 @@ class ModelConfig:
     vllm_gpu_memory_utilization: float = 0.3  # share of GPU memory the colocated vLLM engine may take
 
     def __post_init__(self):
-        _require(
+        require(
             self.action_bins == 0 or self.action_bins >= 2, "model.action_bins", "must be 0 (a text policy) or >= 2"
         )
-        _require(self.action_chunk >= 1, "model.action_chunk", "must be >= 1")
-        _require(self.history_turns >= 0, "model.history_turns", "must be >= 0 (0: the current observation only)")
-        _require(
+        require(self.action_chunk >= 1, "model.action_chunk", "must be >= 1")
+        require(self.history_turns >= 0, "model.history_turns", "must be >= 0 (0: the current observation only)")
+        require(
             not (self.history_turns and self.generation_backend == "vllm"),
             "model.history_turns",
             "> 0 needs model.generation_backend lean, hf or static (conversations are not sent to vLLM)",
         )
-        _require(self.lora_r >= 0, "model.lora_r", "must be >= 0 (0: no LoRA)")
-        _require(0 < self.vllm_gpu_memory_utilization <= 1, "model.vllm_gpu_memory_utilization", "must be in (0, 1]")
+        require(self.lora_r >= 0, "model.lora_r", "must be >= 0 (0: no LoRA)")
+        require(0 < self.vllm_gpu_memory_utilization <= 1, "model.vllm_gpu_memory_utilization", "must be in (0, 1]")
         for name in ("min_pixels", "max_pixels"):
-            _require(
+            require(
                 getattr(self, name) >= 0,
                 f"model.{name}",
                 f"must be >= 0 (0: the processor's own), got {getattr(self, name)}",
             )
-        _require(
+        require(
             not (self.min_pixels and self.max_pixels) or self.min_pixels <= self.max_pixels,
             "model.min_pixels",
             f"({self.min_pixels}) is above model.max_pixels ({self.max_pixels})",
         )
         unknown = [part for part in self.freeze if part not in FREEZE_PARTS]
-        _require(not unknown, "model.freeze", f"unknown part(s) {unknown}; choose from {', '.join(FREEZE_PARTS)}")
-        _require(
+        require(not unknown, "model.freeze", f"unknown part(s) {unknown}; choose from {', '.join(FREEZE_PARTS)}")
+        require(
             self.lora_r > 0 or set(FREEZE_PARTS) - set(self.freeze),
             "model.freeze",
             f"freezes every part ({self.freeze}) and model.lora_r is 0: nothing would train",
@@ -108,15 +104,15 @@ class EnvConfig:
     worker_timeout_s: float = 120.0  # a worker that does not answer a call in this time is named, restarted, retried
 
     def __post_init__(self):
-        _require(self.workers >= 0, "env.workers", "must be >= 0 (0: the worlds live in this process)")
-        _require(self.worker_timeout_s > 0, "env.worker_timeout_s", "must be > 0")
+        require(self.workers >= 0, "env.workers", "must be >= 0 (0: the worlds live in this process)")
+        require(self.worker_timeout_s > 0, "env.worker_timeout_s", "must be > 0")
         for entry in self.rewards:
-            _require(isinstance(entry, dict), "env.rewards", f"entries are {{name, weight, kwargs}}, got {entry!r}")
+            require(isinstance(entry, dict), "env.rewards", f"entries are {{name, weight, kwargs}}, got {entry!r}")
             try:
                 spec = RewardSpec.from_dict(entry)
             except ValueError as error:
                 raise ConfigError(f"env.rewards: {error}") from None
-            _require(
+            require(
                 spec.name == ENV_REWARD or spec.name in REWARDS,
                 "env.rewards",
                 f"unknown reward {spec.name!r}; registered: {', '.join(REWARDS.names())} (and {ENV_REWARD!r}, the "
@@ -224,88 +220,88 @@ class AlgoConfig:
     progress_coef: float = 0.0
 
     def __post_init__(self):
-        _require(self.group_size >= 1, "algo.group_size", "must be >= 1")
+        require(self.group_size >= 1, "algo.group_size", "must be >= 1")
         known = list(dict.fromkeys([*ADVANTAGES.names(), *CRITIC_ADVANTAGES.names(), *STEP_ADVANTAGES.names()]))
-        _require(self.advantage in known, "algo.advantage", f"{self.advantage!r} is not one of {known}")
-        _require(
+        require(self.advantage in known, "algo.advantage", f"{self.advantage!r} is not one of {known}")
+        require(
             self.credit == "step" or self.advantage in ADVANTAGES or self.advantage in CRITIC_ADVANTAGES,
             "algo.advantage",
             f"{self.advantage!r} gives each turn its own advantage: it needs algo.credit step, not {self.credit!r}",
         )
-        _require(self.gigpo_step_weight >= 0, "algo.gigpo_step_weight", "must be >= 0")
+        require(self.gigpo_step_weight >= 0, "algo.gigpo_step_weight", "must be >= 0")
         critic = self.advantage in CRITIC_ADVANTAGES
-        _require(self.loss in POLICY_LOSSES, "algo.loss", f"{self.loss!r} is not one of {POLICY_LOSSES.names()}")
-        _require(
+        require(self.loss in POLICY_LOSSES, "algo.loss", f"{self.loss!r} is not one of {POLICY_LOSSES.names()}")
+        require(
             not (critic and self.credit == "step"),
             "algo.credit",
             f"'step' cannot be combined with algo.advantage {self.advantage!r}: its advantages are per turn already "
             "(leave algo.credit at episode)",
         )
-        _require(
+        require(
             critic or self.credit != "step" or self.advantage in STEP_ADVANTAGES,
             "algo.credit",
             f"'step' works with algo.advantage {' or '.join(STEP_ADVANTAGES.names())}, not {self.advantage!r} (use "
             "algo.credit=episode with it)",
         )
-        _require(
+        require(
             self.credit != "branch" or self.advantage in ADVANTAGES,
             "algo.credit",
             f"'branch' compares the group's episode returns: it needs an episode estimator "
             f"({' or '.join(ADVANTAGES.names())}), not {self.advantage!r}",
         )
-        _require(
+        require(
             self.credit != "branch" or self.group_size >= 2,
             "algo.credit",
             "'branch' compares the G answers sampled at the branch turn: it needs algo.group_size >= 2",
         )
-        _require(self.advantage != "rloo" or self.group_size >= 2, "algo.advantage", "rloo needs algo.group_size >= 2")
+        require(self.advantage != "rloo" or self.group_size >= 2, "algo.advantage", "rloo needs algo.group_size >= 2")
         for name in ("clip_low", "clip_high", "kl_coef", "entropy_coef", "overlong_penalty", "papo_gamma", "papo_eta"):
-            _require(getattr(self, name) >= 0, f"algo.{name}", f"must be >= 0, got {getattr(self, name)}")
-        _require(self.overlong_cache_len >= 1, "algo.overlong_cache_len", "must be >= 1")
-        _require(0 <= self.papo_mask_ratio <= 1, "algo.papo_mask_ratio", "must be in [0, 1]")
-        _require(self.papo_kl_bound is None or self.papo_kl_bound > 0, "algo.papo_kl_bound", "must be > 0 or null")
-        _require(self.max_sample_batches >= 1, "algo.max_sample_batches", "must be >= 1")
+            require(getattr(self, name) >= 0, f"algo.{name}", f"must be >= 0, got {getattr(self, name)}")
+        require(self.overlong_cache_len >= 1, "algo.overlong_cache_len", "must be >= 1")
+        require(0 <= self.papo_mask_ratio <= 1, "algo.papo_mask_ratio", "must be in [0, 1]")
+        require(self.papo_kl_bound is None or self.papo_kl_bound > 0, "algo.papo_kl_bound", "must be > 0 or null")
+        require(self.max_sample_batches >= 1, "algo.max_sample_batches", "must be >= 1")
         low, high = self.difficulty_low, self.difficulty_high
-        _require(
+        require(
             low is None or high is None or low < high,
             "algo.difficulty_low",
             f"must be below algo.difficulty_high, got {low} and {high}",
         )
-        _require(0 <= self.gamma <= 1, "algo.gamma", "must be in [0, 1]")
-        _require(self.ppo_epochs >= 1, "algo.ppo_epochs", f"must be >= 1, got {self.ppo_epochs}")
-        _require(self.mini_batch_groups >= 0, "algo.mini_batch_groups", "must be >= 0 (0: the whole rollout)")
-        _require(self.rollout_correction_cap > 1, "algo.rollout_correction_cap", "must be > 1")
-        _require(0 <= self.gae_lambda <= 1, "algo.gae_lambda", "must be in [0, 1]")
+        require(0 <= self.gamma <= 1, "algo.gamma", "must be in [0, 1]")
+        require(self.ppo_epochs >= 1, "algo.ppo_epochs", f"must be >= 1, got {self.ppo_epochs}")
+        require(self.mini_batch_groups >= 0, "algo.mini_batch_groups", "must be >= 0 (0: the whole rollout)")
+        require(self.rollout_correction_cap > 1, "algo.rollout_correction_cap", "must be > 1")
+        require(0 <= self.gae_lambda <= 1, "algo.gae_lambda", "must be in [0, 1]")
         for name in ("value_coef", "value_clip", "critic_hidden", "critic_warmup_steps"):
-            _require(getattr(self, name) >= 0, f"algo.{name}", f"must be >= 0, got {getattr(self, name)}")
-        _require(self.critic_lr > 0, "algo.critic_lr", "must be > 0")
+            require(getattr(self, name) >= 0, f"algo.{name}", f"must be >= 0, got {getattr(self, name)}")
+        require(self.critic_lr > 0, "algo.critic_lr", "must be > 0")
         for name in ("critic_warmup_steps", "critic_trunk_grad", "critic_time"):
-            _require(
+            require(
                 critic or not getattr(self, name),
                 f"algo.{name}",
                 f"needs a critic: algo.advantage {' or '.join(CRITIC_ADVANTAGES.names())}, not {self.advantage!r}",
             )
-        _require(self.ttrv_entropy_coef >= 0, "algo.ttrv_entropy_coef", f"must be >= 0, got {self.ttrv_entropy_coef}")
-        _require(
+        require(self.ttrv_entropy_coef >= 0, "algo.ttrv_entropy_coef", f"must be >= 0, got {self.ttrv_entropy_coef}")
+        require(
             self.label_free == "off" or (self.difficulty_low is None and self.difficulty_high is None),
             "algo.label_free",
             f"{self.label_free!r} trains without labels; algo.difficulty_low/high filter groups by their labelled success "
             "(leave them null, or use algo.dynamic_sampling)",
         )
-        _require(self.progress_coef >= 0, "algo.progress_coef", f"must be >= 0 (0: off), got {self.progress_coef}")
-        _require(self.care_coef >= 0, "algo.care_coef", f"must be >= 0 (0: off), got {self.care_coef}")
-        _require(0 <= self.care_ema_decay <= 1, "algo.care_ema_decay", f"must be in [0, 1], got {self.care_ema_decay}")
-        _require(
+        require(self.progress_coef >= 0, "algo.progress_coef", f"must be >= 0 (0: off), got {self.progress_coef}")
+        require(self.care_coef >= 0, "algo.care_coef", f"must be >= 0 (0: off), got {self.care_coef}")
+        require(0 <= self.care_ema_decay <= 1, "algo.care_ema_decay", f"must be in [0, 1], got {self.care_ema_decay}")
+        require(
             self.care_coef == 0 or self.kl_coef == 0,
             "algo.care_coef",
             f"> 0 (GRPO-CARE) replaces the KL penalty: set algo.kl_coef to 0, not {self.kl_coef}",
         )
-        _require(
+        require(
             self.care_coef == 0 or self.label_free == "off",
             "algo.care_coef",
             "> 0 (GRPO-CARE) rewards correct answers; it needs labels, not algo.label_free " + repr(self.label_free),
         )
-        _require(
+        require(
             self.old_logprobs != "sampling" or self.rollout_correction in ("auto", "none"),
             "algo.rollout_correction",
             f"{self.rollout_correction!r} compares the trainer's log-probs with the sampler's: it needs "
@@ -358,29 +354,29 @@ class TrainerConfig:
 
     def __post_init__(self):
         for name in ("prompts_per_step", "micro_batch_size", "eval_episodes", "eval_batch_size", "keep_checkpoints"):
-            _require(getattr(self, name) >= 1, f"trainer.{name}", f"must be >= 1, got {getattr(self, name)}")
+            require(getattr(self, name) >= 1, f"trainer.{name}", f"must be >= 1, got {getattr(self, name)}")
         for name in ("total_steps", "warmup_steps", "eval_every", "save_every", "threads", "token_budget",
                      "generation_shards"):  # fmt: skip
-            _require(getattr(self, name) >= 0, f"trainer.{name}", f"must be >= 0, got {getattr(self, name)}")
-        _require(self.lr >= 0, "trainer.lr", "must be >= 0")
-        _require(0 <= self.seed < TRAIN_SEEDS, "trainer.seed",
+            require(getattr(self, name) >= 0, f"trainer.{name}", f"must be >= 0, got {getattr(self, name)}")
+        require(self.lr >= 0, "trainer.lr", "must be >= 0")
+        require(0 <= self.seed < TRAIN_SEEDS, "trainer.seed",
                  f"must be in [0, {TRAIN_SEEDS}): each run seed trains on its own range of worlds, got {self.seed}")  # fmt: skip
-        _require(self.max_grad_norm > 0, "trainer.max_grad_norm", "must be > 0")
+        require(self.max_grad_norm > 0, "trainer.max_grad_norm", "must be > 0")
         k = self.rollout_workers
-        _require(k >= 0, "trainer.rollout_workers", f"must be >= 0 (0: generate in this process), got {k}")
-        _require(
+        require(k >= 0, "trainer.rollout_workers", f"must be >= 0 (0: generate in this process), got {k}")
+        require(
             self.max_staleness in (0, 1),
             "trainer.max_staleness",
             f"must be 0 (synchronous) or 1 (collect the next step while this one updates), got {self.max_staleness}",
         )
-        _require(
+        require(
             not k or self.rollout_timeout_s > 0,
             "trainer.rollout_timeout_s",
             f"must be > 0, got {self.rollout_timeout_s}",
         )
         unknown = [name for name in self.log_with if name not in LOG_BACKENDS]
-        _require(not unknown, "trainer.log_with", f"unknown {unknown}; choose from {', '.join(LOG_BACKENDS)}")
-        _require(
+        require(not unknown, "trainer.log_with", f"unknown {unknown}; choose from {', '.join(LOG_BACKENDS)}")
+        require(
             "jsonl" in self.log_with,
             "trainer.log_with",
             f"must include jsonl (resume and the run's returned history read metrics.jsonl), got {self.log_with}",
@@ -405,10 +401,10 @@ class SFTConfig:
     all_levels: bool = False
 
     def __post_init__(self):
-        _require(self.episodes >= 0, "sft.episodes", "must be >= 0 (0: no cold start)")
+        require(self.episodes >= 0, "sft.episodes", "must be >= 0 (0: no cold start)")
         for name in ("steps", "batch_size"):
-            _require(getattr(self, name) >= 1, f"sft.{name}", f"must be >= 1, got {getattr(self, name)}")
-        _require(self.noise >= 0 and self.label_noise >= 0, "sft.noise", "and sft.label_noise must be >= 0")
+            require(getattr(self, name) >= 1, f"sft.{name}", f"must be >= 1, got {getattr(self, name)}")
+        require(self.noise >= 0 and self.label_noise >= 0, "sft.noise", "and sft.label_noise must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -423,13 +419,13 @@ class CurriculumConfig:
 
     def __post_init__(self):
         if self.option is not None:
-            _require(bool(self.levels), "curriculum.levels", f"is empty but curriculum.option is {self.option!r}")
-            _require(
+            require(bool(self.levels), "curriculum.levels", f"is empty but curriculum.option is {self.option!r}")
+            require(
                 self.promote_at is not None or self.steps_per_level >= 1,
                 "curriculum.promote_at",
                 "or curriculum.steps_per_level >= 1 is needed by a curriculum",
             )
-        _require(self.window >= 1, "curriculum.window", "must be >= 1")
+        require(self.window >= 1, "curriculum.window", "must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -444,8 +440,8 @@ class EvalConfig:
 
     def __post_init__(self):
         for name in ("k", "episodes", "batch_size", "report_items"):
-            _require(getattr(self, name) >= 0, f"eval.{name}", f"must be >= 0, got {getattr(self, name)}")
-        _require(
+            require(getattr(self, name) >= 0, f"eval.{name}", f"must be >= 0, got {getattr(self, name)}")
+        require(
             self.temperature > 0,
             "eval.temperature",
             f"must be > 0 (the greedy answers are always reported), got {self.temperature}",
@@ -482,10 +478,10 @@ class JudgeConfig:
     remote: bool = False  # one Ray actor holds the judge for every process and rollout worker (else one per process)
 
     def __post_init__(self):
-        _require(1 <= self.max_score <= 9, "judge.max_score", f"must be in 1..9 (one digit), got {self.max_score}")
+        require(1 <= self.max_score <= 9, "judge.max_score", f"must be in 1..9 (one digit), got {self.max_score}")
         for name in ("batch_size", "cache_size", "max_new_tokens", "max_prompt_tokens"):
-            _require(getattr(self, name) >= 1, f"judge.{name}", f"must be >= 1, got {getattr(self, name)}")
-        _require("{answer}" in self.rubric, "judge.rubric", "must contain {answer}, where the answer to judge goes")
+            require(getattr(self, name) >= 1, f"judge.{name}", f"must be >= 1, got {getattr(self, name)}")
+        require("{answer}" in self.rubric, "judge.rubric", "must contain {answer}, where the answer to judge goes")
 
     @property
     def enabled(self) -> bool:
@@ -511,14 +507,14 @@ class TrainConfig:
         """Checks that read more than one section; each section checks its own fields when it is built."""
         tc, model = self.trainer, self.model
         if tc.master_weights == "float32":
-            _require(
+            require(
                 model.dtype != "float32",
                 "trainer.master_weights",
                 "='float32' needs model.dtype bfloat16 or float16: with model.dtype='float32' the weights are float32 "
                 "already",
                 sep="",
             )
-            _require(
+            require(
                 model.lora_r == 0,
                 "trainer.master_weights",
                 "='float32' is for full fine-tuning: with model.lora_r > 0 only the LoRA adapters train, and they are "
@@ -526,18 +522,18 @@ class TrainConfig:
                 sep="",
             )
         if tc.rollout_workers:
-            _require(
+            require(
                 self.algo.credit != "branch",
                 "trainer.rollout_workers",
                 "cannot play algo.credit branch yet (its greedy play with one sampled turn runs in this process); use "
                 "trainer.rollout_workers=0",
             )
-            _require(
+            require(
                 not self.env.workers,
                 "trainer.rollout_workers",
                 "and env.workers cannot both be > 0: each rollout worker has its env",
             )
-            _require(
+            require(
                 model.generation_backend != "vllm",
                 "trainer.rollout_workers",
                 "runs CPU copies of the policy; it cannot use model.generation_backend vllm",
@@ -564,163 +560,6 @@ class TrainConfig:
         return None if mode == "none" else mode
 
 
-class ConfigError(ValueError):
-    """A config file or override that does not fit the schema; the message names the offending key."""
-
-
-def _require(ok: bool, field: str, message: str, sep: str = " ") -> None:
-    """Raise a ConfigError naming `field` unless `ok`."""
-    if not ok:
-        raise ConfigError(f"{field}{sep}{message}")
-
-
-def _field_types(cls) -> dict[str, Any]:
-    hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
-
-
-def _coerce(value: Any, tp: Any, key: str) -> Any:
-    """Check (and, for strings from the command line, convert) `value` against the annotation `tp`."""
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        choices = typing.get_args(tp)
-        if value not in choices:
-            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(repr, choices))}")
-        return value
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None or (isinstance(value, str) and value.lower() in ("null", "none")):
-            if type(None) in args:
-                return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(value, arg, key)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError("; ".join(errors))
-    if origin is list or tp is list:
-        if not isinstance(value, list):
-            raise ConfigError(f"{key}: expected a list, got {value!r}")
-        return list(value)
-    if origin is dict or tp is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
-        return dict(value)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
-            return value.lower() in ("true", "1", "yes")
-        raise ConfigError(f"{key}: expected true or false, got {value!r}")
-    if tp is int:
-        if isinstance(value, bool):
-            raise ConfigError(f"{key}: expected an integer, got {value!r}")
-        try:
-            if isinstance(value, str):
-                return int(float(value)) if "e" in value.lower() else int(value)
-            if isinstance(value, float) and value.is_integer():
-                return int(value)
-            if isinstance(value, int):
-                return value
-        except ValueError:
-            pass
-        raise ConfigError(f"{key}: expected an integer, got {value!r}")
-    if tp is float:
-        if isinstance(value, bool):
-            raise ConfigError(f"{key}: expected a number, got {value!r}")
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{key}: expected a number, got {value!r}") from None
-    if tp is str:
-        if not isinstance(value, str | int | float):
-            raise ConfigError(f"{key}: expected a string, got {value!r}")
-        return str(value)
-    return value
-
-
-def from_dict(cls, data: dict[str, Any], prefix: str = ""):
-    """Build dataclass `cls` from nested plain data, refusing unknown keys."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {data!r}")
-    types_ = _field_types(cls)
-    unknown = sorted(set(data) - set(types_))
-    if unknown:
-        raise ConfigError(f"unknown key {prefix}{unknown[0]!r}; valid keys here: {', '.join(types_)}")
-    kwargs = {}
-    for name, value in data.items():
-        tp = types_[name]
-        if dataclasses.is_dataclass(tp):
-            kwargs[name] = from_dict(tp, value or {}, f"{prefix}{name}.")
-        else:
-            kwargs[name] = _coerce(value, tp, f"{prefix}{name}")
-    try:
-        return cls(**kwargs)
-    except ConfigError:
-        raise
-    except ValueError as e:  # a check of a dataclass that cannot import ConfigError (mmrl.types.Sampling)
-        raise ConfigError(str(e)) from None
-
-
-def to_dict(cfg) -> dict[str, Any]:
-    return dataclasses.asdict(cfg)
-
-
-def apply_overrides(data: dict[str, Any], overrides: list[str], cls=None) -> dict[str, Any]:
-    """Apply `a.b.c=value` overrides to nested plain data (values parsed as YAML scalars)."""
-    cls = cls or TrainConfig
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r} is not of the form section.field=value")
-        key, raw = item.split("=", 1)
-        try:
-            value = yaml.safe_load(raw) if raw != "" else ""
-        except yaml.YAMLError as e:
-            raise ConfigError(f"override {item!r}: the value is not valid YAML ({_yaml_problem(e)})") from None
-        parts = key.split(".")
-        node, node_cls = data, cls
-        for depth, part in enumerate(parts):
-            last = depth == len(parts) - 1
-            if node_cls is not None:
-                types_ = _field_types(node_cls)
-                if part not in types_:
-                    where = ".".join(parts[:depth]) or "the top level"
-                    raise ConfigError(
-                        f"unknown key {key!r}: {part!r} is not a field of {where}; valid: {', '.join(types_)}"
-                    )
-                tp = types_[part]
-                node_cls = tp if dataclasses.is_dataclass(tp) else None
-            if last:
-                node[part] = value
-            else:
-                node = node.setdefault(part, {})
-                if not isinstance(node, dict):
-                    raise ConfigError(f"override {key!r}: {'.'.join(parts[: depth + 1])} is not a section")
-    return data
-
-
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None, cls=None):
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
     """A `TrainConfig` from a YAML preset plus `section.field=value` overrides."""
-    cls = cls or TrainConfig
-    data: dict[str, Any] = {}
-    if path is not None:
-        text = Path(path).read_text()
-        try:
-            data = yaml.safe_load(text) or {}
-        except yaml.YAMLError as e:  # one line naming the file, line and column, not a traceback
-            raise ConfigError(f"{path}:{_yaml_problem(e)}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping of sections")
-    data = apply_overrides(data, list(overrides or []), cls)
-    return from_dict(cls, data)
-
-
-def _yaml_problem(error: yaml.YAMLError) -> str:
-    """`line:column: problem` of a YAML parse error (1-based, where the parser stopped)."""
-    mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
-    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-    where = f"{mark.line + 1}:{mark.column + 1}: " if mark is not None else ""
-    return f"{where}{problem}"
+    return load(TrainConfig, path, overrides)
