@@ -39,11 +39,12 @@ fail tasks because generation is slow.
 **Finished worlds.** No autoreset. A world whose episode ended is frozen until reset (its action is ignored, its
 reward 0, its last image, `terminated`, `truncated` and `success` repeated), as in `gui_task`.
 
-**Expert** (`expert_action`), for `EXPERT_TASKS`: the next action of a plan computed from the current page (the
-DOM's elements, their boxes, texts, values and focus, and the utterance's fields; for choose-list and
-use-autocomplete it also reads the page's option list), written in the grammar above with clicks at element
-centres in image pixels: its episodes are the demonstrations of `sft`. With `noise > 0`, clicks get Gaussian noise
-of std `noise` times the element's width and height. Success rates over 20 seeds per task are in the tests and docs.
+**Expert** (`expert_action`; the plans are in `sim.gui.miniwob_expert`), for `EXPERT_TASKS`: the next action of a
+plan computed from the current page (the DOM's elements, their boxes, texts, values and focus, and the utterance's
+fields; for choose-list and use-autocomplete it also reads the page's option list), written in the grammar above
+with clicks at element centres in image pixels: its episodes are the demonstrations of `sft`. With `noise > 0`,
+clicks get Gaussian noise of std `noise` times the element's width and height. Success rates over 20 seeds per task
+are in the tests and docs.
 
 **Network.** None: pages load from `file://`, and the browser's flags send every request to a dead proxy and
 resolve no host name (`sim.gui.browser`). N worlds are N browsers in this process (about 1 s and 150-200 MB each),
@@ -52,7 +53,6 @@ stepped concurrently by threads (the work is in the browsers).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Sequence
@@ -67,21 +67,9 @@ from PIL import Image
 from rewards import Action, parse_actions
 from sim.base import Observation, StepResult, check_text_actions, resolve_env_ids, resolve_seeds
 from sim.gui.browser import browser_unavailable, confine_environment, quit_chrome, start_chrome
+from sim.gui.miniwob_expert import EXPERT_TASKS, expert_step
 from sim.registry import ENVS
 
-# The tasks the expert solves (a DOM-reading plan each), which are also the default task set.
-EXPERT_TASKS = (
-    "click-button",
-    "click-link",
-    "click-dialog",
-    "click-checkboxes",
-    "enter-text",
-    "focus-text",
-    "click-tab",
-    "login-user",
-    "choose-list",
-    "use-autocomplete",
-)
 TASK_WIDTH, TASK_HEIGHT = 160, 210  # MiniWoB's task area, in page pixels
 TYPE_MAX_CHARS = 64
 REWARDS = ("raw", "success", "decayed")
@@ -538,109 +526,3 @@ def _park_pointer(driver: Any) -> None:
     from miniwob.selenium_actions import execute_move_coords
 
     execute_move_coords(TASK_WIDTH + 100, TASK_HEIGHT - 10, driver)
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# The expert: one DOM-reading plan per task
-# --------------------------------------------------------------------------------------------------------------------
-
-
-def _elements(dom: Any) -> list[Any]:
-    return list(dom.subtree_elements)
-
-
-def _text(element: Any) -> str:
-    """An element's visible text: its own, or its text children's."""
-    if element.text:
-        return element.text.strip()
-    return " ".join(c.text.strip() for c in element.children if c.tag == "t" and c.text).strip()
-
-
-def _find(dom: Any, tag: str | tuple[str, ...], text: str | None = None, element_id: str | None = None) -> Any:
-    tags = (tag,) if isinstance(tag, str) else tag
-    for element in _elements(dom):
-        if element.tag not in tags:
-            continue
-        if text is not None and _text(element) != text:
-            continue
-        if element_id is not None and element.id != element_id:
-            continue
-        return element
-    return None
-
-
-def _fill(field: Any, wanted: str) -> Any:
-    """The next step to make a text field hold `wanted`, None when it does: click it unless it has focus, then type
-    what is missing (a field holding something else loses one character per step to backspace)."""
-    value = field.value or ""
-    if value == wanted:
-        return None
-    if not field.focused:
-        return field
-    if not wanted.startswith(value):
-        return "press(backspace)"
-    return f"type({json.dumps(wanted[len(value) :], ensure_ascii=False)})"
-
-
-def expert_step(task: str, dom: Any, fields: dict[str, str], env: Any, last: str = "") -> Any:
-    """The expert's next step on a page: an element to click (a `DOMElement`) or an action string.
-
-    Args:
-        task: The MiniWoB++ task name.
-        dom: The page's root `DOMElement` (MiniWoB's observation).
-        fields: The utterance's fields (MiniWoB's field extractor), e.g. `{"target": "Ok"}`.
-        env: The world's `miniwob` env (its page is read for choose-list's options and use-autocomplete's items).
-        last: The expert's previous answer in this episode ("" at its start).
-
-    Raises:
-        ValueError: `task` has no expert.
-    """
-    if task == "click-button":
-        return _find(dom, "button", fields["target"]) or "finish()"
-    if task == "click-link":
-        links = [e for e in _elements(dom) if "alink" in (e.classes or "").split() and _text(e) == fields["target"]]
-        return links[0] if links else "finish()"
-    if task == "click-dialog":
-        close = [e for e in _elements(dom) if "ui-dialog-titlebar-close" in (e.classes or "")]
-        return close[0] if close else "finish()"
-    if task == "focus-text":
-        return _find(dom, "input_text") or "finish()"
-    if task == "click-tab":
-        return _find(dom, "a", f"Tab #{fields['target']}") or "finish()"
-    if task == "click-checkboxes":
-        wanted = {v for k, v in fields.items() if k.startswith("target")}
-        for box in (e for e in _elements(dom) if e.tag == "input_checkbox"):
-            if bool(box.value) != (_text(box.parent) in wanted):
-                return box
-        return _find(dom, "button", "Submit") or "finish()"
-    if task == "enter-text":
-        step = _fill(_find(dom, "input_text"), fields["target"])
-        return step if step is not None else _find(dom, "button", "Submit")
-    if task == "login-user":
-        for name in ("username", "password"):
-            step = _fill(_find(dom, ("input_text", "input_password"), element_id=name), fields[name])
-            if step is not None:
-                return step
-        return _find(dom, "button", "Login")
-    if task == "choose-list":
-        select = _find(dom, "select")
-        chosen = env.instance.driver.execute_script("var s = document.querySelector('select'); return s.value;")
-        if chosen == fields["target"]:
-            return _find(dom, "button", "Submit")
-        if not select.focused:
-            return select
-        # Clicking the list opens its popup, where typing moves the highlight and enter picks it; once the popup
-        # is closed, typing picks the option at once.
-        return (
-            "press(enter)" if last.startswith("type(") else f"type({json.dumps(fields['target'], ensure_ascii=False)})"
-        )
-    if task == "use-autocomplete":
-        item = env.instance.driver.execute_script(
-            "var s = arguments[0], e = arguments[1] || '';"
-            "return ui_utils.COUNTRIES.find(c => c.startsWith(s) && c.endsWith(e)) || null;",
-            fields["start"],
-            fields.get("end", ""),
-        )
-        step = _fill(_find(dom, "input_text"), item or fields["start"])
-        return step if step is not None else _find(dom, "button", "Submit")
-    raise ValueError(f"no expert for MiniWoB++ task {task!r}; experts exist for {', '.join(EXPERT_TASKS)}")
