@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import torch
 
-_HEADWAY_S = 1.5  # time gap kept to the car ahead
-_MIN_GAP_M = 6.0  # plus this standstill distance
-_TTC_S = 3.0  # closing on the car ahead faster than this counts as blocked
+_HEADWAY_S = 1.5  # time gap kept to the car ahead (the env's `expert_headway`, by default)
+_MIN_GAP_M = 6.0  # plus this standstill distance (scaled with the headway)
+_TTC_S = 3.0  # closing on the car ahead faster than this counts as blocked (scaled with the headway)
 _CORRIDOR_AHEAD_M = 10.0  # the conflict check's corridor in front of the ego
 _CORRIDOR_HALF_WIDTH_M = 2.5
 _HORIZON_S = (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0)  # instants of the constant-velocity prediction
@@ -29,7 +29,16 @@ _SPEED_LAG_S = 0.6  # highway-env's speed controller time constant (TAU_ACC)
 
 
 class HighwayExpert:
-    """The expert's methods, mixed into `HighwayEnv` (they read its worlds, `_envs`, and its action settings)."""
+    """The expert's methods, mixed into `HighwayEnv` (they read its worlds, `_envs`, its action settings, and its
+    `expert_headway` and `expert_speed_check`)."""
+
+    expert_headway: float = _HEADWAY_S
+    expert_speed_check: bool = True
+
+    def _gaps(self) -> tuple[float, float, float]:
+        """(headway s, standstill gap m, time-to-collision threshold s), the defaults scaled by `expert_headway`."""
+        scale = self.expert_headway / _HEADWAY_S
+        return self.expert_headway, _MIN_GAP_M * scale, _TTC_S * scale
 
     def expert_action(self, noise: float = 0.0, generator: torch.Generator | None = None) -> list[str] | torch.Tensor:
         """The rule-based driver's action for every world (see the module docstring).
@@ -66,9 +75,10 @@ class HighwayExpert:
         vehicle, road = env.vehicle, env.road
         speed = float(vehicle.speed)
         lane_index = getattr(vehicle, "target_lane_index", None) or vehicle.lane_index
-        headway = speed * _HEADWAY_S + _MIN_GAP_M
+        headway_s, min_gap, ttc = self._gaps()
+        headway = speed * headway_s + min_gap
         front_gap, closing = _leader_gap(road, vehicle, lane_index)
-        blocked = front_gap < headway or (closing > 0 and front_gap / closing < _TTC_S)
+        blocked = front_gap < headway or (closing > 0 and front_gap / closing < ttc)
         blocked = blocked or _merging_nearby(road, vehicle, 2 * headway)
         if blocked:
             changing = lane_index != vehicle.lane_index
@@ -83,7 +93,7 @@ class HighwayExpert:
                     candidate = (_from, _to, _id + side)
                     gap, _ = _leader_gap(road, vehicle, candidate)
                     rear_gap, rear_closing = _follower_gap(road, vehicle, candidate)
-                    if gap > headway + 5.0 and rear_gap > max(rear_closing, 0.0) * _HEADWAY_S + _MIN_GAP_M:
+                    if gap > headway + 5.0 and rear_gap > max(rear_closing, 0.0) * headway_s + min_gap:
                         options.append((gap, name))
                 if options:
                     return max(options)[1]
@@ -91,7 +101,7 @@ class HighwayExpert:
         else:
             top = float(self._target_speeds.max())
             wanted = "FASTER" if speed < top - 0.5 and front_gap > 2 * headway else "IDLE"
-        return self._safe_speed_action(vehicle, road, wanted)
+        return self._safe_speed_action(vehicle, road, wanted) if self.expert_speed_check else wanted
 
     def _safe_speed_action(self, vehicle: Any, road: Any, wanted: str) -> str:
         """`wanted` if the route ahead stays clear at the speed it leads to, else the first of the others that does.
@@ -125,11 +135,10 @@ class HighwayExpert:
         """The continuous expert for one world: `[2]` normalised (acceleration, steering), lane keeping."""
         vehicle, road = env.vehicle, env.road
         speed = float(vehicle.speed)
-        headway = speed * _HEADWAY_S + _MIN_GAP_M
+        headway_s, min_gap, ttc = self._gaps()
+        headway = speed * headway_s + min_gap
         front_gap, closing = _leader_gap(road, vehicle, vehicle.lane_index)
-        blocked = (
-            front_gap < headway or (closing > 0 and front_gap / closing < _TTC_S) or _conflict_ahead(road, vehicle)
-        )
+        blocked = front_gap < headway or (closing > 0 and front_gap / closing < ttc) or _conflict_ahead(road, vehicle)
         target = max(speed - 5.0, 0.0) if blocked else float(self._target_speeds.max())
         action_type = env.action_type
         acceleration = (target - speed) / 0.6  # highway-env's speed law, KP_A = 1 / TAU_ACC

@@ -164,6 +164,10 @@ class HighwayEnv(HighwayExpert):
         positive_goals: VLM-RL's positive language goals.
         negative_goals: VLM-RL's negative language goals.
         clg_threshold: The CLG score range mapped onto [0, 1] (0.03 in VLM-RL's code).
+        expert_headway: Seconds of time gap the expert keeps to the car ahead (1.5); its standstill gap (6 m) and
+            time-to-collision threshold (3 s) scale with it. Below the default: a tailgating demonstrator.
+        expert_speed_check: Whether the expert's wanted speed action passes the route-clearance check (stage 2 of
+            the module docstring's expert); False: a demonstrator who never looks ahead before speeding up.
         answer: Text mode: `"name"` answers name the meta-action (`LANE_LEFT`); `"letter"` answers are one letter,
             A, B, ... for the scenario's meta-actions in `META_ACTIONS` order, which the instruction lists (one token
             of a character-level tokenizer, where `LANE_LEFT` is nine). Names are understood in either mode; the
@@ -194,6 +198,8 @@ class HighwayEnv(HighwayExpert):
         positive_goals: Sequence[str] = POSITIVE_GOALS,
         negative_goals: Sequence[str] = NEGATIVE_GOALS,
         clg_threshold: float = 0.03,
+        expert_headway: float = 1.5,
+        expert_speed_check: bool = True,
         answer: Literal["name", "letter"] = "name",
         config: dict[str, Any] | None = None,
         device: str = "cpu",
@@ -214,6 +220,8 @@ class HighwayEnv(HighwayExpert):
             raise ValueError(f"answer must be 'name' or 'letter', got {answer!r}")
         if clg_threshold <= 0:
             raise ValueError(f"clg_threshold must be > 0, got {clg_threshold}")
+        if expert_headway <= 0:
+            raise ValueError(f"expert_headway must be > 0 seconds, got {expert_headway}")
         if reward == "vlm_rl":
             if clip_model is None:
                 raise ValueError(
@@ -240,6 +248,8 @@ class HighwayEnv(HighwayExpert):
         self.positive_goals = [positive_goals] if isinstance(positive_goals, str) else list(positive_goals)
         self.negative_goals = [negative_goals] if isinstance(negative_goals, str) else list(negative_goals)
         self.clg_threshold = float(clg_threshold)
+        self.expert_headway = float(expert_headway)
+        self.expert_speed_check = bool(expert_speed_check)
         self.device = torch.device(device)
         self.action_low = torch.full((2,), -1.0)  # [D]
         self.action_high = torch.full((2,), 1.0)  # [D]
