@@ -166,8 +166,9 @@ class HighwayEnv(HighwayExpert):
         clg_threshold: The CLG score range mapped onto [0, 1] (0.03 in VLM-RL's code).
         expert_headway: Seconds of time gap the expert keeps to the car ahead (1.5); its standstill gap (6 m) and
             time-to-collision threshold (3 s) scale with it. Below the default: a tailgating demonstrator.
-        expert_speed_check: Whether the expert's wanted speed action passes the route-clearance check (stage 2 of
-            the module docstring's expert); False: a demonstrator who never looks ahead before speeding up.
+        expert_speed_check: Text mode: whether the expert's wanted speed action passes the route-clearance check
+            (stage 2 of the module docstring's expert); False: a demonstrator who never looks ahead before speeding
+            up. (The continuous expert has no such check.)
         answer: Text mode: `"name"` answers name the meta-action (`LANE_LEFT`); `"letter"` answers are one letter,
             A, B, ... for the scenario's meta-actions in `META_ACTIONS` order, which the instruction lists (one token
             of a character-level tokenizer, where `LANE_LEFT` is nine). Names are understood in either mode; the

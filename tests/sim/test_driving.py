@@ -216,8 +216,8 @@ def test_a_tailgating_expert_speeds_up_more_and_crashes_more():
             crashes[name] = int(crashed.sum())
         finally:
             env.close()
-    # Measured on these 20 worlds: FASTER 17 -> 37 times, 0 -> 3 crashes (on 200: 1 % -> 12.5 %); 20 -> 39 after the
-    # file's other tests (highway-env keeps some state across instances).
+    # Measured on these 20 worlds: FASTER 17 -> 37 times, 0 -> 3 crashes (on 200: 1 % -> 12.5 %); 20 -> 39 when run
+    # after the file's other tests (some state outside the worlds' seeds differs; not traced).
     assert faster["tailgating"] > 1.5 * faster["careful"]
     assert crashes["tailgating"] > crashes["careful"]
     with pytest.raises(ValueError, match="expert_headway"):
