@@ -32,8 +32,8 @@ class HighwayExpert:
     """The expert's methods, mixed into `HighwayEnv` (they read its worlds, `_envs`, its action settings, and its
     `expert_headway` and `expert_speed_check`)."""
 
-    expert_headway: float = _HEADWAY_S
-    expert_speed_check: bool = True
+    expert_headway: float  # set by `HighwayEnv.__init__`, whose defaults are the only ones
+    expert_speed_check: bool
 
     def _gaps(self) -> tuple[float, float, float]:
         """(headway s, standstill gap m, time-to-collision threshold s), the defaults scaled by `expert_headway`."""
