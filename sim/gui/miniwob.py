@@ -15,8 +15,8 @@ task differs from its current one loads the new page first (about 0.1-0.3 s).
 **Observation.** `image` `[N, S, S, 3]` uint8: the 160 x 210 task area's screenshot, resized (bilinear) so its
 height is S = `image_size` and centred on a black square, as `dataset` letterboxes: a point (x, y) of the image is
 the page point `((x - pad) / scale, y / scale)` with `scale = S / 210` and `pad = (S - round(160 * scale)) // 2`.
-`instruction` is the task's utterance. Text carets are hidden and jQuery animations are off, so a screenshot
-depends on the state only (not on when it was taken); the pointer is parked outside the task area at every reset.
+`instruction` is the task's utterance. Text carets are hidden, jQuery animations are off and Chromium repaints whole
+tiles (no partial raster), so a screenshot depends on the state only (not on when it was taken); the pointer is parked outside the task area at every reset.
 
 **Actions** (text, in the grammar of `rewards.actions`, as `gui_task`), in pixels of the observed image:
 `click(x, y)` clicks there (`CLICK_COORDS`; a click on the black padding does nothing); `type("text")` sends the
@@ -124,7 +124,7 @@ def _confined_env_class() -> type:
         def create_driver(self):
             # --disable-partial-raster: with partial raster on, the first paint after a page load anti-aliased the
             # click-tab panel's rounded corners one level apart from later paints (2 pixels, in 12 of 120 resets
-            # under load), so the same seed gave two images; with it off, 0 of 120.
+            # under load), so the same seed gave two images; with it off, 0 of 440.
             self.driver = start_chrome(
                 ("--window-size=500,400", "--force-device-scale-factor=1", "--disable-partial-raster")
             )
