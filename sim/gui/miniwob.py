@@ -16,7 +16,8 @@ task differs from its current one loads the new page first (about 0.1-0.3 s).
 height is S = `image_size` and centred on a black square, as `dataset` letterboxes: a point (x, y) of the image is
 the page point `((x - pad) / scale, y / scale)` with `scale = S / 210` and `pad = (S - round(160 * scale)) // 2`.
 `instruction` is the task's utterance. Text carets are hidden, jQuery animations are off and Chromium repaints whole
-tiles (no partial raster), so a screenshot depends on the state only (not on when it was taken); the pointer is parked outside the task area at every reset.
+tiles (no partial raster), so a screenshot depends on the state only (not on when it was taken); the pointer is
+parked outside the task area at every reset.
 
 **Actions** (text, in the grammar of `rewards.actions`, as `gui_task`), in pixels of the observed image:
 `click(x, y)` clicks there (`CLICK_COORDS`; a click on the black padding does nothing); `type("text")` sends the
