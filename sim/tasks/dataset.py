@@ -117,6 +117,10 @@ class DatasetEnv(SingleStepImageEnv):
         consistency: `"off"` (one question), `"measure"` or `"acre"` (the question re-asked with shuffled options;
             see "Re-asked multiple-choice questions" in the module docstring).
         acre_partial: With `consistency="acre"`, the reward of a right first answer that the re-ask overturns.
+        expert_number_offset: Added to every numeric answer (`numeric_match` records) that `expert_action`
+            writes: an annotator with a systematic error, which the reward, scored on the record's own answer, lets
+            RL undo (`configs/dataset_tiny.yaml`'s annotator misses one shape in every count: -1). 0 writes the
+            records' answers as they are.
         device: Where the returned tensors live.
     """
 
@@ -137,6 +141,7 @@ class DatasetEnv(SingleStepImageEnv):
         cache_size: int = 1024,
         consistency: ConsistencyMode = "off",
         acre_partial: float = 0.5,
+        expert_number_offset: float = 0.0,
         device: str = "cpu",
     ):
         if num_envs < 1:
@@ -149,6 +154,8 @@ class DatasetEnv(SingleStepImageEnv):
             raise ValueError(f"eval_fraction must be in [0, 1), got {eval_fraction}")
         if consistency not in ("off", "measure", "acre"):
             raise ValueError(f"consistency must be 'off', 'measure' or 'acre', got {consistency!r}")
+        if not math.isfinite(expert_number_offset):
+            raise ValueError(f"expert_number_offset must be finite, got {expert_number_offset}")
         if point_tolerance <= 0:
             raise ValueError(f"point_tolerance must be > 0, got {point_tolerance}")
         if reward is not None and reward not in REWARDS:
@@ -159,6 +166,7 @@ class DatasetEnv(SingleStepImageEnv):
         self.shuffle_seed = shuffle_seed
         self.point_tolerance = float(point_tolerance)
         self.answer_hint = answer_hint
+        self.expert_number_offset = float(expert_number_offset)
 
         self.path = Path(path)
         if not self.path.is_absolute() and not self.path.exists() and (REPO / self.path).exists():
@@ -342,7 +350,7 @@ class DatasetEnv(SingleStepImageEnv):
                 part = self.eval_ids if index >= len(self.train_ids) else self.train_ids
                 index = part[int(torch.randint(len(part), (), generator=generator))]
                 _, box, box_list = self._prepared(index)
-            answers.append(_format_answer(self.records[index], box, box_list))
+            answers.append(_format_answer(self.records[index], box, box_list, self.expert_number_offset))
         return answers
 
     # ------------------------------------------------------------------------------------------------ helpers
@@ -450,9 +458,11 @@ def _permutation(seed: int, part: int, epoch: int, size: int) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def _format_answer(record: Record, box: torch.Tensor, box_list: torch.Tensor | None) -> str:
+def _format_answer(
+    record: Record, box: torch.Tensor, box_list: torch.Tensor | None, number_offset: float = 0.0
+) -> str:
     """The record's target written as its reward parses it; `box` (`box_list`) is the target box (boxes) in pixels of
-    the shown image."""
+    the shown image, and `number_offset` is added to a numeric answer (whole numbers stay whole, a `%` stays)."""
     name = record.reward
     if box_list is not None and name in _BOX_LIST_REWARDS:
         listed = ", ".join(f"[{', '.join(str(round(v)) for v in row)}]" for row in box_list.tolist())
@@ -463,6 +473,10 @@ def _format_answer(record: Record, box: torch.Tensor, box_list: torch.Tensor | N
     if "target_box" in inspect.signature(REWARDS.get(name)).parameters:
         return f"<answer>[{', '.join(str(round(v)) for v in box.tolist())}]</answer>"
     answer = record.answer if isinstance(record.answer, str) else record.answer[0]  # type: ignore[index]
+    number = parse_number(answer) if name == "numeric_match" and number_offset else None
+    if number is not None and number.value is not None:
+        value = number.value + number_offset
+        answer = (str(int(value)) if value.is_integer() else format(value, ".10g")) + ("%" if number.percent else "")
     return f"<answer>{answer}</answer>"
 
 

@@ -251,6 +251,26 @@ def test_expert_noise_is_seeded_and_default_path_ships():
         env.expert_action(noise=0.5)
 
 
+def test_expert_number_offset_shifts_numeric_answers_only(mixed, tmp_path):
+    env = DatasetEnv(num_envs=4, path=mixed, image_size=40, eval_fraction=0.0, shuffle=False, expert_number_offset=-1)
+    env.reset(seed=0)
+    clean = DatasetEnv(num_envs=4, path=mixed, image_size=40, eval_fraction=0.0, shuffle=False)
+    clean.reset(seed=0)
+    shifted, right = env.expert_action(), clean.expert_action()
+    assert right[3] == "<answer>12.5</answer>" and shifted[3] == "<answer>11.5</answer>"
+    assert shifted[:3] == right[:3]  # box, point and text answers are as the records give them
+    result = env.step(shifted)
+    assert result.info["reward_components"]["numeric_match"][3] == 0 and result.info["success"][:3].all()
+    percent = write_jsonl(
+        tmp_path / "pct.jsonl", [{"image": str(mixed.parent / "img" / "wide.png"), "question": "q", "answer": "45%"}]
+    )
+    env = DatasetEnv(num_envs=1, path=percent, split="all", expert_number_offset=2)
+    env.reset(seed=0)
+    assert env.expert_action() == ["<answer>47%</answer>"]
+    with pytest.raises(ValueError, match="expert_number_offset"):
+        DatasetEnv(num_envs=1, path=percent, split="all", expert_number_offset=float("nan"))
+
+
 def test_several_boxes_per_record_reach_the_box_list_rewards(tmp_path):
     write_png(tmp_path / "street.png", (40, 20), (0, 0, 200), [2, 2, 10, 10])
     records = [
