@@ -154,8 +154,8 @@ class DatasetEnv(SingleStepImageEnv):
             raise ValueError(f"eval_fraction must be in [0, 1), got {eval_fraction}")
         if consistency not in ("off", "measure", "acre"):
             raise ValueError(f"consistency must be 'off', 'measure' or 'acre', got {consistency!r}")
-        if not math.isfinite(expert_number_offset):
-            raise ValueError(f"expert_number_offset must be finite, got {expert_number_offset}")
+        if not isinstance(expert_number_offset, int | float) or not math.isfinite(expert_number_offset):
+            raise ValueError(f"expert_number_offset must be a finite number, got {expert_number_offset!r}")
         if point_tolerance <= 0:
             raise ValueError(f"point_tolerance must be > 0, got {point_tolerance}")
         if reward is not None and reward not in REWARDS:

@@ -267,8 +267,9 @@ def test_expert_number_offset_shifts_numeric_answers_only(mixed, tmp_path):
     env = DatasetEnv(num_envs=1, path=percent, split="all", expert_number_offset=2)
     env.reset(seed=0)
     assert env.expert_action() == ["<answer>47%</answer>"]
-    with pytest.raises(ValueError, match="expert_number_offset"):
-        DatasetEnv(num_envs=1, path=percent, split="all", expert_number_offset=float("nan"))
+    for bad in (float("nan"), "one"):
+        with pytest.raises(ValueError, match="expert_number_offset must be a finite number"):
+            DatasetEnv(num_envs=1, path=percent, split="all", expert_number_offset=bad)
 
 
 def test_several_boxes_per_record_reach_the_box_list_rewards(tmp_path):
