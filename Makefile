@@ -12,8 +12,8 @@ export MUJOCO_GL ?= egl
 
 setup: $(STAMP)
 
-# torch first, from the CPU wheel (see ../shared/NOTES-setup.md); the constraints file then keeps it
-# pinned so that no later resolution swaps it for a CUDA build.
+# torch first, as the CPU build (installed after the rest, pip would pull a CUDA torch); the constraints file then
+# keeps it pinned so that no later resolution swaps it for a CUDA build.
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip

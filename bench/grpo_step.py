@@ -7,7 +7,7 @@ the two sides alternate within every round, so slow phases of a noisy machine hi
 
     .venv/bin/python bench/grpo_step.py --repeats 5 [--json out.json] [--variants matched,kl,trl_defaults]
 
-On a GPU, the real size (issue 7's figure; peak GPU memory of each run is reported too):
+On a GPU, the real size (BENCHMARKS.md, "GPU figures"; peak GPU memory of each run is reported too):
 
     python bench/grpo_step.py --model random:qwen2_5_vl_3b --device cuda --dtype bfloat16 --repeats 3 --variants matched
 
@@ -161,7 +161,7 @@ def image_only_processor():
     """A real `transformers.Qwen2VLProcessor` (a `ProcessorMixin`, which TRL requires for VLMs) without a video processor.
 
     Workaround, local to this benchmark: transformers 5 builds a Qwen2-VL processor only with a video processor, and
-    the video processors need torchvision, which has no CPU build (../shared/NOTES-setup.md); even
+    the video processors need torchvision, which has no CPU build on the package index; even
     `video_processor=None` fails the class check. `ProcessorMixin` takes its sub-processors from the names in
     `__init__`'s signature, so a subclass whose `__init__` names only `image_processor` and `tokenizer` builds an
     image-only processor. It sets the attributes `Qwen2VLProcessor.__init__` would and skips that `__init__` (which

@@ -3,7 +3,7 @@
 # images on a machine without a GPU. Idempotent and non-interactive; exits 0 at once when already installed.
 #
 # Why backports: SAPIEN 3 refuses Debian 12's own Mesa 22 lavapipe; Mesa 25 from bookworm-backports works
-# (see ../shared/NOTES-setup.md). Mesa is selected at run time with
+# (docs/maniskill.md). Mesa is selected at run time with
 #   VK_ICD_FILENAMES=/usr/share/vulkan/icd.d/lvp_icd.json
 # which sim/robotics/maniskill.py sets by itself when the variable is unset and the file exists.
 #
