@@ -7,23 +7,13 @@ import os
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # before anything imports the tokenizers library
 
 import argparse  # noqa: E402
-import inspect  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-import sim  # noqa: E402
-from rewards.score import EXAMPLES as SCORE_EXAMPLES  # noqa: E402
-from rewards.score import add_arguments as add_score_arguments  # noqa: E402
-from rewards.score import run as run_score  # noqa: E402
-
-from .build import load_policy  # noqa: E402
-from .config import ConfigError, load_config  # noqa: E402
-from .distributed import close_world  # noqa: E402
-from .evaluate import evaluate_k, held_out  # noqa: E402
-from .export import export  # noqa: E402
-from .policy import apply_model_options  # noqa: E402
-from .report import metric_label, write_eval_report, write_sampled_report  # noqa: E402
-from .trainer import train  # noqa: E402
+# Nothing of the project (nor torch, transformers, the simulators) is imported here: each command imports what it
+# needs when it runs, so `mmrl --help` and a mistyped command answer at once instead of after seconds of imports.
+# tests/test_imports.py exempts this module, and only this one, from its rule against function-local imports;
+# tests/mmrl/test_cli.py checks that importing it leaves torch, transformers, numpy and sim unimported.
 
 EPILOG = """examples:
   mmrl train configs/grounding_tiny.yaml
@@ -39,38 +29,16 @@ EPILOG = """examples:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="mmrl", description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name, help_ in (("train", "train a policy with GRPO"), ("eval", "evaluate a checkpoint on held-out seeds")):
-        p = sub.add_parser(name, help=help_, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-        p.add_argument("config", help="a YAML preset from configs/")
-        p.add_argument("overrides", nargs="*", help="section.field=value overrides, e.g. trainer.lr=1e-5")
-    sub.add_parser("envs", help="list the registered environments")
-    exporter = sub.add_parser(
-        "export",
-        help="write a run's policy as a standalone Hugging Face model folder (LoRA merged)",
-        description="Write a run's (latest) or a checkpoint's policy as a folder that AutoModelForImageTextToText "
-        "and the tokenizer and image processor load, LoRA adapters merged, training state left behind.",
-    )
-    exporter.add_argument("source", help="a run's output folder (its latest checkpoint) or a checkpoint folder")
-    exporter.add_argument("out", help="the folder to write (must not exist or be empty)")
-    exporter.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
-
-    score = sub.add_parser(
-        "score",
-        help="score predictions (images, SVG, chart code, text) against targets",
-        description="Score predictions against targets with the reward library; see `rewards.score` for the inputs.",
-        epilog=SCORE_EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_score_arguments(score)
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv).parse_args(argv)
 
     if args.command == "score":
+        from rewards.score import run as run_score
+
         return run_score(args)
     if args.command == "export":
+        from .export import export
+
         try:
             out = export(args.source, args.out, args.dtype)
         except (FileNotFoundError, FileExistsError) as e:
@@ -80,6 +48,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     if args.command == "envs":
+        import inspect
+
+        import sim
+
         print(f"{'name':14s} {'actions':10s} {'image':9s} {'steps':5s}  description")
         for name in sim.ENVS.names():
             cls = sim.ENVS.get(name)
@@ -99,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
             summary = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
             print(f"{name:14s} {kind:10s} {image:9s} {steps!s:5s}  {summary}")
         return 0
+    from .config import ConfigError, load_config
+
     try:
         cfg = load_config(args.config, args.overrides)
     except (ConfigError, FileNotFoundError) as e:
@@ -106,11 +80,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         if args.command == "train":
+            from .distributed import close_world
+            from .trainer import train
+
             try:
                 train(cfg)  # under torchrun, one of K processes (see mmrl.distributed)
             finally:
                 close_world()
         else:
+            from .build import load_policy
+            from .evaluate import evaluate_k, held_out
+            from .policy import apply_model_options
+            from .report import metric_label, write_eval_report, write_sampled_report
+
             if cfg.checkpoint is None:
                 print("mmrl eval: give the checkpoint to evaluate as checkpoint=PATH", file=sys.stderr)
                 return 2
@@ -142,6 +124,46 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         raise
     return 0
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    """The `mmrl` argument parser; the `score` command's arguments only when `argv` runs that command.
+
+    The `score` arguments are defined by `rewards.score`, whose import pulls in torch (`rewards` needs it); the other
+    commands' help and parsing should not wait for that.
+    """
+    parser = argparse.ArgumentParser(
+        prog="mmrl", description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, help_ in (("train", "train a policy with GRPO"), ("eval", "evaluate a checkpoint on held-out seeds")):
+        p = sub.add_parser(name, help=help_, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.add_argument("config", help="a YAML preset from configs/")
+        p.add_argument("overrides", nargs="*", help="section.field=value overrides, e.g. trainer.lr=1e-5")
+    sub.add_parser("envs", help="list the registered environments")
+    exporter = sub.add_parser(
+        "export",
+        help="write a run's policy as a standalone Hugging Face model folder (LoRA merged)",
+        description="Write a run's (latest) or a checkpoint's policy as a folder that AutoModelForImageTextToText "
+        "and the tokenizer and image processor load, LoRA adapters merged, training state left behind.",
+    )
+    exporter.add_argument("source", help="a run's output folder (its latest checkpoint) or a checkpoint folder")
+    exporter.add_argument("out", help="the folder to write (must not exist or be empty)")
+    exporter.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
+
+    score = sub.add_parser(
+        "score",
+        help="score predictions (images, SVG, chart code, text) against targets",
+        description="Score predictions against targets with the reward library; see `rewards.score` for the inputs.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    # The top-level parser takes no option but -h, so the first word that is not an option is the command.
+    if next((word for word in argv if not word.startswith("-")), None) == "score":
+        from rewards.score import EXAMPLES, add_arguments
+
+        score.epilog = EXAMPLES
+        add_arguments(score)
+    return parser
 
 
 if __name__ == "__main__":

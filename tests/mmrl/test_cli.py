@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -68,6 +70,26 @@ def test_envs_lists_grounding(capsys):
     assert main(["envs"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert any(line.split()[:2] == ["grounding", "text"] for line in lines), lines
+
+
+HEAVY = ("torch", "transformers", "sim", "numpy")
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import mmrl.cli",
+        "from mmrl.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass",
+        "from mmrl.cli import main\ntry:\n    main(['train', '--help'])\nexcept SystemExit:\n    pass",
+    ],
+    ids=["import", "help", "train_help"],
+)
+def test_the_command_line_imports_no_heavy_module_before_a_command_runs(code):
+    # A subprocess: this test process has imported all of them already. Asserting on modules, not seconds, so the
+    # test fails for the cause (an eager import in mmrl.cli) and not for a slow machine.
+    probe = f"{code}\nimport sys\nprint(sorted(m for m in {HEAVY!r} if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout
 
 
 def test_no_command_is_a_usage_error(capsys):
