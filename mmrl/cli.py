@@ -48,28 +48,21 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     if args.command == "envs":
-        import inspect
-
         import sim
+        from sim.registry import env_defaults
 
-        print(f"{'name':14s} {'actions':10s} {'image':9s} {'steps':5s}  description")
+        width = max(len(name) for name in sim.ENVS.names())
+        print(f"{'name':{width}s} {'actions':10s} {'image':9s} {'steps':6s}  description")
         for name in sim.ENVS.names():
             cls = sim.ENVS.get(name)
-            # Defaults read from the constructor: building an env may start a simulator or worker processes.
-            params = inspect.signature(cls.__init__).parameters
-
-            def default(key, fallback="?", params=params, cls=cls):
-                return params[key].default if key in params else getattr(cls, key, fallback)
-
-            size = default("image_size")
-            size = getattr(cls, "image_size", "?") if size is None else size  # the render envs' per-kind default
-            image = f"{size}x{size}" if isinstance(size, int) else "?"
-            kind = getattr(cls, "action_kind", "?")
-            kind = kind if isinstance(kind, str) else "?"
-            steps = default("max_episode_steps", 1)
-            steps = "sim" if steps is None else steps  # the wrapped simulator decides
+            # Read from the class, not a built env: building one may start a simulator or worker processes.
+            listed = env_defaults(cls)
+            size = listed.image_size
+            image = f"{size}x{size}" if isinstance(size, int) else size or "-"  # a word: the option it depends on
+            kind = listed.action_kind or "-"
+            steps = "-" if listed.max_episode_steps is None else str(listed.max_episode_steps)
             summary = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
-            print(f"{name:14s} {kind:10s} {image:9s} {steps!s:5s}  {summary}")
+            print(f"{name:{width}s} {kind:10s} {image:9s} {steps:6s}  {summary}")
         return 0
     from .config import ConfigError, load_config
 

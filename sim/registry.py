@@ -8,6 +8,8 @@ built-in envs are registered once `sim` is imported, which any `sim.*` import do
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from rewards.registry import Registry
@@ -53,6 +55,76 @@ def make(name: str, num_envs: int, rewards: list[dict[str, Any]] | None = None, 
     return env
 
 
+@dataclass(frozen=True)
+class EnvDefaults:
+    """What an env class does when no option says otherwise, read from the class without building an env.
+
+    Each value is a number (or an action kind), or the name of the constructor option it depends on (LIBERO's
+    episode length is its `"suite"`'s); None where the class declares nothing (a class registered from outside that
+    does not follow the convention of `env_defaults`).
+    """
+
+    action_kind: str | None  # "text" or "continuous"
+    image_size: int | str | None  # H = W, pixels
+    max_episode_steps: int | str | None
+
+
+def env_defaults(cls: type) -> EnvDefaults:
+    """The action kind, image size and episode length an env class has by default (what `mmrl envs` lists).
+
+    Read from the class, because building an env may start a simulator, a browser or worker processes. Where each
+    value comes from, the first found winning:
+
+    * action kind: the class attribute `action_kind` (the `VecEnv` contract's; an env whose kind is an option
+      declares its default's);
+    * image size: the default of the constructor option `image_size`, looked up the constructor chain as
+      `constructor_options` walks it (a task that passes `**options` on takes its parent's default); where that is
+      None, the class attribute `image_size` (the render envs' size per kind);
+    * episode length: the default of `max_episode_steps` likewise, or the class attribute `max_episode_steps` where
+      no constructor takes one (the single-step envs' 1); where the default is None, the class attribute
+      `default_max_episode_steps`: the task's number, or the name of the option the simulator's limit comes from.
+    """
+    defaults = constructor_defaults(cls)
+
+    def value(option: str, fallback: str) -> Any:
+        found = defaults.get(option, getattr(cls, option, None))
+        return getattr(cls, fallback, None) if found is None else found
+
+    kind = getattr(cls, "action_kind", None)
+    return EnvDefaults(
+        action_kind=kind if isinstance(kind, str) else None,
+        image_size=value("image_size", "image_size"),
+        max_episode_steps=value("max_episode_steps", "default_max_episode_steps"),
+    )
+
+
+def constructor_defaults(cls: type) -> dict[str, Any]:
+    """`{option: default}` of the options an env class takes that have a default, the subclass's first.
+
+    The same constructor chain as `constructor_options`: up the MRO while each constructor passes `**options` on.
+    """
+    found: dict[str, Any] = {}
+    for params in _constructor_chain(cls):
+        for p_name, p in params.items():
+            if p.default is not inspect.Parameter.empty:
+                found.setdefault(p_name, p.default)
+    return found
+
+
+def _constructor_chain(cls: type) -> list[Mapping[str, inspect.Parameter]]:
+    """The parameters of each constructor an env's options reach: the class's own, then its parents' while each
+    passes `**options` on; the last in the list has no `**`, or the chain ran out of classes."""
+    chain = []
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        params = inspect.signature(vars(klass)["__init__"]).parameters
+        chain.append(params)
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            break
+    return chain
+
+
 def constructor_options(cls: type) -> tuple[list[str], bool]:
     """The option names an env class takes, and whether it takes any name at all.
 
@@ -61,14 +133,11 @@ def constructor_options(cls: type) -> tuple[list[str], bool]:
     subclasses, not users.
     """
     valid: list[str] = []
-    for klass in cls.__mro__:
-        if "__init__" not in vars(klass):
-            continue
-        params = inspect.signature(vars(klass)["__init__"]).parameters
+    chain = _constructor_chain(cls)
+    for params in chain:
         for p_name, p in params.items():
             named = p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
             if named and p_name not in ("self", "num_envs") and not p_name.startswith("_") and p_name not in valid:
                 valid.append(p_name)
-        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-            return valid, False
-    return valid, True
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in chain[-1].values())  # `object`'s ends a chain
+    return valid, takes_any

@@ -177,6 +177,8 @@ class HighwayEnv(HighwayExpert):
         device: Where the returned tensors live; the simulation and rendering run on the CPU.
     """
 
+    action_kind = "text"  # `action_mode`'s default, for listings that do not build an env; an env's is its mode
+
     def __init__(
         self,
         num_envs: int,

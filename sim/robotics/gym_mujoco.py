@@ -87,6 +87,7 @@ class GymMujocoEnv:
     """
 
     action_kind = "continuous"
+    default_max_episode_steps = "env_id"  # what max_episode_steps=None takes: the Gymnasium env's registered limit
 
     def __init__(
         self,

@@ -106,6 +106,7 @@ class LiberoEnv:
     """
 
     action_kind = "continuous"
+    default_max_episode_steps = "suite"  # what max_episode_steps=None takes: the suite's limit / action_repeat
     unavailable = staticmethod(libero_unavailable)
 
     def __init__(

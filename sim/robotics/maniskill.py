@@ -96,6 +96,7 @@ class ManiSkillEnv:
     """
 
     action_kind = "continuous"
+    default_max_episode_steps = "task"  # what max_episode_steps=None takes: the ManiSkill task's limit
 
     def __init__(
         self,

@@ -72,6 +72,14 @@ def test_envs_lists_grounding(capsys):
     assert any(line.split()[:2] == ["grounding", "text"] for line in lines), lines
 
 
+def test_envs_lists_real_values_for_every_env(capsys):
+    assert main(["envs"]) == 0
+    rows = {line.split()[0]: line.split()[1:4] for line in capsys.readouterr().out.splitlines()[1:]}
+    assert not [name for name, columns in rows.items() if "?" in columns], rows
+    assert rows["push"] == ["continuous", "64x64", "20"]  # 20 pushes an episode, not 1
+    assert rows["libero"][2] == "suite"  # set by an option: named, not guessed
+
+
 HEAVY = ("torch", "transformers", "sim", "numpy")
 
 

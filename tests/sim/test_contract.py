@@ -4,6 +4,7 @@ import pytest
 
 import sim
 from sim import check_vec_env
+from sim.registry import constructor_options, env_defaults
 
 # ManiSkill and LIBERO start one process per world (5-15 s each on this CPU, 2 GB for LIBERO);
 # tests/sim/test_maniskill.py and tests/sim/test_libero.py run the same checks with fewer worlds, so the all-envs test
@@ -36,5 +37,34 @@ def test_env_contract_with_one_world(name):
     env = sim.make(name, num_envs=1)
     try:
         check_vec_env(env, seed=7)
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("name", sim.ENVS.names())
+def test_env_class_declares_what_mmrl_envs_lists(name):
+    # `mmrl envs` lists these without building anything; each is a real value or the option it depends on.
+    cls = sim.ENVS.get(name)
+    listed = env_defaults(cls)
+    options, _ = constructor_options(cls)
+    assert listed.action_kind in ("text", "continuous")
+    for value in (listed.image_size, listed.max_episode_steps):
+        assert (isinstance(value, int) and value >= 1) or value in options, (value, options)
+
+
+# The envs that build in well under a second here (no sandbox, browser or simulator processes).
+CHEAP = ("dataset", "grounding", "gui_click", "gui_task", "highway", "jigsaw", "maze", "push", "reach",
+         "shape_questions")  # fmt: skip
+
+
+@pytest.mark.parametrize("name", CHEAP)
+def test_listed_defaults_are_what_a_built_env_has(name):
+    listed = env_defaults(sim.ENVS.get(name))
+    env = sim.make(name, num_envs=1)
+    try:
+        obs = env.reset(seed=0)
+        assert env.action_kind == listed.action_kind
+        assert tuple(obs.image.shape[-3:-1]) == (listed.image_size, listed.image_size)
+        assert env.max_episode_steps == listed.max_episode_steps
     finally:
         env.close()
