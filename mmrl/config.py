@@ -13,12 +13,25 @@ from rewards.combine import RewardSpec
 from sim.mix import ENV_REWARD
 from sim.seeds import TRAIN_SEEDS
 
-from .algos import ADVANTAGES, CRITIC_ADVANTAGES, POLICY_LOSSES, STEP_ADVANTAGES
+from .algos import ADVANTAGES, CRITIC_ADVANTAGES, POLICY_LOSSES, STEP_ADVANTAGES, Aggregation
 from .schema import ConfigError, apply_overrides, from_dict, load, require, to_dict  # noqa: F401 (re-exported)
 from .types import Sampling
 
 LOG_BACKENDS = ("jsonl", "tensorboard", "wandb")
 FREEZE_PARTS = ("vision", "projector", "language")  # model.freeze: see mmrl.policy.options.part_parameters
+# Each policy loss's own clip range and aggregation: what algo.clip_low, algo.clip_high and algo.aggregation left at
+# null resolve to (a loss not listed takes ppo_clip's). PPO's token ratio: DAPO's clip-higher range
+# (https://arxiv.org/abs/2503.14476), room for unlikely tokens to rise, averaged over tokens. GSPO's sequence ratio, the
+# geometric mean of its token ratios, stays far closer to 1: the paper clips it at 3e-4 / 4e-4 and averages per
+# sequence (https://arxiv.org/abs/2507.18071, section 5.1), as gspo_loss's own defaults do.
+LOSS_DEFAULTS: dict[str, dict[str, Any]] = {
+    "ppo_clip": {"clip_low": 0.2, "clip_high": 0.28, "aggregation": "token_mean"},
+    "dual_clip": {"clip_low": 0.2, "clip_high": 0.28, "aggregation": "token_mean"},
+    "gspo": {"clip_low": 3e-4, "clip_high": 4e-4, "aggregation": "seq_mean_token_mean"},
+}
+# GSPO refuses a range wider than this, 25 times the paper's: one that wide is a token ratio's (PPO's 0.2 / 0.28 left
+# in place), under which GSPO's sequence ratios would seldom clip.
+GSPO_MAX_CLIP = 0.01
 
 
 @dataclass(frozen=True)
@@ -136,9 +149,12 @@ class AlgoConfig:
     advantage: str = "grpo"  # mmrl.algos.ADVANTAGES (grpo, dr_grpo, rloo, reinforce_pp) or CRITIC_ADVANTAGES (gae)
     scale_by_std: bool = True
     loss: str = "ppo_clip"  # a name in mmrl.algos.POLICY_LOSSES: ppo_clip, dual_clip, gspo
-    clip_low: float = 0.2
-    clip_high: float = 0.28  # DAPO clip-higher (https://arxiv.org/abs/2503.14476): room for unlikely tokens to rise
-    aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
+    # The ratio's clip range [1 - clip_low, 1 + clip_high] and how per-token terms become one number; null: the loss's
+    # own (LOSS_DEFAULTS: ppo_clip and dual_clip 0.2 / 0.28 / token_mean, gspo 3e-4 / 4e-4 / seq_mean_token_mean),
+    # resolved when the config is built, so every reader sees the values in force.
+    clip_low: float | None = None
+    clip_high: float | None = None
+    aggregation: Aggregation | None = None
     kl_coef: float = 0.0  # > 0 loads a frozen reference copy of the initial policy
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     entropy_coef: float = 0.0  # entropy bonus weight
@@ -220,6 +236,10 @@ class AlgoConfig:
     progress_coef: float = 0.0
 
     def __post_init__(self):
+        own = LOSS_DEFAULTS.get(self.loss, LOSS_DEFAULTS["ppo_clip"])
+        for name, value in own.items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, value)  # frozen: resolved once, here, before any check reads it
         require(self.group_size >= 1, "algo.group_size", "must be >= 1")
         known = list(dict.fromkeys([*ADVANTAGES.names(), *CRITIC_ADVANTAGES.names(), *STEP_ADVANTAGES.names()]))
         require(self.advantage in known, "algo.advantage", f"{self.advantage!r} is not one of {known}")
@@ -257,6 +277,12 @@ class AlgoConfig:
         require(self.advantage != "rloo" or self.group_size >= 2, "algo.advantage", "rloo needs algo.group_size >= 2")
         for name in ("clip_low", "clip_high", "kl_coef", "entropy_coef", "overlong_penalty", "papo_gamma", "papo_eta"):
             require(getattr(self, name) >= 0, f"algo.{name}", f"must be >= 0, got {getattr(self, name)}")
+        require(
+            self.loss != "gspo" or max(self.clip_low, self.clip_high) <= GSPO_MAX_CLIP,
+            "algo.clip_low and algo.clip_high",
+            f"({self.clip_low} / {self.clip_high}) are a token ratio's range, but algo.loss gspo clips the sequence "
+            f"ratio, which stays far closer to 1: set both <= {GSPO_MAX_CLIP}, or null for GSPO's own 3e-4 / 4e-4",
+        )
         require(self.overlong_cache_len >= 1, "algo.overlong_cache_len", "must be >= 1")
         require(0 <= self.papo_mask_ratio <= 1, "algo.papo_mask_ratio", "must be in [0, 1]")
         require(self.papo_kl_bound is None or self.papo_kl_bound > 0, "algo.papo_kl_bound", "must be > 0 or null")

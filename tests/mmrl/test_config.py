@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import pytest
 
 import sim
 from mmrl import algos
-from mmrl.config import ConfigError, TrainConfig, TrainerConfig, load_config
+from mmrl.config import AlgoConfig, ConfigError, TrainConfig, TrainerConfig, load_config
 
 REPO = Path(__file__).resolve().parents[2]
 PRESETS = sorted((REPO / "configs").glob("*.yaml"))
@@ -235,3 +236,39 @@ def test_malformed_yaml_is_one_line_naming_file_line_and_column(tmp_path, capsys
     assert err.startswith(f"mmrl: config error: {bad}:4:8:") and "\n" not in err and "Traceback" not in err
     with pytest.raises(ConfigError, match=r"override 'env.options=\{a: \[1,': the value is not valid YAML \(1:"):
         load_config(None, ["env.options={a: [1,"])
+
+
+# ---------------------------------------------------------------------------------------------- each loss's own range
+def _clip(cfg) -> tuple:
+    return cfg.algo.clip_low, cfg.algo.clip_high, cfg.algo.aggregation
+
+
+@pytest.mark.parametrize("loss", ["ppo_clip", "dual_clip"])
+def test_ppo_losses_keep_the_dapo_range_and_token_mean(loss):
+    assert _clip(load_config(None, [f"algo.loss={loss}"])) == (0.2, 0.28, "token_mean")
+    assert _clip(TrainConfig(algo=AlgoConfig(loss=loss))) == (0.2, 0.28, "token_mean")
+    # null asks for the loss's own value, which every reader then sees as a number
+    resolved = load_config(None, [f"algo.loss={loss}", "algo.clip_low=null", "algo.aggregation=null"])
+    assert _clip(resolved) == (0.2, 0.28, "token_mean") and type(resolved.algo.clip_low) is float
+
+
+def test_gspo_defaults_to_the_papers_sequence_range_and_sequence_mean():
+    assert _clip(load_config(None, ["algo.loss=gspo"])) == (3e-4, 4e-4, "seq_mean_token_mean")
+    assert _clip(TrainConfig(algo=AlgoConfig(loss="gspo"))) == (3e-4, 4e-4, "seq_mean_token_mean")
+    # the config's defaults are the ones gspo_loss itself states
+    params = inspect.signature(algos.gspo_loss).parameters
+    assert _clip(load_config(None, ["algo.loss=gspo"])) == tuple(
+        params[name].default for name in ("clip_low", "clip_high", "aggregation")
+    )
+    chosen = ["algo.loss=gspo", "algo.clip_low=1e-3", "algo.clip_high=0.01", "algo.aggregation=token_mean"]
+    assert _clip(load_config(None, chosen)) == (1e-3, 0.01, "token_mean")  # a sequence-sized range is taken as given
+
+
+@pytest.mark.parametrize(
+    "overrides", [["algo.clip_low=0.2"], ["algo.clip_high=0.28"], ["algo.clip_low=0.2", "algo.clip_high=0.2"]]
+)
+def test_a_token_sized_clip_range_with_gspo_is_refused_naming_the_fields(overrides):
+    with pytest.raises(ConfigError, match=r"^algo.clip_low and algo.clip_high \(.*\) .* algo.loss gspo .* 0.01"):
+        load_config(None, ["algo.loss=gspo", *overrides])
+    with pytest.raises(ConfigError, match="algo.clip_low and algo.clip_high"):
+        AlgoConfig(loss="gspo", clip_low=0.2, clip_high=0.28)
