@@ -192,9 +192,14 @@ def mini_batch_rows(
         (empty where it holds none of its groups), or `[None]` for one mini-batch of every row in order (no draw:
         the default path is untouched).
     """
-    per = groups_per_batch or total_groups
-    count = -(-total_groups // per) if total_groups else 0
+    count = mini_batch_count(total_groups, groups_per_batch)
     if count <= 1:
         return [None]
     order = torch.randperm(total_groups, generator=generator)
     return [torch.isin(row_groups + first_group, part).nonzero().squeeze(-1) for part in order.tensor_split(count)]
+
+
+def mini_batch_count(total_groups: int, groups_per_batch: int) -> int:
+    """How many mini-batches `mini_batch_rows` cuts `total_groups` groups into (1 when it takes them all at once)."""
+    per = groups_per_batch or total_groups
+    return max(-(-total_groups // per), 1) if total_groups else 1

@@ -33,7 +33,9 @@ from .logging import MetricsLogger, TensorBoardSink, WandbSink, require_backends
 from .policy import VLMPolicy, add_action_tokens, apply_model_options, build_tiny
 from .report import report_before
 from .sft import collect_demonstrations, longest_target, merge_demonstrations, train_on_demonstrations
+from .shaping import Shaping
 from .types import Sampling
+from .update import Learner
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -55,10 +57,19 @@ class Run:
     sampling: Sampling  # as configured; a VLA's max_new_tokens is its C*D action tokens
     collector: Collector
     curriculum: Curriculum
+    shaping: Shaping  # every transform between the env's reward and the advantages
     logger: MetricsLogger
     start_step: int  # steps done before (a resumed run's)
     state: dict[str, Any] = field(default_factory=dict)  # what checkpoints carry besides weights (eval_before...)
     critic: Critic | None = None  # the value head (algo.advantage gae)
+
+    @property
+    def learner(self) -> Learner:
+        """The pieces an update steps and reads."""
+        return Learner(
+            self.policy, self.reference, self.critic, self.optimizer, self.scheduler, self.trainable, self.master,
+            self.world,
+        )  # fmt: skip
 
 
 def load_policy(cfg: ModelConfig, checkpoint: str | Path | None = None) -> VLMPolicy:
@@ -186,7 +197,9 @@ def build(cfg: TrainConfig, policy: VLMPolicy | None, generation_shards: int | N
     state = load_training_state(resume_from)[0] if resume_from is not None else {}
     if "curriculum" in state:
         curriculum.load_state_dict(state["curriculum"])
-    collector = Collector(cfg, world, curriculum, cfg.sampling, generation_shards)
+    shaping = Shaping(cfg, world)
+    live.callback(shaping.close)
+    collector = Collector(cfg, world, curriculum, cfg.sampling, shaping, generation_shards)
     live.callback(collector.close)
     # The starting policy is needed to train from, or as the KL anchor (also after a resume); load it only then.
     if resume_from is None or ac.kl_coef > 0:
@@ -254,7 +267,7 @@ def build(cfg: TrainConfig, policy: VLMPolicy | None, generation_shards: int | N
             report_before(cfg, before, out)
     return Run(
         cfg, world, out, policy, model, reference, optimizer, scheduler, trainable, master, sampling, collector,
-        curriculum, logger, start_step, state, critic,
+        curriculum, shaping, logger, start_step, state, critic,
     )  # fmt: skip
 
 

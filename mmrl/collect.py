@@ -1,4 +1,4 @@
-"""One step's training episodes: seeds, shards, filters and refill, rollout workers, reward shaping.
+"""One step's training episodes: seeds, shards, filters and refill, rollout workers.
 
 `Collector.collect(policy, model, step)` is the trainer's one call for data. Behind it:
 
@@ -13,10 +13,9 @@
 * **Filters and refill.** Dynamic sampling and difficulty filtering drop groups; more batches of B prompts are
   sampled until B groups pass or `algo.max_sample_batches` is spent. Nothing passing trains on the first batch
   (zero advantages; only the KL and entropy terms act).
-* **Label-free rewards.** With `algo.label_free: ttrv` the group's votes replace the env's reward before anything
-  reads it (`mmrl.consistency.with_vote_rewards`).
-* **Shaping.** DAPO's soft overlong penalty joins each turn's reward once, here, and is logged as the reward
-  component `overlong`; the overlong filter takes truncated completions out of the loss.
+* **Rewards the filters read.** Each sampled batch passes through the shaping that must come before the filters (a
+  judge model's scores, TTRV's votes: `mmrl.shaping.Shaping.sampled`); the rest of the shaping is the loop's next
+  stage.
 
 A curriculum step rebuilds the env at the new level (`rebuild`).
 """
@@ -26,34 +25,21 @@ from __future__ import annotations
 import copy
 import sys
 import threading
-from dataclasses import dataclass, replace
 
 import torch
 
-from sim.seeds import train_seeds
+from sim.seeds import sampling_seed, train_seeds
 from sim.workers import make_vec_env
 
 from . import distributed
-from .algos.data import difficulty_filter_keep, dynamic_sampling_keep, overlong_mask, soft_overlong_penalty
+from .algos.data import difficulty_filter_keep, dynamic_sampling_keep
 from .config import AlgoConfig, TrainConfig
-from .consistency import with_vote_rewards
 from .curriculum import Curriculum
-from .judge import make_judge
 from .policy.vlm import VLMPolicy
 from .rollout import collect_episodes
 from .rollout_workers import RolloutWorkers
-from .types import Episodes, Sampling, cat_episodes
-
-
-@dataclass(frozen=True)
-class Collected:
-    """What one step collected."""
-
-    episodes: Episodes  # what trains: the kept groups (at most this process's share of rows), shaped
-    sampled: Episodes  # every episode sampled this step, before any filter, shaped (for the step's metrics)
-    kept_groups: int  # groups that passed the filters (over every batch sampled)
-    sampled_batches: int  # batches of B prompts sampled (more than 1 only with refill)
-    stale: int = 0  # updates between the weights that played these episodes and the ones they train (prefetched: 1)
+from .shaping import Shaping
+from .types import Collected, Episodes, Sampling, cat_episodes
 
 
 def make_env(cfg: TrainConfig, num_envs: int, curriculum: Curriculum):
@@ -90,17 +76,6 @@ def keep_groups(episodes: Episodes, ac: AlgoConfig) -> torch.Tensor:
     return keep
 
 
-def with_overlong_penalty(episodes: Episodes, ac: AlgoConfig, max_new_tokens: int) -> Episodes:
-    """The episodes with DAPO's soft overlong penalty added to each turn's reward and kept as component `overlong`."""
-    if ac.overlong_penalty <= 0:
-        return episodes
-    lengths = episodes.rollout.completion_mask.sum(-1)  # [M] generated tokens
-    penalty = soft_overlong_penalty(lengths, max_new_tokens, ac.overlong_cache_len, ac.overlong_penalty)  # [M]
-    step_rewards = episodes.step_rewards.index_put((episodes.world, episodes.turn), penalty, accumulate=True)
-    per_world = torch.zeros(episodes.num_worlds).index_add(0, episodes.world, penalty)  # [R]
-    return replace(episodes, step_rewards=step_rewards, components={**episodes.components, "overlong": per_world})
-
-
 class Collector:
     """Collects each step's episodes (see the module docstring).
 
@@ -110,6 +85,7 @@ class Collector:
         curriculum: the env's difficulty schedule (its level decides the env's options).
         policy: the policy rollout workers copy (only read when `trainer.rollout_workers > 0`).
         sampling: how completions are drawn during training.
+        shaping: the run's reward shaping (its `sampled` part runs on each batch, before the filters).
         generation_shards: S, overriding `trainer.generation_shards` (see `mmrl.trainer.train`).
     """
 
@@ -119,6 +95,7 @@ class Collector:
         world: distributed.World,
         curriculum: Curriculum,
         sampling: Sampling,
+        shaping: Shaping,
         generation_shards: int | None = None,
     ):
         tc = cfg.trainer
@@ -126,13 +103,12 @@ class Collector:
             raise ValueError("trainer.rollout_workers > 0 under torchrun is not supported: use one trainer process")
         if tc.max_staleness and world.size > 1:
             raise ValueError("trainer.max_staleness > 0 under torchrun is not supported yet: use one trainer process")
-        self.cfg, self.world, self.curriculum, self.sampling = cfg, world, curriculum, sampling
+        self.cfg, self.world, self.curriculum, self.sampling, self.shaping = cfg, world, curriculum, sampling, shaping
         self.num_shards = generation_shards or tc.generation_shards or world.size
         self.my_shards = distributed.prompt_shards(tc.prompts_per_step, self.num_shards, world)
         self.shard_rows = tc.prompts_per_step // self.num_shards * cfg.algo.group_size  # worlds of one shard
         self.rows = len(self.my_shards) * self.shard_rows  # this process's R
         self.env = make_env(cfg, self.shard_rows, curriculum)  # the env holds one shard at a time
-        self.judge = make_judge(cfg.judge)  # None without judge.model
         self.workers: RolloutWorkers | None = None
         # Pipelined collection (trainer.max_staleness = 1): the next step's episodes, played by a copy of the policy
         # in a thread while this step updates.
@@ -183,7 +159,7 @@ class Collector:
             self.workers = RolloutWorkers(
                 policy, self.cfg.env.name, self.shard_rows, self.cfg.env.make_options(self.curriculum.options(self.cfg.env.options)),
                 tc.rollout_workers, threads=max(tc.threads, 1), timeout_s=tc.rollout_timeout_s,
-                judge=self.cfg.judge if self.cfg.judge.enabled else None,
+                keep_answered=self.shaping.keeps_answered,
             )  # fmt: skip
 
     @torch.no_grad()
@@ -210,13 +186,12 @@ class Collector:
                 seeds = train_seeds(step + attempt * tc.total_steps, tc.prompts_per_step, group_size, seed=tc.seed)
                 jobs = [
                     (seeds[shard * self.shard_rows : (shard + 1) * self.shard_rows], group_size, self.sampling,
-                     distributed.sampling_seed(tc.seed, step, shard, attempt))
+                     sampling_seed(tc.seed, step, shard, attempt))
                     for shard in self.my_shards
                 ]  # fmt: skip
                 episodes = cat_episodes(self._play(policy, jobs), pad)
-                episodes = with_vote_rewards(episodes, ac)  # TTRV (algo.label_free): the group's votes, not labels
+                episodes = self.shaping.sampled(episodes)  # a judge's scores, TTRV's votes: what the filters read
                 keep = keep_groups(episodes, ac)  # [B/K]
-                episodes = with_overlong_penalty(episodes, ac, self.sampling.max_new_tokens)
                 sampled.append(episodes)
                 if keep.any():
                     kept.append(episodes.select_worlds(keep.repeat_interleave(group_size).nonzero().squeeze(-1)))
@@ -226,12 +201,6 @@ class Collector:
         episodes = cat_episodes(kept, pad) if kept else sampled[0]
         if episodes.num_worlds > self.rows:
             episodes = episodes.select_worlds(torch.arange(self.rows))
-        if ac.overlong_filter:
-            # Truncated = no EOS generated; such rows stay in the group statistics but leave the loss.
-            rollout = episodes.rollout
-            truncated = ~torch.isin(rollout.completion_ids, torch.tensor(policy.eos_token_ids)).any(-1)  # [M]
-            mask = overlong_mask(rollout.completion_mask, 0, truncated=truncated)
-            episodes = replace(episodes, rollout=replace(rollout, completion_mask=mask))
         return Collected(episodes, cat_episodes(sampled, pad), kept_groups, len(sampled), int(policy is self._copy))
 
     def _play(self, policy: VLMPolicy, jobs: list) -> list[Episodes]:
@@ -240,10 +209,13 @@ class Collector:
             return self.workers.collect(jobs)
         parts = []
         branch = self.cfg.algo.credit == "branch"
-        for shard_seeds, group_size, sampling, sampling_seed in jobs:
-            torch.manual_seed(sampling_seed)
+        for shard_seeds, group_size, sampling, torch_seed in jobs:
+            torch.manual_seed(torch_seed)
             parts.append(
-                collect_episodes(policy, self.env, shard_seeds, group_size, sampling, judge=self.judge, branch=branch)
+                collect_episodes(
+                    policy, self.env, shard_seeds, group_size, sampling, keep_answered=self.shaping.keeps_answered,
+                    branch=branch,
+                )  # fmt: skip
             )
         return parts
 
@@ -263,7 +235,7 @@ class Collector:
         """Close the env and stop the rollout workers (idempotent). Errors are printed, not raised: the run's own
         error, if any, is the one to see."""
         self.wait()
-        for name in ("env", "workers", "judge"):
+        for name in ("env", "workers"):
             thing = getattr(self, name, None)
             setattr(self, name, None)
             if thing is None:

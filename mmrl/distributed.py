@@ -9,7 +9,7 @@ is the single process, and every helper is then the identity.
 What makes K processes train what one process trains on the whole batch:
 
 * GRPO groups never span processes: process r collects prompts [r*B/K, (r+1)*B/K) of the step, with the seeds one
-  process would use, and generates them in seeded shards (`sampling_seed`), so the completions drawn for a prompt
+  process would use, and generates them in seeded shards (`sim.seeds.sampling_seed`), so the completions drawn for a prompt
   depend on the shard layout, never on K. (PAPO's random image masks and the refills of the data filters are drawn
   per process: those runs are statistically, not sample for sample, alike.)
 * Loss weights divide by the whole batch's token (or row) count, summed over processes (`World.sum`); FSDP averages
@@ -224,13 +224,6 @@ def close_world() -> None:
 
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
-
-
-def sampling_seed(seed: int, step: int, shard: int = 0, attempt: int = 0) -> int:
-    """The torch seed of one generation: a function of (seed, step, prompt shard, refill attempt) alone, so a
-    resumed run samples what an uninterrupted one would have, and K processes what one process generating the same
-    shards would. Shard 0 of the first attempt keeps the seed of a run generating everything at once."""
-    return seed * 1_000_003 + step + (shard << 32) + (attempt << 48)
 
 
 def eval_shard(episodes: int, world: World) -> range:

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+EXTREMES = ("_min", "/min", "_max", "/max")  # metric keys reduced by their extreme, not averaged
+
 
 def to_float(value: Any) -> float:
     if isinstance(value, torch.Tensor):

@@ -15,12 +15,12 @@ import torch
 
 from . import plots
 from .algos.data import dynamic_sampling_keep
-from .collect import Collected
 from .config import TrainConfig
 from .curriculum import Curriculum
 from .distributed import World
 from .evaluate import EvalResult, SampledResult
-from .logging import read_metrics
+from .logging import EXTREMES, read_metrics
+from .types import Collected
 
 METRIC_LABELS = {"iou": "mean IoU", "reward": "mean reward", "success": "success"}
 
@@ -28,9 +28,6 @@ METRIC_LABELS = {"iou": "mean IoU", "reward": "mean reward", "success": "success
 def metric_label(cfg: TrainConfig) -> str:
     """How the held-out score of `cfg`'s env is named in the printed lines."""
     return METRIC_LABELS.get(cfg.env.eval_metric, cfg.env.eval_metric)
-
-
-EXTREMES = ("_min", "/min", "_max", "/max")  # metric keys reduced by their extreme, not averaged
 
 
 def step_metrics(

@@ -23,9 +23,8 @@ from typing import Any
 
 import torch
 
-from sim.base import Observation, StepResult, VecEnv
+from sim.base import Observation, VecEnv
 
-from .judge import Judge, RemoteJudge, judge_observation
 from .policy.vlm import VLMPolicy
 from .types import Episodes, Rollout, Sampling, Turn, cat_rollouts
 
@@ -40,7 +39,7 @@ def collect_episodes(
     *,
     max_turns: int | None = None,
     record_frames: int = 0,
-    judge: Judge | RemoteJudge | None = None,
+    keep_answered: bool = False,
     branch: bool = False,
 ) -> Episodes:
     """Run R = len(seeds) episodes to their end and return every generation as a row.
@@ -54,9 +53,8 @@ def collect_episodes(
         max_turns: stop after this many generations even if worlds still run (default: as many as the env's
             `max_episode_steps` needs, given the chunk size).
         record_frames: keep every observation of the first K worlds (for episode videos).
-        judge: a judge model (`mmrl.judge`): each text answer's step reward gains `judge.cfg.weight` times the
-            judge's score of it against the observation it answered (the component `judge`); a reason the judge
-            gives is added to the step's `reasons`.
+        keep_answered: keep each row's observation (images and instruction) in the episodes, for a judge model
+            that scores the answers after collection (`mmrl.shaping`).
         branch: play greedily except at one turn per group, drawn uniformly from the global torch generator, where
             the G worlds sample with `sampling`; rows of the other turns come back with an empty completion mask
             (see the module docstring).
@@ -73,7 +71,7 @@ def collect_episodes(
         raise ValueError("a continuous-action env needs a VLA policy: set model.action_bins to add action tokens")
     if env.action_kind == "text" and codec is not None:
         raise ValueError("a VLA policy (with action tokens) cannot act in a text env")
-    if judge is not None and env.action_kind != "text":
+    if keep_answered and env.action_kind != "text":
         raise ValueError("judge.model scores text answers; this env takes continuous actions")
     if codec is not None and codec.action_dim != env.action_dim:
         raise ValueError(f"the policy's action codec has {codec.action_dim} dimensions, the env {env.action_dim}")
@@ -100,6 +98,7 @@ def collect_episodes(
     components: dict[str, torch.Tensor] = {}
     first_info: dict[str, Any] = {}
     parts, worlds, turn_ids = [], [], []
+    answered_images, answered_instructions = [], []
     frames = [obs.first_view[:record_frames].clone()] if record_frames else []  # videos show the first view
 
     for t in range(turns):
@@ -129,6 +128,9 @@ def collect_episodes(
             trained = rollout.completion_mask & sampled[:, None]
             rollout = replace(rollout, completion_mask=trained, logprobs=torch.where(trained, rollout.logprobs, 0.0))
         parts.append(rollout)
+        if keep_answered:
+            answered_images.append(obs.image[ids].clone())
+            answered_instructions.extend(obs.instruction[i] for i in ids.tolist())
         worlds.append(ids)
         turn_ids.append(torch.full((len(ids),), t, dtype=torch.long))
 
@@ -143,13 +145,9 @@ def collect_episodes(
         for actions in step_actions:
             if not running.any():
                 break
-            answered = obs
             result = env.step(actions)
             live = running.clone()  # the worlds this step counts for
             reward = result.reward.float().cpu()
-            if judge is not None:
-                result = _judged(judge, result, answered, ids, rollout.texts, num)
-                reward = reward + judge.cfg.weight * result.info["reward_components"]["judge"]
             step_rewards[:, t] += torch.where(live, reward, 0.0)
             env_steps += live.long()
             for name, value in result.info.get("reward_components", {}).items():
@@ -181,6 +179,8 @@ def collect_episodes(
         info=first_info,
         start=start,
         frames=torch.stack(frames, dim=1) if record_frames else None,
+        answered_images=torch.cat(answered_images) if keep_answered else None,
+        answered_instructions=answered_instructions if keep_answered else None,
     )
 
 
@@ -198,30 +198,6 @@ def _branched(
         parts.append(policy.generate(shown.select(rows), group_size=1, sampling=how, history=subset))
     order = torch.cat([rows for rows, _ in picks])  # [n] the world of each concatenated row
     return cat_rollouts(parts, policy.pad_token_id or 0).select(torch.argsort(order))
-
-
-def _judged(
-    judge: Judge | RemoteJudge,
-    result: StepResult,
-    answered: Observation,
-    ids: torch.Tensor,
-    texts: list[str],
-    num: int,
-) -> StepResult:
-    """`result` with the judge's scores of the answers `texts` of worlds `ids` as the component `judge` `[num]`
-    (0 elsewhere) and its reasons joined to the step's."""
-    judged = judge_observation(judge, answered, ids, texts)
-    scores = torch.zeros(num)
-    scores[ids.cpu()] = judged.scores
-    info = dict(result.info)
-    info["reward_components"] = {**info.get("reward_components", {}), "judge": scores}
-    if any(judged.reasons):
-        reasons = list(info.get("reasons", [""] * num))
-        for i, why in zip(ids.tolist(), judged.reasons):
-            if why:
-                reasons[i] = f"{reasons[i]}; {why}" if reasons[i] else why
-        info["reasons"] = reasons
-    return replace(result, info=info)
 
 
 def _scatter(actions: torch.Tensor, ids: torch.Tensor, num: int, dim: int) -> torch.Tensor:

@@ -39,8 +39,6 @@ import sim
 from sim.ray_workers import init_ray, kill_actor
 from sim.registry import ENVS
 
-from .config import JudgeConfig
-from .judge import make_judge
 from .policy.vlm import VLMPolicy
 from .rollout import collect_episodes
 from .types import Episodes, Sampling
@@ -64,18 +62,14 @@ class _RolloutWorker:
         num_envs: int,
         env_options: dict,
         threads: int,
-        judge: JudgeConfig | None = None,
+        keep_answered: bool = False,
     ):
         torch.set_num_threads(threads)
         self.policy = policy
         self.env: Any = None
         self._error: BaseException | None = None
         self.set_env(env_cls, env_name, num_envs, env_options)
-        self.judge = None
-        try:
-            self.judge = None if judge is None else make_judge(judge)  # judge.remote: the one shared actor
-        except Exception as error:  # noqa: BLE001  (raised by every later call, as a bad env option is)
-            self._error = self._error or error
+        self.keep_answered = keep_answered
 
     def ping(self) -> bool:
         self._check()
@@ -98,7 +92,9 @@ class _RolloutWorker:
     def collect(self, seeds: list[int], group_size: int, sampling: Sampling, torch_seed: int) -> Episodes:
         self._check()
         torch.manual_seed(torch_seed)
-        return collect_episodes(self.policy, self.env, seeds, group_size, sampling, judge=self.judge)
+        return collect_episodes(
+            self.policy, self.env, seeds, group_size, sampling, keep_answered=self.keep_answered
+        )
 
     def close(self) -> None:
         if self.env is not None:
@@ -122,8 +118,8 @@ class RolloutWorkers:
         timeout_s: Seconds one call may take (starting a worker, syncing, or collecting one job).
         max_restarts: Restarts of one worker within one call before it gives up.
         address: A Ray cluster to join (default: `RAY_ADDRESS`, else a local cluster).
-        judge: The `judge` config section when a judge model scores the answers: each worker makes its judge
-            (with `judge.remote`, all attach to one shared actor).
+        keep_answered: return each row's observation with the episodes (a judge model scores them in the
+            learner's process, `mmrl.shaping`).
     """
 
     def __init__(
@@ -137,7 +133,7 @@ class RolloutWorkers:
         timeout_s: float = 600.0,
         max_restarts: int = 2,
         address: str | None = None,
-        judge: JudgeConfig | None = None,
+        keep_answered: bool = False,
     ):
         if workers < 1:
             raise ValueError(f"trainer.rollout_workers must be >= 1 to start rollout workers, got {workers}")
@@ -153,8 +149,10 @@ class RolloutWorkers:
         self._policy_ref = ray.put(_cpu_copy(policy))  # kept: a replacement worker starts from it
         self._state_ref: Any = None  # the last synced weights, loaded into a replacement worker
         self.restarts = 0
-        self._judge = judge
-        self._actors = [self._actor_cls.remote(self._policy_ref, *self._env, threads, judge) for _ in range(workers)]
+        self._keep_answered = keep_answered
+        self._actors = [
+            self._actor_cls.remote(self._policy_ref, *self._env, threads, keep_answered) for _ in range(workers)
+        ]
         try:
             self._wait_all("ping", [()] * workers)
         except BaseException:
@@ -244,7 +242,7 @@ class RolloutWorkers:
         )
         kill_actor(self._ray, self._actors[k])
         self.restarts += 1
-        actor = self._actor_cls.remote(self._policy_ref, *self._env, self.threads, self._judge)
+        actor = self._actor_cls.remote(self._policy_ref, *self._env, self.threads, self._keep_answered)
         calls = [actor.ping.remote()] if self._state_ref is None else [actor.load.remote(self._state_ref)]
         try:
             self._ray.get(calls, timeout=self.timeout_s)

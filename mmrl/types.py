@@ -7,6 +7,7 @@ circle can form around the policy. Rows are grouped contiguously (`x.view(-1, G)
 * `Completions`: what a generation backend returns, `[R, L]` ids, mask and sampling log-probs.
 * `Rollout`: R self-contained model inputs plus completions (micro-batches are row slices of it).
 * `Episodes`: the rows of R episodes (M generations over T turns), with per-turn rewards and outcomes.
+* `Collected`: one training step's episodes, as collection hands them to the loop.
 """
 
 from __future__ import annotations
@@ -196,6 +197,9 @@ class Episodes:
     start: Any = None  # sim.base.Observation the episodes started from, all R worlds (or None)
     frames: torch.Tensor | None = None  # [K, S+1, H, W, 3] uint8 observations of the first K worlds, if recorded
     state_keys: torch.Tensor | None = None  # [R, T] long, a hash of what each turn saw (equal: the same state)
+    # What each row answered, kept only when a judge model scores the answers after collection (`mmrl.shaping`):
+    answered_images: torch.Tensor | None = None  # [M, H, W, 3] (or [M, V, H, W, 3]) uint8, the observation's images
+    answered_instructions: list[str] | None = None  # [M] the observation's instruction
 
     @property
     def num_worlds(self) -> int:
@@ -228,10 +232,25 @@ class Episodes:
             components={k: v[worlds] for k, v in self.components.items()},
             env_steps=self.env_steps[worlds],
             state_keys=None if self.state_keys is None else self.state_keys[worlds],
+            answered_images=None if self.answered_images is None else self.answered_images[rows],
+            answered_instructions=None
+            if self.answered_instructions is None
+            else [self.answered_instructions[k] for k in rows.tolist()],
             info=_select_info(self.info, worlds, self.num_worlds),
             start=None,
             frames=None,
         )
+
+
+@dataclass(frozen=True)
+class Collected:
+    """What one step collected."""
+
+    episodes: Episodes  # what trains: the kept groups (at most this process's share of rows)
+    sampled: Episodes  # every episode sampled this step, before any filter (for the step's metrics)
+    kept_groups: int  # groups that passed the filters (over every batch sampled)
+    sampled_batches: int  # batches of B prompts sampled (more than 1 only with refill)
+    stale: int = 0  # updates between the weights that played these episodes and the ones they train (prefetched: 1)
 
 
 def cat_episodes(parts: list[Episodes], pad_token_id: int = 0) -> Episodes:
@@ -264,6 +283,12 @@ def cat_episodes(parts: list[Episodes], pad_token_id: int = 0) -> Episodes:
         state_keys=None
         if any(p.state_keys is None for p in parts)
         else torch.cat([pad_t(p.state_keys) for p in parts]),
+        answered_images=None
+        if any(p.answered_images is None for p in parts)
+        else torch.cat([p.answered_images for p in parts]),
+        answered_instructions=None
+        if any(p.answered_instructions is None for p in parts)
+        else [text for p in parts for text in p.answered_instructions],
     )
 
 

@@ -10,6 +10,10 @@ keep training, demonstrations and evaluation on disjoint worlds. `sim` owns the 
 | `[SFT_SEED_BASE, +10**8)`              | the warm-start asset's supervised worlds (scripts/)        |
 | `[DEMO_SEED_BASE, EVAL_SEED_BASE)`     | cold-start demonstrations (`sft.episodes`), warm-start validation |
 | `[EVAL_SEED_BASE, ...)`                | held-out evaluation                                        |
+
+Beside the world seeds, every random stream of a training step has a named function here, so no two streams start
+from the same integer: `sampling_seed` (the completions of one generation shard), `mini_batch_seed` (the order of the
+groups in PPO mini-batches), `image_mask_seed` (which patches PAPO hides). Others derive theirs with `stream_seed`.
 """
 
 from __future__ import annotations
@@ -61,3 +65,21 @@ def stream_seed(*parts: object) -> int:
     unrelated numbers, where seeding each with the run seed itself would hand them the same ones."""
     text = " ".join(str(part) for part in ("mmrl", *parts))
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
+
+
+def sampling_seed(seed: int, step: int, shard: int = 0, attempt: int = 0) -> int:
+    """The torch seed of one generation: a function of (run seed, step, prompt shard, refill attempt) alone, so a
+    resumed run samples what an uninterrupted one would have, and K processes what one process generating the same
+    shards would. Shard 0 of the first attempt keeps the seed of a run generating everything at once (the figures
+    recorded for the presets were drawn with it)."""
+    return seed * 1_000_003 + step + (shard << 32) + (attempt << 48)
+
+
+def mini_batch_seed(seed: int, step: int) -> int:
+    """The generator seed of step `step`'s mini-batch order (alike in every process: they cut the same batches)."""
+    return stream_seed("mini-batch order", seed, step)
+
+
+def image_mask_seed(seed: int, step: int, rank: int = 0) -> int:
+    """The generator seed of the patches PAPO hides at step `step` in process `rank` (each masks its own rows)."""
+    return stream_seed("papo image mask", seed, step, rank)

@@ -1,7 +1,8 @@
 """`VLMPolicy`: the only module that knows chat templates, padding sides, `pixel_values` and `image_grid_thw`.
 
 Verbs: `generate(obs, group_size, sampling)` samples G completions per prompt and keeps the sampling-time
-per-token log-probs; `logprobs(batch)` recomputes them under the current weights (with gradients).
+per-token log-probs; `logprobs(batch)` recomputes them under the current weights (with gradients); `masked(batch,
+...)` hides part of each image for PAPO's perception pass.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from transformers import AutoModelForImageTextToText
 from sim.base import Observation
 
 from ..algos.losses import entropy_from_logits
+from ..algos.papo import masked_images
 from ..types import Rollout, Sampling, Turn
 from .action_codec import load_action_codec
 from .backends import forget_compiled_calls, make_backend
@@ -328,6 +330,12 @@ class VLMPolicy:
         if not with_entropy:
             return logprobs
         return logprobs, entropy_from_logits(logits / temperature)
+
+
+    def masked(self, batch: Rollout, domain: str, ratio: float, generator: torch.Generator) -> Rollout:
+        """`batch` with part of each image hidden (PAPO's perception pass): whole vision patches (`patches`, black in
+        this policy's normalisation) or single entries of the pixel tensor (`pixels`), with probability `ratio`."""
+        return masked_images(batch, domain, ratio, generator, self.processor.image_processor)
 
 
 SHARED_IMAGE_MODELS = ("Qwen2VLModel", "Qwen2_5_VLModel")  # vision features enter as input embeddings only

@@ -360,7 +360,8 @@ def test_processes_generate_unevenly_without_deadlock(tmp_path):
 
 
 def test_prompts_split_into_whole_shards_per_process():
-    from mmrl.distributed import World, prompt_shards, sampling_seed
+    from mmrl.distributed import World, prompt_shards
+    from sim.seeds import sampling_seed
 
     assert prompt_shards(8, 1, World()) == range(0, 1)
     assert prompt_shards(8, 4, World(rank=1, size=2)) == range(2, 4)

@@ -44,3 +44,17 @@ def test_demonstrations_stay_below_the_held_out_worlds():
     assert last <= EVAL_SEED_BASE
     with pytest.raises(ValueError, match="held-out"):
         demo_seed_base(1, (EVAL_SEED_BASE - DEMO_SEED_BASE) // 2, 16)
+
+
+def test_no_two_random_streams_of_a_step_share_a_seed():
+    from sim.seeds import image_mask_seed, mini_batch_seed, sampling_seed
+
+    # Before each stream had a named function, the mini-batch order and PAPO's mask of step 0 were seeded with the
+    # same integer as the step's completions (seed * 1_000_003 + step).
+    for seed in (0, 3):
+        for step in (0, 1, 7):
+            drawn = [sampling_seed(seed, step), mini_batch_seed(seed, step)] + [
+                image_mask_seed(seed, step, rank) for rank in range(3)
+            ]
+            assert len(set(drawn)) == len(drawn)
+    assert mini_batch_seed(0, 1) != mini_batch_seed(0, 2) and mini_batch_seed(0, 1) != mini_batch_seed(1, 1)
