@@ -31,7 +31,6 @@ from dataclasses import dataclass
 
 import torch
 
-from sim.base import Observation
 from sim.ray_workers import init_ray
 
 from .config import JudgeConfig
@@ -223,9 +222,3 @@ def make_judge(cfg: JudgeConfig) -> Judge | RemoteJudge | None:
     if not cfg.enabled:
         return None
     return RemoteJudge(cfg) if cfg.remote else Judge(cfg)
-
-
-def judge_observation(judge: Judge | RemoteJudge, obs: Observation, rows: torch.Tensor, answers: list[str]) -> Judged:
-    """Score the answers of worlds `rows` (`[n]` indices) of `obs`, the observation they answered."""
-    index = rows.to(torch.long).cpu()
-    return judge.score(obs.image[index], [obs.instruction[i] for i in index.tolist()], answers)

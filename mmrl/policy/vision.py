@@ -1,8 +1,8 @@
 """Image sizing for Qwen-family vision towers, and images pulled out of chat messages.
 
 `qwen-vl-utils` provides these, but it imports torchvision at its top and there is no CPU build of torchvision
-on the registry (see ../shared/NOTES-setup.md). We use it where it imports and these equivalents where it does
-not; tests check the two agree where both run.
+on the package index (the one there is a CUDA build that fails to import beside the CPU torch). We use it where it
+imports and these equivalents where it does not; tests check the two agree where both run.
 """
 
 from __future__ import annotations
