@@ -19,7 +19,7 @@ Scores are in [0, 1]. Prompts run in batches of `batch_size`; a score is cached 
 (least recently used out past `cache_size`), so the G answers of a group that agree, and answers seen again, cost
 nothing. A failure never stops training: a prompt longer than `max_prompt_tokens` or a batch that raises (out of
 memory, a broken image) scores 0 with the reason, and is not cached. `remote: true` puts the judge in one Ray actor
-(`RemoteJudge`) that every process and rollout worker calls, so one copy of the weights serves them all.
+(`RemoteJudge`) that every trainer process calls, so one copy of the weights serves them all.
 """
 
 from __future__ import annotations
@@ -195,7 +195,7 @@ class Judge:
 
 
 class RemoteJudge:
-    """The judge in one named Ray actor, shared by every process and rollout worker that asks for the same config.
+    """The judge in one named Ray actor, shared by every process that asks for the same config.
 
     The first `RemoteJudge` of a config starts the actor (`get_if_exists`); the others attach to it. `score` is
     `Judge.score` run there.
