@@ -298,16 +298,36 @@ def test_multi_turn_vla_grpo_learns_a_reward_it_can_reach(tiny_run_config, first
     assert last > first + 0.5, f"mean return over the first 5 steps {first:.2f}, over the last 5 {last:.2f} (of 4)"
 
 
-def test_dynamic_sampling_refills_the_batch(tiny_run_config, point_env, tmp_path):
-    # A random VLA rarely succeeds: most groups are all-zero and get dropped; extra batches are sampled.
+def test_dynamic_sampling_refills_the_batch(tiny_run_config, point_env, tmp_path, monkeypatch):
+    """A random VLA seldom reaches the dot: most groups are all-zero and dynamic sampling drops them, so more batches
+    of B prompts are sampled until B groups have passed, and not one batch more, or until the budget is spent."""
+    from mmrl import collect
+
+    keep_groups, kept_per_batch = collect.keep_groups, []
+
+    def recording_keep_groups(episodes, ac):
+        keep = keep_groups(episodes, ac)  # [B] one flag per group of this batch
+        kept_per_batch.append(int(keep.sum()))
+        return keep
+
+    monkeypatch.setattr(collect, "keep_groups", recording_keep_groups)
+    budget, prompts = 6, 2  # B = trainer.prompts_per_step of VLA_RUN
     _, metrics = _run(
         tiny_run_config, tmp_path / "ds", f"env.name={point_env}", "algo.dynamic_sampling=true",
-        "algo.max_sample_batches=3", "trainer.total_steps=2",
+        f"algo.max_sample_batches={budget}", "trainer.total_steps=3",
     )  # fmt: skip
     steps = [m for m in metrics if "loss/policy" in m]
-    for m in steps:
-        assert 1 <= m["data/sampled_batches"] <= 3
-        assert m["data/kept_groups"] >= 2 or m["data/sampled_batches"] == 3  # refilled until full, or out of budget
+    sampled = [int(m["data/sampled_batches"]) for m in steps]
+    assert len(steps) == 3 and sum(sampled) == len(kept_per_batch), (sampled, kept_per_batch)
+    for m, kept in zip(steps, torch.tensor(kept_per_batch).split(sampled)):
+        assert m["data/kept_groups"] == kept.sum()
+        passed = kept.cumsum(0)  # groups passed after each batch of the step
+        assert (passed[:-1] < prompts).all(), kept  # another batch only while the step was short of B groups
+        assert passed[-1] >= prompts or len(kept) == budget, kept  # then full, or out of budget
+    # The first batch left groups out: the collector refilled. With these seeds one step fills up before the budget
+    # (step 3, in its 4th batch), so both ways of stopping are exercised.
+    assert any(n > 1 for n in sampled), sampled
+    assert any(1 < n < budget for n in sampled), sampled
 
 
 def test_curriculum_in_the_trainer(tiny_run_config, letters_env, tmp_path):
