@@ -44,10 +44,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 import torch  # noqa: E402
 
 import sim  # noqa: E402
-from mmrl.config import AlgoConfig, EnvConfig, ModelConfig, SamplingConfig, TrainConfig, TrainerConfig  # noqa: E402
 from mmrl.policy import build_tiny  # noqa: E402
 from mmrl.policy.tiny import tiny_processor  # noqa: E402
 from mmrl.policy.vision import to_pil  # noqa: E402
+from mmrl.run.config import AlgoConfig, EnvConfig, ModelConfig, SamplingConfig, TrainConfig, TrainerConfig  # noqa: E402
 from mmrl.trainer import train  # noqa: E402
 from rewards import box_iou, format_reward, parse_boxes  # noqa: E402
 from sim.seeds import train_seeds  # noqa: E402

@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_score(args)
     if args.command == "export":
-        from .export import export
+        from .run.export import export
 
         try:
             out = export(args.source, args.out, args.dtype)
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             summary = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
             print(f"{name:{width}s} {kind:10s} {image:9s} {steps:6s}  {summary}")
         return 0
-    from .config import ConfigError, load_config
+    from .run.config import ConfigError, load_config
 
     try:
         cfg = load_config(args.config, args.overrides)
@@ -73,18 +73,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         if args.command == "train":
-            from .distributed import close_world
+            from .run.distributed import close_world
             from .trainer import train
 
             try:
-                train(cfg)  # under torchrun, one of K processes (see mmrl.distributed)
+                train(cfg)  # under torchrun, one of K processes (see mmrl.run.distributed)
             finally:
                 close_world()
         else:
-            from .build import load_policy
-            from .evaluate import evaluate_k, held_out
             from .policy import apply_model_options
-            from .report import metric_label, write_eval_report, write_sampled_report
+            from .run.build import load_policy
+            from .run.report import metric_label, write_eval_report, write_sampled_report
+            from .stages.evaluate import evaluate_k, held_out
 
             if cfg.checkpoint is None:
                 print("mmrl eval: give the checkpoint to evaluate as checkpoint=PATH", file=sys.stderr)

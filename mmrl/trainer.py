@@ -1,17 +1,17 @@
 """The trainer: one loop, read top to bottom, one call per stage.
 
-    build (config -> policy, reference, critic, env, shaping, optimiser)     mmrl/build.py
+    build (config -> policy, reference, critic, env, shaping, optimiser)     mmrl/run/build.py
     for step:
-        collected = collect(...)        # seeds, groups, filters and refill, rollout workers   mmrl/collect.py
-        collected = shape(collected)    # every transform between env reward and advantages    mmrl/shaping.py
-        old = old_scores(episodes)      # no-grad pass: old log-probs, critic values            mmrl/old_scores.py
-        advantages = row_advantages(episodes, old.values)   # GRPO family, step credit, GAE    mmrl/advantages.py
-        update(learner, episodes, advantages, old)          # epochs x mini-batches x micro    mmrl/update.py
+        collected = collect(...)        # seeds, groups, filters and refill, rollout workers   mmrl/stages/collect.py
+        collected = shape(collected)    # every transform between env reward and advantages    mmrl/stages/shaping.py
+        old = old_scores(episodes)      # no-grad pass: old log-probs, critic values            mmrl/stages/old_scores.py
+        advantages = row_advantages(episodes, old.values)   # GRPO family, step credit, GAE    mmrl/stages/advantages.py
+        update(learner, episodes, advantages, old)          # epochs x mini-batches x micro    mmrl/stages/update.py
         shaping.follow(policy)          # GRPO-CARE's EMA reference
-        log / evaluate / checkpoint                                  mmrl/report.py, mmrl/evaluate.py, checkpoint.py
+        log / evaluate / checkpoint                                  mmrl/run/report.py, mmrl/stages/evaluate.py, checkpoint.py
 
 Under torchrun the loop runs in K processes, the model sharded by FSDP2, each collecting its share of the prompts;
-what differs (idle micro-batches, global counts, gathered returns) hides behind `mmrl.distributed.World`'s methods,
+what differs (idle micro-batches, global counts, gathered returns) hides behind `mmrl.run.distributed.World`'s methods,
 and a single process never touches `torch.distributed`. Rank 0 alone prints and writes.
 """
 
@@ -22,17 +22,17 @@ from contextlib import ExitStack
 
 from tqdm.auto import tqdm
 
-from .advantages import critic_metrics, row_advantages
-from .build import Run, build
-from .checkpoint import save_checkpoint
-from .collect import check_generation_shards
-from .config import TrainConfig
-from .evaluate import held_out
-from .logging import read_metrics
-from .old_scores import old_scores
 from .policy import VLMPolicy
-from .report import report, step_metrics
-from .update import update
+from .run.build import Run, build
+from .run.checkpoint import save_checkpoint
+from .run.config import TrainConfig
+from .run.logging import read_metrics
+from .run.report import report, step_metrics
+from .stages.advantages import critic_metrics, row_advantages
+from .stages.collect import check_generation_shards
+from .stages.evaluate import held_out
+from .stages.old_scores import old_scores
+from .stages.update import update
 
 
 def train(

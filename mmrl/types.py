@@ -28,7 +28,7 @@ class Sampling:
     top_k: int = 0
 
     def __post_init__(self):
-        # Checked here, not in mmrl.config, because this leaf imports nothing: the config's `sampling` section is this.
+        # Checked here, not in mmrl.run.config, because this leaf imports nothing: the config's `sampling` section is this.
         if self.max_new_tokens < 1:
             raise ValueError(f"sampling.max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.temperature < 0:
@@ -197,7 +197,7 @@ class Episodes:
     start: Any = None  # sim.base.Observation the episodes started from, all R worlds (or None)
     frames: torch.Tensor | None = None  # [K, S+1, H, W, 3] uint8 observations of the first K worlds, if recorded
     state_keys: torch.Tensor | None = None  # [R, T] long, a hash of what each turn saw (equal: the same state)
-    # What each row answered, kept only when a judge model scores the answers after collection (`mmrl.shaping`):
+    # What each row answered, kept only when a judge model scores the answers after collection (`mmrl.stages.shaping`):
     answered_images: torch.Tensor | None = None  # [M, H, W, 3] (or [M, V, H, W, 3]) uint8, the observation's images
     answered_instructions: list[str] | None = None  # [M] the observation's instruction
 

@@ -26,7 +26,7 @@ import sim
 from mmrl.policy import Sampling
 from mmrl.policy.tiny import ASSETS, tiny_processor
 from mmrl.policy.vlm import VLMPolicy
-from mmrl.sft import sft_loss, supervised_batch
+from mmrl.run.sft import sft_loss, supervised_batch
 from sim.seeds import DEMO_SEED_BASE as VAL_SEED_BASE
 from sim.seeds import SFT_SEED_BASE
 

@@ -1,5 +1,5 @@
 """The pieces of `sim.workers.RayVecEnv` that are not the wrapper itself: the actor that holds a block of worlds,
-Ray's start-up and shutdown helpers (also used by `mmrl.rollout_workers`), and the one rule that merges the K
+Ray's start-up and shutdown helpers (also used by `mmrl.stages.rollout_workers`), and the one rule that merges the K
 workers' results into one batch (see "Merging per-worker results" in `sim.workers`).
 
 Ray is imported only by `init_ray`, when a wrapper or a rollout worker is built: importing this module does not.
@@ -144,7 +144,7 @@ class EnvWorker:
 def init_ray(address: str | None, num_cpus: int, user: str = "RayVecEnv") -> Any:
     """Import Ray and start (or join) a cluster unless this process is connected to one already.
 
-    Also used by `mmrl.rollout_workers`; `user` names the caller in the error when Ray is not installed.
+    Also used by `mmrl.stages.rollout_workers`; `user` names the caller in the error when Ray is not installed.
     """
     try:
         import ray

@@ -209,16 +209,16 @@ def test_no_module_takes_another_modules_private_names():
     assert not problems, "\n".join(problems)
 
 
-UPDATE_PATH = ("mmrl.shaping", "mmrl.old_scores", "mmrl.advantages", "mmrl.update")
+UPDATE_PATH = ("mmrl.stages.shaping", "mmrl.stages.old_scores", "mmrl.stages.advantages", "mmrl.stages.update")
 
 
 def test_the_update_path_imports_neither_build_nor_report():
-    # The stages after collection take the pieces they step (`mmrl.update.Learner`), not the whole run: the run is
+    # The stages after collection take the pieces they step (`mmrl.stages.update.Learner`), not the whole run: the run is
     # built above them and reported above them.
     edges = import_edges(REPO, PACKAGES)
     assert {e.source for e in edges} >= set(UPDATE_PATH)
     wrong = [f"{e.source} -> {e.target} ({e.where})" for e in edges if e.source in UPDATE_PATH
-             and e.target in ("mmrl.build", "mmrl.report", "mmrl.trainer")]  # fmt: skip
+             and e.target in ("mmrl.run.build", "mmrl.run.report", "mmrl.trainer")]  # fmt: skip
     assert not wrong, wrong
 
 

@@ -1,7 +1,7 @@
 """Group-level consistency rewards: TTRV's vote rewards and GRPO-CARE's consistency bonus, with CARE's EMA step.
 
 Pure tensor functions over contiguous groups (rows [g*G, (g+1)*G) are one group), like the advantage estimators; the
-trainer's glue (which answers, which likelihoods) is `mmrl.consistency`.
+trainer's glue (which answers, which likelihoods) is `mmrl.methods.consistency`.
 
 * `vote_rewards`: TTRV (https://arxiv.org/abs/2510.06783) rewards without labels. Each sample scores the share of
   its group that gives the same answer (the empirical probability of its answer, the paper's frequency reward), plus

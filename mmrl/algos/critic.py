@@ -1,6 +1,6 @@
 """Advantages from a learned value function: GAE over an episode's turns, and the clipped value loss.
 
-`algo.advantage: gae` selects this path (`CRITIC_ADVANTAGES`): a value head (`mmrl.critic`) gives one value per turn
+`algo.advantage: gae` selects this path (`CRITIC_ADVANTAGES`): a value head (`mmrl.methods.critic`) gives one value per turn
 (the state a generation starts from: the prompt with its image), and
 
     delta_t = r_t + gamma * V(s_{t+1}) * (1 - done_t) - V(s_t)

@@ -13,7 +13,7 @@ success's. Here, as the paper's recipe adapted to what a CPU run has:
 * distances are standardised over the batch's failures that have a reference (`z`), and the reward is
   `coef * sigmoid(-z)`, in (0, coef): the closer failure gets more, whatever the embedding's scale.
 
-The embeddings come from `mmrl.progress` (the policy's own vision features along the trajectory).
+The embeddings come from `mmrl.methods.progress` (the policy's own vision features along the trajectory).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import FREEZE_PARTS, ModelConfig
+from ..run.config import FREEZE_PARTS, ModelConfig
 from .tokens import ModelHolder
 
 LORA_DIR = "lora"  # a LoRA checkpoint's adapters live in this subfolder (see VLMPolicy.save_pretrained)

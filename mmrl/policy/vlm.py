@@ -55,7 +55,7 @@ class VLMPolicy:
         self.processor = processor
         self.prompt_template = prompt_template
         # > 0: a multi-turn episode's prompt keeps this many earlier turns (images, instruction, the answer's
-        # sampled tokens) as a conversation (`mmrl.rollout.collect_episodes`); 0: the current observation only.
+        # sampled tokens) as a conversation (`mmrl.stages.rollout.collect_episodes`); 0: the current observation only.
         self.history_turns = history_turns
         tok = processor.tokenizer
         eos = model.generation_config.eos_token_id if model.generation_config is not None else None

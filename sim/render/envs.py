@@ -53,7 +53,7 @@ code did not render, and the code, asking for a fix. The reward of turn t is
 so the return `sum_t r_t = score_K + improvement_bonus * (sum of the corrections' gains)` credits the final result
 and each improvement, and a turn that breaks a working answer is penalised by what it lost. With `turns=1` the
 reward is just `score_1`. Reward components are reported the same way, as each term's change since the previous
-turn (unweighted), so that summed over an episode (what `mmrl.rollout` does) they are the final values.
+turn (unweighted), so that summed over an episode (what `mmrl.stages.rollout` does) they are the final values.
 
 **Episode end and success.** An episode ends when `similarity_t >= success_threshold` or after K attempts;
 `terminated` is True then (the last attempt is the final answer, not a cut-off: there is nothing to bootstrap) and

@@ -44,7 +44,7 @@ and nothing else (`matched_iou`, `detection_f1`: the F1 at IoU 0.5 is 1); rows s
 successful, and `info["success"]` is left out when no reward in use has one.
 
 **Seeds and the held-out split.** The last `eval_fraction` of the records (at least one when the fraction is > 0) is
-held out. With `split="auto"` (default), a seed below 1_000_000_000 (`EVAL_SEED_BASE`, where `mmrl.evaluate` starts
+held out. With `split="auto"` (default), a seed below 1_000_000_000 (`EVAL_SEED_BASE`, where `mmrl.stages.evaluate` starts
 its held-out seeds) picks a training record and a seed at or above it a held-out one, so training never sees an
 evaluation record. Within its part, seed `s` (offset by the base) picks `part[order_e[s % m]]`, with `m` the part's
 size, `e = s // m` the epoch and `order_e` a permutation drawn from `(shuffle_seed, e)` (the identity with

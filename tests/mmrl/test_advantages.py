@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from mmrl.advantages import row_advantages, whitened
-from mmrl.config import AlgoConfig
-from mmrl.distributed import World
+from mmrl.run.config import AlgoConfig
+from mmrl.run.distributed import World
+from mmrl.stages.advantages import row_advantages, whitened
 from mmrl.types import Episodes
 
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 import sim
-from mmrl.config import ConfigError
-from mmrl.logging import read_metrics
 from mmrl.policy import Sampling, add_action_tokens
-from mmrl.rollout import collect_episodes
+from mmrl.run.config import ConfigError
+from mmrl.run.logging import read_metrics
+from mmrl.stages.rollout import collect_episodes
 from mmrl.trainer import train
 from tests.mmrl.test_vla import VLA_RUN
 

@@ -22,8 +22,8 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from mmrl.checkpoint import latest_checkpoint, list_checkpoints, load_training_state, save_checkpoint
-from mmrl.logging import MetricsLogger, read_metrics
+from mmrl.run.checkpoint import latest_checkpoint, list_checkpoints, load_training_state, save_checkpoint
+from mmrl.run.logging import MetricsLogger, read_metrics
 from mmrl.trainer import train
 
 REPO = Path(__file__).resolve().parents[2]
@@ -195,7 +195,7 @@ def test_killed_run_resumes_to_the_weights_of_an_uninterrupted_one(tmp_path):
     assert "resumed from" in log.read_text()
 
     # The uninterrupted reference, in this process, from the same file.
-    from mmrl.config import load_config
+    from mmrl.run.config import load_config
 
     whole = tmp_path / "whole"
     train(load_config(config, [f"output_dir={whole}"]))

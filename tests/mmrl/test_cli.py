@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from mmrl.checkpoint import latest_checkpoint
 from mmrl.cli import main
+from mmrl.run.checkpoint import latest_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 PRESET = str(REPO / "configs" / "grounding_tiny.yaml")

@@ -11,10 +11,16 @@ import pytest
 import torch
 
 import sim
-from mmrl.config import ConfigError, load_config
 from mmrl.policy import TINY_ARCHS, Sampling
-from mmrl.rollout import collect_episodes
-from mmrl.sft import _demonstrated_turns, collect_demonstrations, supervised_batch, target_ids, train_on_demonstrations
+from mmrl.run.config import ConfigError, load_config
+from mmrl.run.sft import (
+    _demonstrated_turns,
+    collect_demonstrations,
+    supervised_batch,
+    target_ids,
+    train_on_demonstrations,
+)
+from mmrl.stages.rollout import collect_episodes
 from mmrl.trainer import train
 from mmrl.types import Turn
 from sim.base import Observation

@@ -1,4 +1,4 @@
-"""A judge model as a reward (`mmrl.judge`): real tiny VLMs score answers; batching, cache, failures, training."""
+"""A judge model as a reward (`mmrl.methods.judge`): real tiny VLMs score answers; batching, cache, failures, training."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import sim
-from mmrl.config import JudgeConfig
-from mmrl.judge import Judge, RemoteJudge, read_score
+from mmrl.methods.judge import Judge, RemoteJudge, read_score
 from mmrl.policy.vision import to_pil
+from mmrl.run.config import JudgeConfig
 from mmrl.trainer import train
 
 ANSWERS = ["<answer>[1, 2, 30, 40]</answer>", "no", "<svg viewBox='0 0 {w} {h}'><rect width='9'/></svg> " * 3]
@@ -109,7 +109,7 @@ def test_a_judge_loads_from_a_model_folder_and_names_a_bad_one(tiny_policy, tmp_
 
 
 def test_config_mistakes_name_the_field():
-    from mmrl.config import ConfigError, load_config
+    from mmrl.run.config import ConfigError, load_config
 
     with pytest.raises(ConfigError, match="judge.rubric must contain {answer}"):
         load_config(None, ["judge.rubric='Rate it.'"])

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 import sim
-from mmrl.build import demonstrations, load_policy
-from mmrl.config import load_config
-from mmrl.evaluate import EvalResult, evaluate, held_out
-from mmrl.report import breakdown_lines, write_eval_report
-from mmrl.sft import merge_demonstrations
+from mmrl.run.build import demonstrations, load_policy
+from mmrl.run.config import load_config
+from mmrl.run.report import breakdown_lines, write_eval_report
+from mmrl.run.sft import merge_demonstrations
+from mmrl.stages.evaluate import EvalResult, evaluate, held_out
 
 JIGSAW = "configs/jigsaw_tiny.yaml"
 ANSWER = re.compile(r"<answer>\[([\d, ]*)\]</answer>")

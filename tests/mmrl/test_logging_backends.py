@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from mmrl.config import ConfigError
-from mmrl.logging import read_metrics, require_backends
+from mmrl.run.config import ConfigError
+from mmrl.run.logging import read_metrics, require_backends
 from mmrl.trainer import train
 
 pytest.importorskip("tensorboard")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mmrl.config import ConfigError, ModelConfig
 from mmrl.policy import TINY_ARCHS, Sampling, apply_model_options
 from mmrl.policy.options import FREEZE_PARTS, part_parameters
+from mmrl.run.config import ConfigError, ModelConfig
 
 
 @pytest.mark.parametrize("arch", TINY_ARCHS)

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from mmrl.evaluate import pass_at_k
+from mmrl.stages.evaluate import pass_at_k
 
 
 @pytest.mark.parametrize("n", [1, 2, 4, 5, 8])

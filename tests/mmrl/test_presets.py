@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import sim
-from mmrl.config import load_config
-from mmrl.sft import collect_demonstrations, train_on_demonstrations
+from mmrl.run.config import load_config
+from mmrl.run.sft import collect_demonstrations, train_on_demonstrations
 from mmrl.trainer import train
 from rewards.render import html
 from sim.gui.miniwob import MiniWoBEnv

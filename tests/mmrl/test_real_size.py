@@ -15,8 +15,6 @@ import pytest
 import torch
 from transformers import AutoModelForImageTextToText
 
-from mmrl.batching import token_budget_slices, trim_padding
-from mmrl.config import ModelConfig
 from mmrl.policy import Sampling, VLMPolicy, add_action_tokens
 from mmrl.policy.options import (
     apply_lora,
@@ -29,6 +27,8 @@ from mmrl.policy.options import (
     merge_lora,
 )
 from mmrl.policy.vllm_backend import merged_named_weights
+from mmrl.run.config import ModelConfig
+from mmrl.stages.batching import token_budget_slices, trim_padding
 
 SAMPLING = Sampling(max_new_tokens=6, temperature=1.0)
 

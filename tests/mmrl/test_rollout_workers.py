@@ -9,12 +9,12 @@ import pytest
 import torch
 
 import sim
-from mmrl.rollout import collect_episodes
+from mmrl.stages.rollout import collect_episodes
 from mmrl.types import Sampling
 
 ray = pytest.importorskip("ray", reason="rollout workers need Ray (the `ray` extra)")
 
-from mmrl.rollout_workers import RolloutWorkers  # noqa: E402
+from mmrl.stages.rollout_workers import RolloutWorkers  # noqa: E402
 
 ENV = {"image_size": 112}  # grounding at the tiny qwen2_vl's image size
 SAMPLING = Sampling(max_new_tokens=8, temperature=1.0)

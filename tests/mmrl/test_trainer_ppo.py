@@ -13,9 +13,9 @@ import pytest
 import torch
 from transformers import CompileConfig
 
-from mmrl.batching import mini_batch_rows
-from mmrl.config import ConfigError
-from mmrl.logging import read_metrics
+from mmrl.run.config import ConfigError
+from mmrl.run.logging import read_metrics
+from mmrl.stages.batching import mini_batch_rows
 from mmrl.trainer import train
 
 
@@ -207,7 +207,7 @@ def test_gigpo_trains_vla_episodes_with_anchor_states(tmp_path, tiny_run_config,
 def test_every_turn_records_what_it_saw(tiny_policy, point_env):
     import sim
     from mmrl.policy import add_action_tokens
-    from mmrl.rollout import collect_episodes, observation_keys
+    from mmrl.stages.rollout import collect_episodes, observation_keys
     from mmrl.types import Sampling
 
     policy = tiny_policy("qwen3_vl", prompt_template="{image} {instruction}")

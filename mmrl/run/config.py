@@ -13,9 +13,9 @@ from rewards.combine import RewardSpec
 from sim.mix import ENV_REWARD
 from sim.seeds import TRAIN_SEEDS
 
-from .algos import ADVANTAGES, CRITIC_ADVANTAGES, POLICY_LOSSES, STEP_ADVANTAGES, Aggregation
+from ..algos import ADVANTAGES, CRITIC_ADVANTAGES, POLICY_LOSSES, STEP_ADVANTAGES, Aggregation
+from ..types import Sampling
 from .schema import ConfigError, apply_overrides, from_dict, load, require, to_dict  # noqa: F401 (re-exported)
-from .types import Sampling
 
 LOG_BACKENDS = ("jsonl", "tensorboard", "wandb")
 FREEZE_PARTS = ("vision", "projector", "language")  # model.freeze: see mmrl.policy.options.part_parameters
@@ -211,7 +211,7 @@ class AlgoConfig:
         "auto", "none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
     ] = "auto"
     rollout_correction_cap: float = 2.0  # truncate at it; mask outside [1/cap, cap]
-    # A critic (advantage: gae): a value head on the policy's last prompt hidden state (mmrl/critic.py), GAE over
+    # A critic (advantage: gae): a value head on the policy's last prompt hidden state (mmrl/methods/critic.py), GAE over
     # turns with `gamma` and gae_lambda, the clipped value loss; the head alone trains for critic_warmup_steps.
     gae_lambda: float = 0.95
     value_coef: float = 0.5
@@ -221,7 +221,7 @@ class AlgoConfig:
     critic_warmup_steps: int = 0
     critic_trunk_grad: bool = False  # let the value loss train the policy's trunk too (a shared actor-critic)
     critic_time: bool = False  # the head also reads the share of the episode's turns left (time-aware values)
-    # Label-free rewards (mmrl/consistency.py). "ttrv": TTRV (https://arxiv.org/abs/2510.06783), each sample's reward is
+    # Label-free rewards (mmrl/methods/consistency.py). "ttrv": TTRV (https://arxiv.org/abs/2510.06783), each sample's reward is
     # the share of its group giving the same parsed answer plus ttrv_entropy_coef x its part in a low entropy of the
     # group's answer distribution; the env's reward (its labels) is then only logged, never trained on.
     label_free: Literal["off", "ttrv"] = "off"
@@ -232,7 +232,7 @@ class AlgoConfig:
     care_coef: float = 0.0
     care_ema_decay: float = 0.995  # the EMA reference's decay per update (1: frozen, 0: the policy itself)
     # SRPO (https://arxiv.org/abs/2511.15605): > 0 gives each failed episode up to this much reward for how close it
-    # came to its group's successes, in the policy's own vision features (mmrl/progress.py).
+    # came to its group's successes, in the policy's own vision features (mmrl/methods/progress.py).
     progress_coef: float = 0.0
 
     def __post_init__(self):
@@ -358,10 +358,10 @@ class TrainerConfig:
     generation_shards: int = 0
     # "float32" keeps float32 master copies of the trainable weights of a bfloat16/float16 model (model.dtype): the
     # optimiser steps them and the model computes with them rounded, so small updates (lr 1e-6 in bfloat16)
-    # accumulate instead of rounding away; checkpoints hold them in float32 (mmrl.precision). A cold start
+    # accumulate instead of rounding away; checkpoints hold them in float32 (mmrl.run.precision). A cold start
     # (sft.episodes > 0) then runs on the float32 model. "model": the optimiser steps the model's own weights.
     master_weights: Literal["model", "float32"] = "model"
-    # K > 0 generates in K Ray actors (mmrl.rollout_workers), each with a copy of the policy (synced every step) and
+    # K > 0 generates in K Ray actors (mmrl.stages.rollout_workers), each with a copy of the policy (synced every step) and
     # its own env, on this machine or a Ray cluster's (RAY_ADDRESS); this process trains on what they return. Shards go
     # to them in turn: generation_shards must be a multiple of K. Samples equal the in-process ones for the same
     # generation_shards (on CPUs with the same torch thread count: the workers use max(threads, 1)).
@@ -482,7 +482,7 @@ DEFAULT_RUBRIC = (
 
 @dataclass(frozen=True)
 class JudgeConfig:
-    """A judge model as a reward (`mmrl.judge`): a VLM scores each answer against the image it answers; the step's
+    """A judge model as a reward (`mmrl.methods.judge`): a VLM scores each answer against the image it answers; the step's
     reward becomes `env reward + weight * score`, the score in [0, 1] logged as `reward/judge`."""
 
     model: str = ""  # a model folder (any AutoModelForImageTextToText with its processor); "" turns the judge off

@@ -3,9 +3,9 @@
 1. **Judge** (`judge.model`): a judge model scores each text answer against the observation it answered; the turn's
    reward gains `judge.weight` times the score (component `judge`; a reason joins the first step's `reasons`).
 2. **Label-free votes** (`algo.label_free: ttrv`): the group's votes replace the env's reward (TTRV,
-   `mmrl.consistency.with_vote_rewards`; components `ttrv_vote`, `ttrv_certainty`).
+   `mmrl.methods.consistency.with_vote_rewards`; components `ttrv_vote`, `ttrv_certainty`).
 
-   1 and 2 apply to every batch the collector samples (`Shaping.sampled`, called by `mmrl.collect`), because the
+   1 and 2 apply to every batch the collector samples (`Shaping.sampled`, called by `mmrl.stages.collect`), because the
    data-side filters (dynamic sampling, difficulty) and their refill read the rewards these give.
 3. **Overlong penalty** (`algo.overlong_penalty`): DAPO's soft penalty joins each turn's reward (component
    `overlong`); the step's `reward/*` metrics see it.
@@ -21,8 +21,8 @@
    3 applied.
 
 After the update, `Shaping.follow(policy)` moves GRPO-CARE's EMA reference (the trainer's call right after `update`).
-Which groups train (dynamic sampling, difficulty, refill) is collection's choice (`mmrl.collect`); the advantages
-read the shaped rewards (`mmrl.advantages`).
+Which groups train (dynamic sampling, difficulty, refill) is collection's choice (`mmrl.stages.collect`); the advantages
+read the shaped rewards (`mmrl.stages.advantages`).
 """
 
 from __future__ import annotations
@@ -31,14 +31,14 @@ from dataclasses import replace
 
 import torch
 
-from . import distributed
-from .algos.data import overlong_mask, soft_overlong_penalty
-from .config import AlgoConfig, TrainConfig
-from .consistency import CareReference, make_care, with_vote_rewards
-from .judge import Judge, RemoteJudge, make_judge
-from .policy.vlm import VLMPolicy
-from .progress import with_progress_rewards
-from .types import Collected, Episodes, Sampling
+from ..algos.data import overlong_mask, soft_overlong_penalty
+from ..methods.consistency import CareReference, make_care, with_vote_rewards
+from ..methods.judge import Judge, RemoteJudge, make_judge
+from ..methods.progress import with_progress_rewards
+from ..policy.vlm import VLMPolicy
+from ..run import distributed
+from ..run.config import AlgoConfig, TrainConfig
+from ..types import Collected, Episodes, Sampling
 
 
 class Shaping:

@@ -8,7 +8,7 @@
 `trainer.rollout_workers: K` uses this: the step's prompt shards (`trainer.generation_shards`) are handed out to the
 K workers in turn and collected concurrently; this process (the learner) trains on what they return. Each job is
 `(seeds, group_size, sampling, torch_seed)`: the worker seeds torch with `torch_seed` and runs
-`mmrl.rollout.collect_episodes` on its own env, exactly what the trainer does in-process for that shard. So **the
+`mmrl.stages.rollout.collect_episodes` on its own env, exactly what the trainer does in-process for that shard. So **the
 episodes equal the in-process ones** for the same weights, on CPUs with the same torch thread count
 (tests/mmrl/test_rollout_workers.py checks the episodes, tests/mmrl/test_trainer_options.py a whole training run),
 and a job can be rerun anywhere with the same result.
@@ -39,9 +39,9 @@ import sim
 from sim.ray_workers import init_ray, kill_actor
 from sim.registry import ENVS
 
-from .policy.vlm import VLMPolicy
+from ..policy.vlm import VLMPolicy
+from ..types import Episodes, Sampling
 from .rollout import collect_episodes
-from .types import Episodes, Sampling
 
 Job = tuple[list[int], int, Sampling, int]  # (seeds, group_size, sampling, torch_seed)
 
@@ -119,7 +119,7 @@ class RolloutWorkers:
         max_restarts: Restarts of one worker within one call before it gives up.
         address: A Ray cluster to join (default: `RAY_ADDRESS`, else a local cluster).
         keep_answered: return each row's observation with the episodes (a judge model scores them in the
-            learner's process, `mmrl.shaping`).
+            learner's process, `mmrl.stages.shaping`).
     """
 
     def __init__(

@@ -2,7 +2,7 @@
 
 * **Episode credit** (default): each row gets its episode's advantage from the episode returns of every process's
   groups (`mmrl.algos.ADVANTAGES`: GRPO, Dr. GRPO, RLOO, REINFORCE++ baselines). Branch credit is episode credit on
-  rows of which only the branch turn's keep a completion mask (`mmrl.rollout`).
+  rows of which only the branch turn's keep a completion mask (`mmrl.stages.rollout`).
 * **Step credit** (`algo.credit: step`): each row gets its turn's advantage against the same turn of the group's other
   worlds (`mmrl.algos.STEP_ADVANTAGES`, GiGPO's anchor states).
 * **A critic's estimator** (`mmrl.algos.CRITIC_ADVANTAGES`: GAE): each row gets its turn's advantage from the values of
@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import torch
 
-from . import algos, distributed
-from .algos.data import discounted_returns
-from .config import AlgoConfig
-from .types import Episodes
+from .. import algos
+from ..algos.data import discounted_returns
+from ..run import distributed
+from ..run.config import AlgoConfig
+from ..types import Episodes
 
 
 def row_advantages(

@@ -18,12 +18,12 @@ from dataclasses import replace
 
 import torch
 
-from . import distributed
-from .algos.progress import progress_rewards
-from .config import AlgoConfig
-from .policy.options import plain_model
-from .policy.vlm import VLMPolicy
-from .types import Episodes
+from ..algos.progress import progress_rewards
+from ..policy.options import plain_model
+from ..policy.vlm import VLMPolicy
+from ..run import distributed
+from ..run.config import AlgoConfig
+from ..types import Episodes
 
 
 @torch.no_grad()

@@ -2,7 +2,7 @@
 
 `build(cfg, ...)` returns a `Run` holding everything the trainer's loop touches; `load_policy` and
 `starting_policy` are the pieces the CLI and the tests also use. Under torchrun every process builds its own
-`Run` (the model sharded by FSDP2, see `mmrl.distributed`); only rank 0 prints and writes.
+`Run` (the model sharded by FSDP2, see `mmrl.run.distributed`); only rank 0 prints and writes.
 """
 
 from __future__ import annotations
@@ -21,21 +21,21 @@ import torch
 
 import sim
 
+from ..algos import CRITIC_ADVANTAGES
+from ..methods.critic import Critic
+from ..methods.curriculum import Curriculum
+from ..policy import VLMPolicy, add_action_tokens, apply_model_options, build_tiny
+from ..stages.collect import Collector
+from ..stages.evaluate import held_out
+from ..stages.shaping import Shaping
+from ..stages.update import Learner
+from ..types import Sampling
 from . import distributed, precision
-from .algos import CRITIC_ADVANTAGES
 from .checkpoint import latest_checkpoint, load_training_state, set_rng_state
-from .collect import Collector
 from .config import ModelConfig, TrainConfig, to_dict
-from .critic import Critic
-from .curriculum import Curriculum
-from .evaluate import held_out
 from .logging import MetricsLogger, TensorBoardSink, WandbSink, require_backends
-from .policy import VLMPolicy, add_action_tokens, apply_model_options, build_tiny
 from .report import report_before
 from .sft import collect_demonstrations, longest_target, merge_demonstrations, train_on_demonstrations
-from .shaping import Shaping
-from .types import Sampling
-from .update import Learner
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -84,7 +84,7 @@ def load_policy(cfg: ModelConfig, checkpoint: str | Path | None = None) -> VLMPo
     path = Path(cfg.path)
     if not path.is_absolute() and not path.exists():
         # Presets name assets relative to the repository; let them run from any working directory.
-        candidate = Path(__file__).resolve().parents[1] / path
+        candidate = Path(__file__).resolve().parents[2] / path
         path = candidate if candidate.exists() else path
     return VLMPolicy.from_pretrained(path, dtype=DTYPES[cfg.dtype], device=cfg.device, **kwargs)
 

@@ -7,14 +7,14 @@
   each process collects whole groups of its shards with whole weights (`distributed.full_weights`): generation runs
   no collective, so processes may make different numbers of forward passes, and the samples depend on S, never on
   the number of processes.
-* **Where episodes are played.** In this process (`mmrl.rollout.collect_episodes` on the env, whose worlds may live
+* **Where episodes are played.** In this process (`mmrl.stages.rollout.collect_episodes` on the env, whose worlds may live
   in Ray env workers, `env.workers`), or by K rollout workers, Ray actors holding policy copies synced every step
   (`trainer.rollout_workers`).
 * **Filters and refill.** Dynamic sampling and difficulty filtering drop groups; more batches of B prompts are
   sampled until B groups pass or `algo.max_sample_batches` is spent. Nothing passing trains on the first batch
   (zero advantages; only the KL and entropy terms act).
 * **Rewards the filters read.** Each sampled batch passes through the shaping that must come before the filters (a
-  judge model's scores, TTRV's votes: `mmrl.shaping.Shaping.sampled`); the rest of the shaping is the loop's next
+  judge model's scores, TTRV's votes: `mmrl.stages.shaping.Shaping.sampled`); the rest of the shaping is the loop's next
   stage.
 
 A curriculum step rebuilds the env at the new level (`rebuild`).
@@ -31,15 +31,15 @@ import torch
 from sim.seeds import sampling_seed, train_seeds
 from sim.workers import make_vec_env
 
-from . import distributed
-from .algos.data import difficulty_filter_keep, dynamic_sampling_keep
-from .config import AlgoConfig, TrainConfig
-from .curriculum import Curriculum
-from .policy.vlm import VLMPolicy
+from ..algos.data import difficulty_filter_keep, dynamic_sampling_keep
+from ..methods.curriculum import Curriculum
+from ..policy.vlm import VLMPolicy
+from ..run import distributed
+from ..run.config import AlgoConfig, TrainConfig
+from ..types import Collected, Episodes, Sampling, cat_episodes
 from .rollout import collect_episodes
 from .rollout_workers import RolloutWorkers
 from .shaping import Shaping
-from .types import Collected, Episodes, Sampling, cat_episodes
 
 
 def make_env(cfg: TrainConfig, num_envs: int, curriculum: Curriculum):

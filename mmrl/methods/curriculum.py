@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .config import CurriculumConfig
+from ..run.config import CurriculumConfig
 
 
 class Curriculum:

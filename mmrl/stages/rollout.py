@@ -25,8 +25,8 @@ import torch
 
 from sim.base import Observation, VecEnv
 
-from .policy.vlm import VLMPolicy
-from .types import Episodes, Rollout, Sampling, Turn, cat_rollouts
+from ..policy.vlm import VLMPolicy
+from ..types import Episodes, Rollout, Sampling, Turn, cat_rollouts
 
 
 @torch.no_grad()
@@ -54,7 +54,7 @@ def collect_episodes(
             `max_episode_steps` needs, given the chunk size).
         record_frames: keep every observation of the first K worlds (for episode videos).
         keep_answered: keep each row's observation (images and instruction) in the episodes, for a judge model
-            that scores the answers after collection (`mmrl.shaping`).
+            that scores the answers after collection (`mmrl.stages.shaping`).
         branch: play greedily except at one turn per group, drawn uniformly from the global torch generator, where
             the G worlds sample with `sampling`; rows of the other turns come back with an empty completion mask
             (see the module docstring).

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
+from ..policy import VLMPolicy
+from ..policy.options import is_lora, merge_lora
 from .checkpoint import latest_checkpoint
-from .policy import VLMPolicy
-from .policy.options import is_lora, merge_lora
 
 EXPORT_DTYPES = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -33,9 +33,9 @@ import torch
 
 from sim.ray_workers import init_ray
 
-from .config import JudgeConfig
-from .policy import VLMPolicy
-from .policy.vision import to_pil
+from ..policy import VLMPolicy
+from ..policy.vision import to_pil
+from ..run.config import JudgeConfig
 
 _NUMBER = re.compile(r"(?<![\d.])\d+(?:\.\d+)?")
 

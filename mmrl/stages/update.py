@@ -2,7 +2,7 @@
 per mini-batch, and the critic's step beside the policy's.
 
     for epoch, for mini-batch:                            # algo.ppo_epochs x mini-batches of algo.mini_batch_groups
-        for micro-batch:                                  # mmrl/batching.py
+        for micro-batch:                                  # mmrl/stages/batching.py
             out = objective(logprobs, old, advantages, ...)   (+ value_coef * value loss; + PAPO's masked pass)
             backward
         clip, step the policy's optimiser (and the critic's)
@@ -24,16 +24,17 @@ import torch
 
 from sim.seeds import image_mask_seed, mini_batch_seed
 
-from . import algos, distributed
-from . import critic as critic_head
+from .. import algos
+from ..methods import critic as critic_head
+from ..methods.critic import Critic
+from ..policy import VLMPolicy
+from ..run import distributed
+from ..run.config import TrainConfig
+from ..run.logging import EXTREMES
+from ..run.precision import MasterWeights
+from ..types import Episodes, Rollout, Sampling
 from .batching import MicroBatch, micro_batches, mini_batch_rows
-from .config import TrainConfig
-from .critic import Critic
-from .logging import EXTREMES
 from .old_scores import OldScores, optimizer_steps
-from .policy import VLMPolicy
-from .precision import MasterWeights
-from .types import Episodes, Rollout, Sampling
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ def update(
         episodes: the step's episodes; their rollout's rows are what trains.
         advantages: `[M]` one per row.
         returns: `[M]` the critic's targets (with a critic), else None.
-        old: from `mmrl.old_scores.old_scores`.
+        old: from `mmrl.stages.old_scores.old_scores`.
         step: the step (seeds the mini-batch order and PAPO's mask).
         warming: the critic's warm-up: only the value head trains, and the schedule waits.
 

@@ -10,12 +10,12 @@ import torch
 import sim
 from sim.seeds import eval_seeds
 
-from . import distributed
-from .config import TrainConfig
-from .distributed import World, eval_shard
-from .policy.vlm import VLMPolicy
+from ..policy.vlm import VLMPolicy
+from ..run import distributed
+from ..run.config import TrainConfig
+from ..run.distributed import World, eval_shard
+from ..types import Episodes, Sampling
 from .rollout import collect_episodes
-from .types import Episodes, Sampling
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .distributed import World
+from ..run.distributed import World
 
 
 class ValueHead(nn.Module):

@@ -13,14 +13,14 @@ from typing import Any
 
 import torch
 
+from ..algos.data import dynamic_sampling_keep
+from ..methods.curriculum import Curriculum
+from ..stages.evaluate import EvalResult, SampledResult
+from ..types import Collected
 from . import plots
-from .algos.data import dynamic_sampling_keep
 from .config import TrainConfig
-from .curriculum import Curriculum
 from .distributed import World
-from .evaluate import EvalResult, SampledResult
 from .logging import EXTREMES, read_metrics
-from .types import Collected
 
 METRIC_LABELS = {"iou": "mean IoU", "reward": "mean reward", "success": "success"}
 

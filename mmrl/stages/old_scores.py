@@ -15,13 +15,13 @@ from dataclasses import dataclass
 
 import torch
 
-from . import critic as critic_head
+from ..methods import critic as critic_head
+from ..methods.critic import Critic
+from ..policy import VLMPolicy
+from ..run.config import TrainConfig
+from ..run.distributed import World
+from ..types import Episodes, Sampling
 from .batching import micro_batches, mini_batch_count
-from .config import TrainConfig
-from .critic import Critic
-from .distributed import World
-from .policy import VLMPolicy
-from .types import Episodes, Sampling
 
 
 @dataclass(frozen=True)
