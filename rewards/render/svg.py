@@ -14,7 +14,8 @@ What is refused, and why (each as `RenderRefused` with the reason, so the render
   cairosvg parses with defusedxml, external references forbidden). Also `<?xml-stylesheet ...?>` (an external
   style sheet);
 * malformed XML, a root element other than `svg`, more than `max_elements` elements, nesting deeper than
-  `max_depth`, a root `width`/`height` (or viewBox size) above `max_dimension` user units or not finite;
+  `max_depth`, a root `width`/`height` above `max_dimension` user units or not finite (the canvas; the viewBox is
+  only its coordinate system, refused only when not finite);
 * any reference other than a same-document `#fragment`: `href`/`xlink:href` values and `url(...)` in attributes and
   `<style>` text, `@import`. The one exception is an inline raster image, `<image href="data:image/png;base64,...">`
   (or `image/jpeg`): it is self-contained, and image-to-SVG outputs sometimes embed one. An inline SVG (or anything
@@ -153,23 +154,32 @@ class _Checker:
         return None
 
     def _check_dimensions(self, attrib: dict[str, str]) -> None:
+        # The canvas is the root's width and height (the render is scaled to the requested size); the viewBox is only
+        # the coordinate system drawn into it, so any finite viewBox is fine (maps and plots in data units have
+        # viewBoxes of 10^5-10^6 units). A non-finite one is refused: it would make the scaling to the canvas NaN.
         limit = self.opts["max_dimension"]
-        sizes = {key: attrib.get(key) for key in ("width", "height")}
         view_box = attrib.get("viewBox")
         if view_box is not None:
-            parts = re.split(r"[\s,]+", view_box.strip())
-            if len(parts) == 4:
-                sizes["viewBox width"], sizes["viewBox height"] = parts[2], parts[3]
-        for key, text in sizes.items():
+            for key, text in zip(("x", "y", "width", "height"), re.split(r"[\s,]+", view_box.strip()), strict=False):
+                value = _number(text)
+                if value is not None and not math.isfinite(value):
+                    raise RenderRefused(f"svg refused: viewBox {key} {text!r} is not finite")
+        for key in ("width", "height"):
+            text = attrib.get(key)
             if text is None or text.strip().endswith("%"):
                 continue
-            match = _NUMBER.match(text)
-            try:  # "inf" and "nan" are not numbers to the pattern, but float() (and so cairosvg) takes them
-                value = float(match.group(1) if match is not None else text)
-            except ValueError:
-                continue  # cairosvg reads it as 0 / auto
-            if not math.isfinite(value) or abs(value) > limit:
+            value = _number(text)
+            if value is not None and (not math.isfinite(value) or abs(value) > limit):
                 raise RenderRefused(f"svg refused: {key} {text.strip()!r} is larger than {limit:g}")
+
+
+def _number(text: str) -> float | None:
+    """The number a length starts with, as cairosvg reads it (units ignored); None where it reads none (0 / auto)."""
+    match = _NUMBER.match(text)
+    try:  # "inf" and "nan" are not numbers to the pattern, but float() (and so cairosvg) takes them
+        return float(match.group(1) if match is not None else text)
+    except ValueError:
+        return None
 
 
 def _refuse_entity(name: str | None, *rest: Any) -> None:

@@ -204,6 +204,29 @@ def test_check_svg_refuses(source, reason):
         check_svg(source)
 
 
+@pytest.mark.parametrize("size", ['width="40" height="20" ', ""], ids=["sized", "unsized"])
+def test_a_huge_viewbox_is_a_coordinate_system_not_a_huge_canvas(size):
+    # Public SVGs (maps, plots in data units) use viewBoxes far wider than 20000 units; the canvas is the render size.
+    body = (
+        '<rect width="50000" height="50000" fill="#ff0000"/><rect x="50000" width="50000" height="50000" fill="blue"/>'
+    )
+    result = render("svg", f'<svg {NS} {size}viewBox="0 0 100000 50000">{body}</svg>', size=(40, 20))
+    assert result.ok, result.reason
+    assert result.image[10, 5].tolist() == [255, 0, 0] and result.image[10, 35].tolist() == [0, 0, 255]
+
+
+@pytest.mark.parametrize(
+    ("source", "reason"),
+    [
+        (f'<svg {NS} width="40" height="1e6" viewBox="0 0 40 30"/>', "height '1e6' is larger than 20000"),
+        (f'<svg {NS} width="30000" height="20" viewBox="0 0 100000 50000"/>', "width '30000' is larger than 20000"),
+    ],
+)
+def test_a_huge_width_or_height_is_still_refused_whatever_the_viewbox(source, reason):
+    with pytest.raises(RenderRefused, match=reason):
+        check_svg(source)
+
+
 SVG11_DOCTYPE = '<!DOCTYPE svg PUBLIC "-//W3C//DTD SVG 1.1//EN" "http://www.w3.org/Graphics/SVG/1.1/DTD/svg11.dtd">'
 
 
