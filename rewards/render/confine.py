@@ -382,17 +382,44 @@ def _install_audit_hook(scratch: str, read_roots: list[str], report: Callable[[s
 
     The refusal is handed to `report` (which sends it to the worker), then the child exits with `VIOLATION_EXIT`.
     """
+    verdict = audit_verdict(scratch, read_roots)
+
+    def hook(event: str, args: tuple[Any, ...]) -> None:
+        try:
+            refused = verdict(event, args)
+        except BaseException:  # arguments we cannot make sense of: fail closed
+            refused = f"{event} (arguments not understood)"
+        if refused:
+            report(f"sandbox refused {refused}")
+            os._exit(VIOLATION_EXIT)
+
+    sys.addaudithook(hook)
+
+
+def audit_verdict(scratch: str, read_roots: Sequence[str]) -> Callable[[str, tuple[Any, ...]], str]:
+    """The audit hook's judgement: `verdict(event, args)` is why the event is refused, "" where it is allowed.
+
+    Paths are compared where they lead: a relative path is taken from `scratch` (the child's working directory), and
+    every symlink on the way is followed (`os.path.realpath`), as the roots were followed in `prepare`. So a venv or
+    a home reached through a link reads its own files, and a link in the scratch directory to a file outside is
+    outside (Landlock, which sees the opened file, agrees).
+
+    Args:
+        scratch: the resolved scratch directory, the only place that may be written.
+        read_roots: the resolved directories that may be read.
+    """
+    scratch = os.path.realpath(scratch)
+    scratch_roots = (scratch,)
+    readable = (scratch, *(os.path.realpath(root) for root in read_roots))
 
     def within(path: str, roots: Sequence[str]) -> bool:
         return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
 
-    scratch_roots = (scratch,)
-    readable = (scratch, *read_roots)
-
     def resolve(path: object) -> str | None:
         if isinstance(path, int):
             return None  # an already-open descriptor: opening it was checked
-        return os.path.normpath(os.path.join(scratch, os.fsdecode(os.fspath(path))))  # type: ignore[arg-type]
+        # realpath raises no audit event (lstat and readlink are not audited), so this cannot recurse into the hook.
+        return os.path.realpath(os.path.join(scratch, os.fsdecode(os.fspath(path))))  # type: ignore[arg-type]
 
     def verdict(event: str, args: tuple[Any, ...]) -> str:
         if event == "open":
@@ -421,16 +448,7 @@ def _install_audit_hook(scratch: str, read_roots: list[str], report: Callable[[s
                 return f"{event}({args[index]!r}) outside the sandbox"
         return ""
 
-    def hook(event: str, args: tuple[Any, ...]) -> None:
-        try:
-            refused = verdict(event, args)
-        except BaseException:  # arguments we cannot make sense of: fail closed
-            refused = f"{event} (arguments not understood)"
-        if refused:
-            report(f"sandbox refused {refused}")
-            os._exit(VIOLATION_EXIT)
-
-    sys.addaudithook(hook)
+    return verdict
 
 
 def _short(args: tuple[Any, ...]) -> str:

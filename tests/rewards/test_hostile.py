@@ -19,6 +19,7 @@ pytest.importorskip("cairosvg")
 pytest.importorskip("matplotlib")
 
 from rewards.render import RenderPool, render  # noqa: E402
+from rewards.render.confine import audit_verdict  # noqa: E402
 
 TIMEOUT = 1.0  # seconds per hostile render: the CPU limit is the same, rounded up
 SLACK = 3.0  # start-up of the render child, kill and reap, on a loaded two-core machine
@@ -147,6 +148,27 @@ def test_hostile_svg(name):
 def test_network_refusal_is_the_sandbox_not_the_closed_port():
     result = render("chart", CHART_CASES["network"][0], size=16, timeout=TIMEOUT)
     assert "sandbox refused socket" in result.reason and "Connection refused" not in result.reason
+
+
+def test_the_audit_hook_follows_links_to_where_they_lead(tmp_path):
+    # Paths are resolved before they are compared with the (resolved) roots: a link inside the scratch directory to
+    # a file outside is outside, and a read root reached through a link is inside.
+    scratch, outside, root = tmp_path / "scratch", tmp_path / "outside", tmp_path / "root"
+    for folder in (scratch, outside, root):
+        folder.mkdir()
+    (outside / "secret").write_text("x")
+    (root / "module.py").write_text("x")
+    (scratch / "escape").symlink_to(outside, target_is_directory=True)
+    (tmp_path / "root-link").symlink_to(root, target_is_directory=True)
+    verdict = audit_verdict(str(scratch), [str(root)])
+    assert verdict("open", ("escape/secret", "r", os.O_RDONLY)) != ""
+    assert verdict("open", (str(scratch / "escape" / "secret"), "r", os.O_RDONLY)) != ""
+    assert verdict("open", ("escape/new", "w", os.O_WRONLY | os.O_CREAT)) != ""
+    assert verdict("os.listdir", ("escape",)) != ""
+    assert verdict("os.mkdir", ("escape/d", 0o777, -1)) != ""
+    assert verdict("open", (str(tmp_path / "root-link" / "module.py"), "r", os.O_RDONLY)) == ""
+    assert verdict("open", ("plot.png", "wb", os.O_WRONLY | os.O_CREAT)) == ""  # scratch itself stays writable
+    assert verdict("open", (str(tmp_path / "root-link" / "new.py"), "w", os.O_WRONLY | os.O_CREAT)) != ""
 
 
 @pytest.fixture(scope="module")

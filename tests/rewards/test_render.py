@@ -108,6 +108,27 @@ def test_chart_scripts_may_import_harmless_modules():
     assert not refused.ok and ("import of 'cffi'" in refused.reason or "No module named" in refused.reason)
 
 
+@pytest.mark.skipif(sys.prefix == sys.base_prefix, reason="needs a virtual environment to reach through a link")
+def test_chart_renders_with_the_venv_reached_through_a_symlink(tmp_path):
+    # The interpreter's own files are then opened under the link's path, while the read roots are the resolved ones;
+    # the audit hook must compare like with like. savefig's PNG writer imports PIL plugins inside the render child.
+    link = tmp_path / "venv"
+    link.symlink_to(os.path.realpath(sys.prefix), target_is_directory=True)
+    python = link / "bin" / os.path.basename(sys.executable)
+    code = (
+        "import sys\n"
+        "from rewards.render import render\n"
+        "chart = \"import matplotlib.pyplot as plt\\nplt.bar(['a'], [1], color='red')\\nplt.savefig('copy.png')\\n\"\n"
+        "result = render('chart', chart, size=(32, 32), timeout=30)\n"
+        "print(sys.prefix, result.ok, result.reason)\n"
+    )
+    done = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    prefix, ok, reason = (done.stdout.strip().splitlines()[-1].split(" ", 2) + [""])[:3]
+    assert prefix == str(link)  # the link was the interpreter's prefix, so the case is the one that failed
+    assert ok == "True", reason
+
+
 def test_render_batch_keeps_order_and_mixes_failures():
     colors = ["#ff0000", "#00ff00", "#0000ff", "#ffff00", "#00ffff"]
     sources: list = [svg(f'<rect width="40" height="30" fill="{c}"/>') for c in colors]
