@@ -13,7 +13,9 @@ keep training, demonstrations and evaluation on disjoint worlds. `sim` owns the 
 
 Beside the world seeds, every random stream of a training step has a named function here, so no two streams start
 from the same integer: `sampling_seed` (the completions of one generation shard), `mini_batch_seed` (the order of the
-groups in PPO mini-batches), `image_mask_seed` (which patches PAPO hides). Others derive theirs with `stream_seed`.
+groups in PPO mini-batches), `image_mask_seed` (which patches PAPO hides), `critic_seed` (the value head's initial
+weights). Others derive theirs with `stream_seed` (the action-token rows, demonstration noise). The cold start's batch
+order keeps the run seed itself, so that the recorded cold starts reproduce.
 """
 
 from __future__ import annotations
@@ -83,3 +85,8 @@ def mini_batch_seed(seed: int, step: int) -> int:
 def image_mask_seed(seed: int, step: int, rank: int = 0) -> int:
     """The generator seed of the patches PAPO hides at step `step` in process `rank` (each masks its own rows)."""
     return stream_seed("papo image mask", seed, step, rank)
+
+
+def critic_seed(seed: int) -> int:
+    """The generator seed of the value head's initial weights in a run with `trainer.seed = seed`."""
+    return stream_seed("critic head", seed)

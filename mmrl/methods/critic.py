@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from sim.seeds import critic_seed
+
 from ..run.distributed import World
 
 
@@ -61,7 +63,8 @@ def turns_left(turn: torch.Tensor, turns: int) -> torch.Tensor:
 
 
 class Critic:
-    """The value head, its optimiser, and the hook that reads the policy's hidden state."""
+    """The value head, its optimiser, and the hook that reads the policy's hidden state. `seed` is the run's
+    (`trainer.seed`): the head's initial weights draw from its own stream (`sim.seeds.critic_seed`)."""
 
     def __init__(
         self, model: nn.Module, *, width: int, lr: float, trunk_grad: bool, seed: int, device: str, time: bool = False
@@ -71,7 +74,7 @@ class Critic:
             self.lm_head.in_features if hasattr(self.lm_head, "in_features") else self.lm_head.weight.shape[1]
         )
         self.time = time  # the head also reads `turns_left`
-        self.head = ValueHead(hidden_size, width, seed, extra=int(time)).to(device)
+        self.head = ValueHead(hidden_size, width, critic_seed(seed), extra=int(time)).to(device)
         self.optimizer = torch.optim.AdamW(self.head.parameters(), lr=lr)
         self.trunk_grad = trunk_grad
         self._seen: torch.Tensor | None = None

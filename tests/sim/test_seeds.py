@@ -47,13 +47,13 @@ def test_demonstrations_stay_below_the_held_out_worlds():
 
 
 def test_no_two_random_streams_of_a_step_share_a_seed():
-    from sim.seeds import image_mask_seed, mini_batch_seed, sampling_seed
+    from sim.seeds import critic_seed, image_mask_seed, mini_batch_seed, sampling_seed
 
     # Before each stream had a named function, the mini-batch order and PAPO's mask of step 0 were seeded with the
     # same integer as the step's completions (seed * 1_000_003 + step).
     for seed in (0, 3):
         for step in (0, 1, 7):
-            drawn = [sampling_seed(seed, step), mini_batch_seed(seed, step)] + [
+            drawn = [sampling_seed(seed, step), mini_batch_seed(seed, step), critic_seed(seed)] + [
                 image_mask_seed(seed, step, rank) for rank in range(3)
             ]
             assert len(set(drawn)) == len(drawn)
