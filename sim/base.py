@@ -2,7 +2,8 @@
 
 A `VecEnv` holds N independent worlds. Observations carry images as uint8 tensors `[N, H, W, 3]` (or
 `[N, V, H, W, 3]`: V views of each world, such as two cameras, shown to the policy in order) and one instruction
-string per world. Actions are either text (a list of N strings the env parses) or continuous
+string per world, optionally the privileged `state` `[N, S]` and the robot's proprioceptive state `proprio`
+`[N, P]` (what a deployed robot measures of itself). Actions are either text (a list of N strings the env parses) or continuous
 (a float tensor `[N, D]`). There is no autoreset: the caller decides which worlds to reset with `env_ids`.
 Single-step tasks (visual RLVR) are envs whose episodes end after one step.
 
@@ -28,6 +29,9 @@ class Observation:
     image: torch.Tensor  # [N, H, W, 3] uint8, or [N, V, H, W, 3]: V views of each world (cameras), in order
     instruction: list[str]  # N strings
     state: torch.Tensor | None = None  # [N, S] privileged state, optional
+    # [N, P] float32, what the robot knows of itself (joint or end-effector positions, velocities, gripper): the
+    # state a deployed policy reads too, never the task's hidden quantities (a target's position); optional.
+    proprio: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.instruction)
@@ -49,6 +53,7 @@ class Observation:
             image=self.image[idx].clone(),
             instruction=[self.instruction[i] for i in idx.tolist()],
             state=None if self.state is None else self.state[idx].clone(),
+            proprio=None if self.proprio is None else self.proprio[idx].clone(),
         )
 
 

@@ -48,6 +48,9 @@ def check_vec_env(env: VecEnv, seed: int = 0, actions: list[str] | torch.Tensor 
     _check_observation(again, n, f"{name}.reset")
     assert _same_images(obs.image, again.image), f"{name}: reset(seed={seed}) twice gave different images"
     assert obs.instruction == again.instruction, f"{name}: reset(seed={seed}) twice gave different instructions"
+    assert (obs.proprio is None) == (again.proprio is None) and (
+        obs.proprio is None or torch.equal(obs.proprio.cpu(), again.proprio.cpu())
+    ), f"{name}: reset(seed={seed}) twice gave different obs.proprio"
     _check_no_shared_storage(_tensors(obs), _tensors(again), f"{name}: two reset() calls")
     other = env.reset(seed=[seed + _SEED_OFFSET + k for k in range(n)])
     assert not _same_images(obs.image, other.image), (
@@ -118,6 +121,11 @@ def check_vec_env(env: VecEnv, seed: int = 0, actions: list[str] | torch.Tensor 
         "given the reset seed, or the returned image is a view of a buffer"
     )
     _check_no_shared_storage(_tensors(first), _tensors(second), f"{name}: two step() calls")
+    if obs.proprio is not None:  # a policy reads one width for the whole episode
+        assert second.obs.proprio is not None and second.obs.proprio.shape == obs.proprio.shape, (
+            f"{name}: obs.proprio is {tuple(obs.proprio.shape)} after reset but "
+            f"{None if second.obs.proprio is None else tuple(second.obs.proprio.shape)} after step"
+        )
     third = env.reset(seed=seed)
     _check_no_shared_storage(_tensors(second), _tensors(third), f"{name}: step() then reset()")
 
@@ -166,6 +174,14 @@ def _check_observation(obs: Any, n: int, where: str) -> None:
         assert isinstance(obs.state, torch.Tensor) and obs.state.dim() >= 1 and obs.state.shape[0] == n, (
             f"{where}: obs.state must be None or a tensor with leading dim N={n}"
         )
+    if obs.proprio is not None:
+        proprio = obs.proprio
+        assert isinstance(proprio, torch.Tensor) and proprio.dim() == 2 and proprio.shape[0] == n, (
+            f"{where}: obs.proprio must be None or a [N={n}, P] tensor, got "
+            f"{tuple(proprio.shape) if isinstance(proprio, torch.Tensor) else type(proprio).__name__}"
+        )
+        assert proprio.is_floating_point(), f"{where}: obs.proprio must be a float tensor, got {proprio.dtype}"
+        assert bool(torch.isfinite(proprio).all()), f"{where}: obs.proprio has non-finite entries"
 
 
 def _check_step_result(result: Any, n: int, name: str) -> None:
@@ -201,7 +217,7 @@ def _walk(tree: dict, prefix: str) -> Iterator[tuple[str, Any]]:
 def _tensors(obj: Observation | StepResult) -> list[torch.Tensor]:
     """Every tensor an Observation or StepResult hands out, including those nested in info."""
     if isinstance(obj, Observation):
-        return [t for t in (obj.image, obj.state) if t is not None]
+        return [t for t in (obj.image, obj.state, obj.proprio) if t is not None]
     found = _tensors(obj.obs) + [obj.reward, obj.terminated, obj.truncated]
     found += [value for _, value in _walk(obj.info, "info") if isinstance(value, torch.Tensor)]
     return found

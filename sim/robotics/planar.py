@@ -15,7 +15,9 @@ workspace (0.2 m) in 4 steps.
 
 **Observation.** `image` uint8 `[N, H, W, 3]` from the top camera (H = W = `image_size`, a multiple of 32; with
 `camera=["top", "ego"]`, `[N, 2, H, W, 3]`, both cameras);
-`instruction`, N strings; `state` float32 `[N, S]` privileged state, in metres (layouts below).
+`instruction`, N strings; `state` float32 `[N, S]` privileged state, in metres (layouts below); `proprio` float32
+`[N, 4]`, what the robot measures of itself: the gripper's position (x, y, metres) and velocity (x, y, m/s), never
+a target's or a block's position.
 
 **Backends.** `backend="mujoco"` (default) steps each world with `mj_step` and renders it with OpenGL on the CPU.
 `backend="warp"` steps all N worlds as one MuJoCo Warp batch and ray-traces their N images at once, on the env's
@@ -207,6 +209,7 @@ class PlanarMujocoEnv:
 
         joint_x = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_JOINT, "gripper_x")
         self._gripper_qpos = int(self.model.jnt_qposadr[joint_x])  # gripper_y follows gripper_x in qpos
+        self._gripper_dof = int(self.model.jnt_dofadr[joint_x])  # and in qvel
         self.half_width = float(self.model.jnt_range[joint_x, 1])  # the workspace is [-half_width, half_width]^2
         self.workspace_size = 2.0 * self.half_width
         self.gripper_radius = float(self.model.geom_size[self._geom("gripper"), 0])
@@ -369,7 +372,13 @@ class PlanarMujocoEnv:
             image=self._tensor(self._images.copy()),
             instruction=list(self._instructions),
             state=self._tensor(self._state().astype(np.float32)),
+            proprio=self._tensor(self._proprio().astype(np.float32)),
         )
+
+    def _proprio(self) -> np.ndarray:
+        """`[N, 4]` float64: each gripper's position and velocity (x, y, vx, vy), a fresh array."""
+        g, v = self._gripper_qpos, self._gripper_dof
+        return np.stack([np.concatenate([data.qpos[g : g + 2], data.qvel[v : v + 2]]) for data in self.datas])
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
         # `array` is always a fresh array here, so from_numpy hands out memory no one else holds.

@@ -20,7 +20,8 @@ block-to-goal distance divided by the workspace width; `approach` the decrease o
 distance minus the contact distance 0.045 m, floored at 0) divided by the workspace width; `success` 1 on the step
 that succeeds. `reward="sparse"`: `success` only. All three components are logged.
 
-**State** `[N, 6]`: gripper xy `[0:2]`, block xy `[2:4]`, goal square centre xy `[4:6]`.
+**State** `[N, 6]`: gripper xy `[0:2]`, block xy `[2:4]`, goal square centre xy `[4:6]`. **Proprio** `[N, 4]`:
+the gripper's xy and velocity (the block and the goal are for the policy to see).
 
 **Expert** (`expert_action`): with `u` the unit vector from block to goal, it first walks around the block if it is
 on the wrong side (it sidesteps, then goes back along the block's side), then goes to the point behind the block on
@@ -54,6 +55,8 @@ class PushEnv(PlanarMujocoEnv):
     >>> obs = env.reset(seed=0)
     >>> obs.state.shape  # gripper xy, block xy, goal xy
     torch.Size([2, 6])
+    >>> obs.proprio.shape  # gripper xy and velocity: what the robot knows of itself
+    torch.Size([2, 4])
 
     Args:
         num_envs: N, the number of worlds.

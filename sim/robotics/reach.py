@@ -32,7 +32,8 @@ by default `assets/tiny_models/clip_reach` (trained on these egocentric 128 px r
 loaded once per process and run on all N frames in one batch.
 
 **State** `[N, 4 + 3K]` (K = `num_targets`): gripper xy `[0:2]`; the named target's xy `[2:4]`; every disc's xy in
-slot order `[4:4+2K]` (x0, y0, x1, y1, ...); every disc's colour as an index into `COLOURS` `[4+2K:4+3K]`.
+slot order `[4:4+2K]` (x0, y0, x1, y1, ...); every disc's colour as an index into `COLOURS` `[4+2K:4+3K]`. **Proprio** `[N, 4]`: the gripper's xy and
+velocity, never the target's position (which the policy must read from the image and the instruction).
 
 **Expert** (`expert_action`): straight-line saturated proportional control, `(target - gripper) / action_scale`,
 scaled down as a vector so that its largest coordinate is at most 1 (the direction is kept). It succeeds within 6
@@ -70,8 +71,8 @@ class ReachEnv(PlanarMujocoEnv):
 
     >>> env = ReachEnv(num_envs=2)
     >>> obs = env.reset(seed=0)
-    >>> obs.image.shape, obs.state.shape
-    (torch.Size([2, 64, 64, 3]), torch.Size([2, 13]))
+    >>> obs.image.shape, obs.state.shape, obs.proprio.shape
+    (torch.Size([2, 64, 64, 3]), torch.Size([2, 13]), torch.Size([2, 4]))
     >>> result = env.step(env.expert_action())
 
     Args:
