@@ -18,8 +18,10 @@ the episode ends.
 one of `answer` (text, a number, or a list of accepted texts), `box` (`[x1, y1, x2, y2]` in pixels of the original
 image), `boxes` (a list of such boxes, every object to find; `[]` when there is none) or `point` (`[x, y]`). Blank lines are skipped. Or a folder written by Hugging Face `datasets`
 (`Dataset.save_to_disk`; a `DatasetDict` is read at its `hf_split`) with the same columns, where `image` is an
-`Image` feature, image bytes, or a path relative to that folder. Bad records (unreadable JSON, a missing image file,
-a missing or malformed field) raise `ValueError` at construction, naming the line (or row) and the field.
+`Image` feature, image bytes, or a path relative to that folder. Bad records (unreadable JSON, a missing, broken or
+too large image file, a missing or malformed field, a box or point outside its image) raise `sim.errors.InputError`
+(a `ValueError`) at construction, naming the line (or row) and the field; image files are checked from their headers
+then (`sim.tasks.records`), images embedded in a `datasets` folder when a world first shows them.
 
 **Images.** The image is resized so that its longer side is `image_size` (bilinear), keeping its aspect ratio, and
 pasted centred on a black `image_size` square. Boxes and points are mapped the same way,
@@ -77,10 +79,11 @@ from rewards import REWARDS, answer_region, parse_box, parse_box_list, parse_cho
 from rewards.combine import BoundReward
 from rewards.consistency import split_options
 from sim.base import SingleStepImageEnv, StepResult, check_text_actions
+from sim.errors import InputError
 from sim.registry import ENVS
 from sim.seeds import EVAL_SEED_BASE
 from sim.tasks.choices import ConsistencyMode, ReAsk
-from sim.tasks.records import Record, open_image, read_records
+from sim.tasks.records import Record, check_inside, open_image, read_records
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_PATH = REPO / "assets" / "datasets" / "shapes_qa" / "data.jsonl"
@@ -145,21 +148,21 @@ class DatasetEnv(SingleStepImageEnv):
         device: str = "cpu",
     ):
         if num_envs < 1:
-            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+            raise InputError(f"num_envs must be >= 1, got {num_envs}")
         if image_size < 8:
-            raise ValueError(f"image_size must be >= 8, got {image_size}")
+            raise InputError(f"image_size must be >= 8, got {image_size}")
         if split not in ("auto", "train", "eval", "all"):
-            raise ValueError(f"split must be 'auto', 'train', 'eval' or 'all', got {split!r}")
+            raise InputError(f"split must be 'auto', 'train', 'eval' or 'all', got {split!r}")
         if not 0.0 <= eval_fraction < 1.0:
-            raise ValueError(f"eval_fraction must be in [0, 1), got {eval_fraction}")
+            raise InputError(f"eval_fraction must be in [0, 1), got {eval_fraction}")
         if consistency not in ("off", "measure", "acre"):
-            raise ValueError(f"consistency must be 'off', 'measure' or 'acre', got {consistency!r}")
+            raise InputError(f"consistency must be 'off', 'measure' or 'acre', got {consistency!r}")
         if not isinstance(expert_number_offset, int | float) or not math.isfinite(expert_number_offset):
-            raise ValueError(f"expert_number_offset must be a finite number, got {expert_number_offset!r}")
+            raise InputError(f"expert_number_offset must be a finite number, got {expert_number_offset!r}")
         if point_tolerance <= 0:
-            raise ValueError(f"point_tolerance must be > 0, got {point_tolerance}")
+            raise InputError(f"point_tolerance must be > 0, got {point_tolerance}")
         if reward is not None and reward not in REWARDS:
-            raise ValueError(f"unknown reward {reward!r}; registered: {', '.join(REWARDS.names())}")
+            raise InputError(f"unknown reward {reward!r}; registered: {', '.join(REWARDS.names())}")
         super().__init__(num_envs, image_size, device)
         self.split = split
         self.shuffle = shuffle
@@ -175,17 +178,17 @@ class DatasetEnv(SingleStepImageEnv):
         count = len(self.records)
         held = math.ceil(eval_fraction * count) if split != "all" and eval_fraction > 0 else 0
         if held >= count:
-            raise ValueError(f"eval_fraction={eval_fraction} holds out all {count} records; nothing left to train on")
+            raise InputError(f"eval_fraction={eval_fraction} holds out all {count} records; nothing left to train on")
         self.train_ids = list(range(count - held))
         self.eval_ids = list(range(count - held, count))
         if split == "eval" and not self.eval_ids:
-            raise ValueError("split='eval' needs held-out records; set eval_fraction > 0")
+            raise InputError("split='eval' needs held-out records; set eval_fraction > 0")
 
         kwargs = dict(reward_kwargs or {})
         used = sorted({r.reward for r in self.records})
         unknown = sorted(set(kwargs) - set(used))
         if unknown:
-            raise ValueError(f"reward_kwargs names rewards {unknown} that no record uses; used: {', '.join(used)}")
+            raise InputError(f"reward_kwargs names rewards {unknown} that no record uses; used: {', '.join(used)}")
         self._fns = {name: BoundReward(name, REWARDS.get(name), kwargs.get(name, {})) for name in used}
         self._has_success = any(
             name in _SUCCESS_AT or name in ("box_giou", "point_in_box", *_BOX_LIST_REWARDS) for name in used
@@ -220,7 +223,7 @@ class DatasetEnv(SingleStepImageEnv):
         if self.split == "all":
             part = self.train_ids  # every record: nothing was held out
         if not part:
-            raise ValueError(f"seed {seed} asks for a held-out record, but none is held out (eval_fraction=0)")
+            raise InputError(f"seed {seed} asks for a held-out record, but none is held out (eval_fraction=0)")
         offset = seed - EVAL_SEED_BASE if self.split == "auto" and held_out else seed
         epoch, position = divmod(int(offset), len(part))
         return part[int(self._order(held_out, epoch, len(part))[position])]
@@ -359,14 +362,14 @@ class DatasetEnv(SingleStepImageEnv):
         options."""
         for record in self.records:
             if record.reward != "multiple_choice":
-                raise ValueError(
+                raise InputError(
                     f"consistency={mode!r} re-asks multiple-choice questions; {record.where} is scored by "
                     f"{record.reward!r} (set reward='multiple_choice')"
                 )
             try:
                 split_options(record.question)
             except ValueError as error:
-                raise ValueError(f"{record.where}: field 'question': {error}") from None
+                raise InputError(f"{record.where}: field 'question': {error}") from None
         self.max_episode_steps = 2
         hint = "Answer with the letter of your choice in <answer></answer>."
         return ReAsk(self.num_envs, mode, partial, self.shuffle_seed, hint if self.answer_hint else "answer again.")
@@ -384,8 +387,9 @@ class DatasetEnv(SingleStepImageEnv):
         try:
             image = open_image(record.image, self._rows)
         except Exception as error:  # decoding happens here, not at construction: name the record
-            raise ValueError(f"{record.where}: field 'image': cannot read the image: {error}") from error
+            raise InputError(f"{record.where}: field 'image': cannot read the image: {error}") from error
         width, height = image.size
+        check_inside(record, width, height)  # done at construction for image files; embedded images are seen here
         size = self.image_size
         scale = size / max(width, height)
         new_w, new_h = max(1, round(width * scale)), max(1, round(height * scale))

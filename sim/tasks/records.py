@@ -1,7 +1,10 @@
 """The dataset env's records: JSON lines or a saved Hugging Face `datasets` folder -> validated `Record`s.
 
-The format is described in `sim.tasks.dataset`'s docstring. Every bad record raises `ValueError` naming the line (or
-row) and the field; images are opened only when a world shows them (`open_image`).
+The format is described in `sim.tasks.dataset`'s docstring. Every bad record raises `sim.errors.InputError` (a
+`ValueError`) naming the line (or row) and the field. Image files are checked when the data loads, from their headers
+(and, for PNG, their chunks' checksums; nothing is decoded): they must exist, be images, hold at most
+`MAX_IMAGE_PIXELS` pixels, and every box and point must lie inside them. Images are decoded only when a world shows
+them (`open_image`); images embedded in a saved `datasets` folder are checked then.
 """
 
 from __future__ import annotations
@@ -12,14 +15,24 @@ import json
 import math
 import os
 import re
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from struct import error as struct_error
 from typing import Any
 
 from PIL import Image
 
 from rewards import REWARDS, parse_choice, parse_number
+from sim.errors import InputError
+
+# The most pixels an image may hold: PIL's default decompression-bomb bound (`Image.MAX_IMAGE_PIXELS`, 1 GiB / 4 / 3),
+# stated here so that a program that changes PIL's global does not change what a dataset accepts. A larger image is
+# refused from its header, before decoding (a 20000x20000 PNG decodes to 1.2 GB of RGB).
+MAX_IMAGE_PIXELS = 89_478_485
+# How far outside its image a box or point may reach, in pixels: rounding in an annotation tool, not a wrong box.
+BORDER_SLACK = 0.5
 
 _NUMBER = re.compile(r"[-+]?\$?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?%?|[-+]?\.\d+%?")
 
@@ -42,43 +55,112 @@ def read_records(path: Path, reward: str | None, hf_split: str) -> tuple[list[Re
     """Validated records, and the `datasets.Dataset` they came from (None for JSON lines).
 
     Raises:
-        ValueError: The path does not exist, holds no records, or a record is bad (the message names it).
+        InputError: The path does not exist, holds no records, or a record is bad (the message names it).
     """
     if path.is_dir() and (path / "data.jsonl").is_file():
         path = path / "data.jsonl"
     if not path.exists():
-        raise ValueError(f"dataset path {path} does not exist")
+        raise InputError(f"dataset path {path} does not exist")
     if path.is_dir():
         records, rows = _read_hf(path, reward, hf_split)
     else:
         records, rows = _read_jsonl(path, reward), None
     if not records:
-        raise ValueError(f"dataset {path} holds no records")
+        raise InputError(f"dataset {path} holds no records")
     return records, rows
 
 
 def _read_jsonl(path: Path, reward: str | None) -> list[Record]:
     records = []
     base = path.parent
-    with open(path, encoding="utf-8") as file:
-        for number, line in enumerate(file, start=1):
+    sizes: dict[Path, tuple[int, int]] = {}  # each image file's header read once, however many records show it
+    with open(path, "rb") as file:
+        for number, raw_line in enumerate(file, start=1):
+            where = f"{path.name} line {number}"
+            try:
+                line = raw_line.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise InputError(
+                    f"{where}: not UTF-8 text (byte 0x{raw_line[error.start]:02x} at column {error.start + 1})"
+                ) from None
             if not line.strip():
                 continue
-            where = f"{path.name} line {number}"
             try:
                 raw = json.loads(line)
             except json.JSONDecodeError as error:
-                raise ValueError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
+                raise InputError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
+            except (ValueError, RecursionError) as error:  # a 5000-digit number, arrays nested 100k deep
+                raise InputError(f"{where}: not readable JSON ({type(error).__name__}: {error})") from None
             if not isinstance(raw, dict):
-                raise ValueError(f"{where}: expected a JSON object, got {type(raw).__name__}")
+                raise InputError(f"{where}: expected a JSON object, got {type(raw).__name__}")
             image = raw.get("image")
             if not isinstance(image, str) or not image:
-                raise ValueError(f"{where}: field 'image' must be a path (a non-empty string), got {image!r}")
+                raise InputError(f"{where}: field 'image' must be a path (a non-empty string), got {image!r}")
             file_path = Path(image) if os.path.isabs(image) else base / image
             if not file_path.is_file():
-                raise ValueError(f"{where}: field 'image': file {file_path} not found")
-            records.append(_record(where, raw, str(file_path), reward))
+                raise InputError(f"{where}: field 'image': file {file_path} not found")
+            record = _record(where, raw, str(file_path), reward)
+            if file_path not in sizes:
+                sizes[file_path] = image_file_size(file_path, where)
+            check_inside(record, *sizes[file_path])
+            records.append(record)
     return records
+
+
+def image_file_size(path: Path, where: str) -> tuple[int, int]:
+    """(W, H) of an image file from its header, after checking that it is an image of at most `MAX_IMAGE_PIXELS`
+    pixels and, for PNG, that its chunks are all there and their checksums hold (`Image.verify`; nothing decoded).
+
+    Raises:
+        InputError: naming `where`, the field 'image', the file and what is wrong with it.
+    """
+    prefix = f"{where}: field 'image': {path}"
+    try:
+        with warnings.catch_warnings():
+            # Between PIL's bound and twice it PIL only warns; the check below refuses those with their size.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as image:
+                width, height = image.size
+                if width * height > MAX_IMAGE_PIXELS:
+                    raise InputError(
+                        f"{prefix} is {width}x{height} pixels ({width * height}), above the limit of "
+                        f"{MAX_IMAGE_PIXELS} (PIL's decompression-bomb bound); refused before decoding"
+                    )
+                image.verify()
+    except Image.DecompressionBombError as error:  # refused by PIL from the header: its message gives the size
+        pixels = re.search(r"\((\d+) pixels\)", str(error))
+        size = f"{pixels.group(1)} pixels" if pixels else str(error)
+        raise InputError(
+            f"{prefix} is {size}, above the limit of {MAX_IMAGE_PIXELS} (PIL's decompression-bomb bound); refused "
+            "before decoding"
+        ) from None
+    except Image.UnidentifiedImageError:
+        raise InputError(f"{prefix} is not an image PIL can read") from None
+    except InputError:
+        raise
+    except (OSError, SyntaxError, ValueError, struct_error) as error:  # PIL's plugins raise all of these
+        detail = str(error) or type(error).__name__
+        raise InputError(f"{prefix} is truncated or broken ({detail})") from None
+    return width, height
+
+
+def check_inside(record: Record, width: int, height: int) -> None:
+    """Refuse a record whose box, boxes or point reach outside its `width` x `height` image (pixel edges: a box may
+    end at x2 = width), allowing `BORDER_SLACK` pixels of rounding."""
+    low_x, low_y, high_x, high_y = -BORDER_SLACK, -BORDER_SLACK, width + BORDER_SLACK, height + BORDER_SLACK
+    shapes: list[tuple[str, tuple[float, ...]]] = []
+    if record.box is not None:
+        shapes.append(("box", record.box))
+    if record.point is not None:
+        shapes.append(("point", record.point))
+    shapes += [(f"boxes[{i}]", box) for i, box in enumerate(record.boxes or ())]
+    for field, values in shapes:
+        xs, ys = values[0::2], values[1::2]
+        if min(xs) < low_x or max(xs) > high_x or min(ys) < low_y or max(ys) > high_y:
+            raise InputError(
+                f"{record.where}: field {field!r} = {[round(v, 3) for v in values]} lies outside the "
+                f"{width}x{height} image (coordinates are pixels of the original image)"
+            )
 
 
 def _read_hf(path: Path, reward: str | None, hf_split: str) -> tuple[list[Record], Any]:
@@ -91,13 +173,13 @@ def _read_hf(path: Path, reward: str | None, hf_split: str) -> tuple[list[Record
     try:
         loaded = datasets.load_from_disk(str(path))
     except FileNotFoundError as error:
-        raise ValueError(f"{path} is neither a JSON-lines file nor a folder saved by datasets: {error}") from None
+        raise InputError(f"{path} is neither a JSON-lines file nor a folder saved by datasets: {error}") from None
     if isinstance(loaded, datasets.DatasetDict):
         if hf_split not in loaded:
-            raise ValueError(f"{path} has splits {', '.join(loaded)}; choose one with hf_split (got {hf_split!r})")
+            raise InputError(f"{path} has splits {', '.join(loaded)}; choose one with hf_split (got {hf_split!r})")
         loaded = loaded[hf_split]
     if "image" not in loaded.column_names:
-        raise ValueError(f"{path}: no 'image' column (columns: {', '.join(loaded.column_names)})")
+        raise InputError(f"{path}: no 'image' column (columns: {', '.join(loaded.column_names)})")
     # Validate from the other columns only: decoding (or even loading) every image here would cost a full pass.
     metadata = loaded.remove_columns(["image"]).to_list()
     embedded = isinstance(loaded.features["image"], datasets.Image)
@@ -107,21 +189,27 @@ def _read_hf(path: Path, reward: str | None, hf_split: str) -> tuple[list[Record
         missing = pc.is_null(loaded.data.column("image"))
         if pc.any(missing).as_py():
             row = pc.index(missing, True).as_py()
-            raise ValueError(f"{path.name} row {row}: field 'image' is empty")
+            raise InputError(f"{path.name} row {row}: field 'image' is empty")
         images: list[Any] = list(range(len(metadata)))  # rows of `loaded`, decoded when first shown
     else:
         images = loaded["image"]
     records = []
+    sizes: dict[Path, tuple[int, int]] = {}
     for index, (raw, image) in enumerate(zip(metadata, images)):
         where = f"{path.name} row {index}"
         if not embedded:
             if not isinstance(image, str) or not image:
-                raise ValueError(f"{where}: field 'image' must be an Image feature or a path, got {image!r}")
+                raise InputError(f"{where}: field 'image' must be an Image feature or a path, got {image!r}")
             file_path = Path(image) if os.path.isabs(image) else path / image
             if not file_path.is_file():
-                raise ValueError(f"{where}: field 'image': file {file_path} not found")
+                raise InputError(f"{where}: field 'image': file {file_path} not found")
             image = str(file_path)
-        records.append(_record(where, raw, image, reward))
+        record = _record(where, raw, image, reward)
+        if not embedded:
+            if file_path not in sizes:
+                sizes[file_path] = image_file_size(file_path, where)
+            check_inside(record, *sizes[file_path])
+        records.append(record)
     return records, loaded if embedded else None
 
 
@@ -129,15 +217,15 @@ def _record(where: str, raw: Mapping[str, Any], image: Any, reward: str | None) 
     """One validated `Record` from a raw mapping (a JSON object or a dataset row)."""
     question = raw.get("question", raw.get("instruction"))
     if not isinstance(question, str) or not question.strip():
-        raise ValueError(f"{where}: field 'question' (or 'instruction') must be a non-empty string, got {question!r}")
+        raise InputError(f"{where}: field 'question' (or 'instruction') must be a non-empty string, got {question!r}")
     box = _box(where, "box", raw.get("box"))
     boxes = _box_list(where, raw.get("boxes"))
     if box is not None and boxes is not None:
-        raise ValueError(f"{where}: give one of the fields 'box' (one object) and 'boxes' (several), not both")
+        raise InputError(f"{where}: give one of the fields 'box' (one object) and 'boxes' (several), not both")
     point = _numbers(where, "point", raw.get("point"), 2)
     answer = _answer(where, raw.get("answer"))
     if box is None and boxes is None and point is None and answer is None:
-        raise ValueError(f"{where}: needs a target: one of the fields 'answer', 'box', 'boxes' or 'point'")
+        raise InputError(f"{where}: needs a target: one of the fields 'answer', 'box', 'boxes' or 'point'")
     if reward is None:
         if box is not None:
             name = "box_iou"
@@ -151,29 +239,29 @@ def _record(where: str, raw: Mapping[str, Any], image: Any, reward: str | None) 
         name = reward
         params = inspect.signature(REWARDS.get(name)).parameters
         if "target_boxes" in params and boxes is None:
-            raise ValueError(f"{where}: reward {name!r} needs a field 'boxes' (a list of [x1, y1, x2, y2])")
+            raise InputError(f"{where}: reward {name!r} needs a field 'boxes' (a list of [x1, y1, x2, y2])")
         if "target_box" in params and box is None and point is None:
-            raise ValueError(f"{where}: reward {name!r} needs a field 'box' or 'point'")
+            raise InputError(f"{where}: reward {name!r} needs a field 'box' or 'point'")
         if "answer" in params and "target_box" not in params and answer is None:
-            raise ValueError(f"{where}: reward {name!r} needs a field 'answer'")
+            raise InputError(f"{where}: reward {name!r} needs a field 'answer'")
         if not {"answer", "target_box", "target_boxes"} & set(params):
-            raise ValueError(
+            raise InputError(
                 f"reward {name!r} reads none of 'target_box', 'target_boxes' and 'answer'; the dataset env cannot "
                 "feed it"
             )
         if name == "numeric_match" and not isinstance(answer, str):
-            raise ValueError(f"{where}: reward 'numeric_match' needs one answer, got a list")
+            raise InputError(f"{where}: reward 'numeric_match' needs one answer, got a list")
         if name == "numeric_match" and parse_number(answer).value is None:
-            raise ValueError(f"{where}: field 'answer' = {answer!r} holds no number for reward 'numeric_match'")
+            raise InputError(f"{where}: field 'answer' = {answer!r} holds no number for reward 'numeric_match'")
         if name == "multiple_choice" and (not isinstance(answer, str) or parse_choice(answer).letter is None):
-            raise ValueError(f"{where}: field 'answer' = {answer!r} is no choice letter for reward 'multiple_choice'")
+            raise InputError(f"{where}: field 'answer' = {answer!r} is no choice letter for reward 'multiple_choice'")
     return Record(where, image, question.strip(), box, point, answer, name, boxes)
 
 
 def _box(where: str, field: str, value: Any) -> tuple[float, float, float, float] | None:
     box = _numbers(where, field, value, 4)
     if box is not None and not (box[0] < box[2] and box[1] < box[3]):
-        raise ValueError(
+        raise InputError(
             f"{where}: field {field!r} must be [x1, y1, x2, y2] with x1 < x2 and y1 < y2, got {list(box)}"
         )
     return box  # type: ignore[return-value]
@@ -184,7 +272,7 @@ def _box_list(where: str, value: Any) -> tuple[tuple[float, float, float, float]
     if value is None:
         return None
     if not isinstance(value, list | tuple):
-        raise ValueError(f"{where}: field 'boxes' must be a list of [x1, y1, x2, y2] boxes, got {value!r}")
+        raise InputError(f"{where}: field 'boxes' must be a list of [x1, y1, x2, y2] boxes, got {value!r}")
     return tuple(_box(where, f"boxes[{i}]", box) for i, box in enumerate(value))  # type: ignore[misc]
 
 
@@ -194,7 +282,7 @@ def _numbers(where: str, field: str, value: Any, count: int) -> tuple[float, ...
     ok = isinstance(value, list | tuple) and len(value) == count
     ok = ok and all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in value)
     if not ok:
-        raise ValueError(f"{where}: field {field!r} must be a list of {count} finite numbers, got {value!r}")
+        raise InputError(f"{where}: field {field!r} must be a list of {count} finite numbers, got {value!r}")
     return tuple(float(v) for v in value)
 
 
@@ -202,14 +290,14 @@ def _answer(where: str, value: Any) -> str | tuple[str, ...] | None:
     if value is None:
         return None
     if isinstance(value, bool):
-        raise ValueError(f"{where}: field 'answer' must be text, a number or a list of texts, got {value!r}")
+        raise InputError(f"{where}: field 'answer' must be text, a number or a list of texts, got {value!r}")
     if isinstance(value, int | float):
         return str(value)
     if isinstance(value, str) and value.strip():
         return value.strip()
     if isinstance(value, list) and value and all(isinstance(v, str) and v.strip() for v in value):
         return tuple(v.strip() for v in value)
-    raise ValueError(f"{where}: field 'answer' must be text, a number or a list of texts, got {value!r}")
+    raise InputError(f"{where}: field 'answer' must be text, a number or a list of texts, got {value!r}")
 
 
 def open_image(value: Any, rows: Any) -> Image.Image:

@@ -13,6 +13,7 @@ from PIL import Image
 
 import sim.tasks.dataset  # noqa: F401  (registers `dataset`)
 from sim import check_vec_env, make
+from sim.errors import InputError
 from sim.tasks.dataset import DEFAULT_PATH, EVAL_SEED_BASE, DatasetEnv
 
 
@@ -186,14 +187,80 @@ def test_held_out_seeds_read_records_disjoint_from_training(tmp_path):
         ('{"image": "a.png", "question": "Q?", "point": [1, "2"]}', r"line 2: field 'point' must be a list of 2"),
         ('{"question": "Q?", "answer": "a"}', r"line 2: field 'image' must be a path"),
         ('["a.png"]', r"line 2: expected a JSON object"),
+        ('{"image": "a.png", "question": "Q?", "box": [NaN, 1, 5, 5]}', r"line 2: field 'box' must be .* finite"),
+        # Boxes and points are checked against the image's size (8x8), read from its header when the data loads.
+        ('{"image": "a.png", "question": "Q?", "box": [1, 1, 50, 5]}', r"line 2: field 'box' .* outside the 8x8"),
+        ('{"image": "a.png", "question": "Q?", "box": [-4, 1, 5, 5]}', r"line 2: field 'box' .* outside the 8x8"),
+        ('{"image": "a.png", "question": "Q?", "point": [3, 9.5]}', r"line 2: field 'point' .* outside the 8x8"),
+        (
+            '{"image": "a.png", "question": "Q?", "boxes": [[1, 1, 5, 5], [2, 2, 9.5, 4]]}',
+            r"line 2: field 'boxes\[1\]' .* outside the 8x8",
+        ),
+        (
+            '{"image": "cut.png", "question": "Q?", "answer": "a"}',
+            r"line 2: field 'image': .*cut.png.* (truncated|broken)",
+        ),
+        (
+            '{"image": "text.png", "question": "Q?", "answer": "a"}',
+            r"line 2: field 'image': .*text.png.* not an image",
+        ),
+        (
+            '{"image": "huge.png", "question": "Q?", "answer": "a"}',
+            r"line 2: field 'image': .*huge.png is 400000000 pixels, above the limit of 89478485",
+        ),
     ],
 )
 def test_bad_records_fail_at_construction_naming_line_and_field(tmp_path, line, message):
     write_png(tmp_path / "a.png", (8, 8), (0, 0, 0))
+    write_damaged_images(tmp_path)
     good = '{"image": "a.png", "question": "Q?", "answer": "a"}'
     path = write_jsonl(tmp_path / "data.jsonl", [good, line, good])
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(InputError, match=message):  # the type the command line turns into one line, exit 2
         DatasetEnv(num_envs=1, path=path)
+
+
+def write_damaged_images(folder: Path) -> None:
+    """`cut.png` (a 32x32 PNG cut off half-way), `text.png` (not an image) and `huge.png` (a valid PNG header
+    declaring 20000x20000 pixels, 400 M, which must be refused from the header, before anything is decoded)."""
+    import struct
+    import zlib
+
+    noise = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    Image.fromarray(noise).save(folder / "cut.png")
+    data = (folder / "cut.png").read_bytes()
+    (folder / "cut.png").write_bytes(data[: len(data) // 2])
+    (folder / "text.png").write_text("not a picture")
+    Image.new("L", (1, 1)).save(folder / "huge.png")
+    data = bytearray((folder / "huge.png").read_bytes())
+    ihdr = bytearray(data[12:29])  # b"IHDR" + width, height, depth, colour, compression, filter, interlace
+    ihdr[4:12] = struct.pack(">II", 20000, 20000)
+    data[12:29] = ihdr
+    data[29:33] = struct.pack(">I", zlib.crc32(bytes(ihdr)))
+    (folder / "huge.png").write_bytes(bytes(data))
+
+
+def test_a_box_on_the_image_border_is_inside(tmp_path):
+    """x2 = width is the image's right edge (pixel edges, not centres), and half a pixel of rounding is let through."""
+    write_png(tmp_path / "a.png", (8, 6), (0, 0, 0))
+    path = write_jsonl(
+        tmp_path / "data.jsonl",
+        [
+            {"image": "a.png", "question": "Q?", "box": [0, 0, 8, 6]},
+            {"image": "a.png", "question": "Q?", "point": [8.4, 0]},
+        ],
+    )
+    assert len(DatasetEnv(num_envs=1, path=path, eval_fraction=0.0).records) == 2
+
+
+def test_an_image_that_breaks_after_loading_is_named_when_shown(tmp_path):
+    """An image damaged after the data loaded (or one whose damage only decoding finds) names its record and field
+    when a world first shows it, as an InputError."""
+    write_png(tmp_path / "a.png", (8, 8), (0, 0, 0))
+    path = write_jsonl(tmp_path / "data.jsonl", [{"image": "a.png", "question": "Q?", "answer": "a"}])
+    env = DatasetEnv(num_envs=1, path=path, eval_fraction=0.0)
+    (tmp_path / "a.png").write_bytes((tmp_path / "a.png").read_bytes()[:20])
+    with pytest.raises(InputError, match=r"data.jsonl line 1: field 'image': cannot read"):
+        env.reset(seed=0)
 
 
 def test_saved_hugging_face_dataset(tmp_path):
