@@ -12,7 +12,7 @@ circle can form around the policy. Rows are grouped contiguously (`x.view(-1, G)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -58,8 +58,13 @@ class Rollout:
 
     prompt_ids: torch.Tensor  # [R, P] left padded
     prompt_mask: torch.Tensor  # [R, P] bool
-    pixel_values: torch.Tensor  # [sum of patches over R rows, C*T*p*p]
-    image_grid_thw: torch.Tensor  # [sum of images over R rows, 3], row by row
+    # The images of every row, row by row, in a layout every model family fits: `pixel_values` stacks "units" along
+    # its first dimension (a Qwen-VL patch row `[C*T*p*p]`, a Gemma 3 image `[3, H, W]`, an Idefics3 tile), and
+    # `image_units` says how many units each image has. `image_inputs` holds the extra forward inputs with one entry
+    # per image (Qwen's `image_grid_thw` `[images, 3]`), `unit_inputs` those with one per unit (Idefics3's
+    # `pixel_attention_mask`). Which family lays out what: `mmrl.policy.families`.
+    pixel_values: torch.Tensor  # [sum of units over R rows, ...]
+    image_units: torch.Tensor  # [sum of images over R rows] long, row by row
     completion_ids: torch.Tensor  # [R, L] right padded after EOS
     completion_mask: torch.Tensor  # [R, L] bool, True up to and including EOS
     logprobs: torch.Tensor  # [R, L] per token, at sampling time (temperature-scaled), 0 where masked
@@ -68,12 +73,19 @@ class Rollout:
     # Images of each row: an int when every row has as many (its V views), else a `[R]` long tensor (a
     # conversation's rows hold the images of the turns they show).
     images_per_row: int | torch.Tensor = 1
+    image_inputs: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [images, ...]
+    unit_inputs: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [units, ...]
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
 
+    @property
+    def image_grid_thw(self) -> torch.Tensor:
+        """Qwen-VL's `[images, 3]` patch grid of each image (a KeyError for families without one)."""
+        return self.image_inputs["image_grid_thw"]
+
     def image_counts(self) -> torch.Tensor:
-        """`[R]` long: how many images (and `image_grid_thw` rows) each row holds."""
+        """`[R]` long: how many images (and `image_units` entries) each row holds."""
         if isinstance(self.images_per_row, torch.Tensor):
             return self.images_per_row.to(torch.long).cpu()
         return torch.full((len(self),), int(self.images_per_row), dtype=torch.long)
@@ -86,15 +98,18 @@ class Rollout:
         """Rows [start, stop) as a self-contained rollout (a micro-batch)."""
         first = torch.cat([torch.zeros(1, dtype=torch.long), self.image_counts().cumsum(0)])  # [R+1] image offsets
         a, b = int(first[start]), int(first[stop])
-        patches = self.image_grid_thw.prod(-1)  # [images]
-        offsets = torch.cat([patches.new_zeros(1), patches.cumsum(0)])
+        units = self.image_units.cpu()
+        offsets = torch.cat([units.new_zeros(1), units.cumsum(0)])
+        u, v = int(offsets[a]), int(offsets[b])
         counts = self.images_per_row
         return replace(
             self,
             prompt_ids=self.prompt_ids[start:stop],
             prompt_mask=self.prompt_mask[start:stop],
-            pixel_values=self.pixel_values[offsets[a] : offsets[b]],
-            image_grid_thw=self.image_grid_thw[a:b],
+            pixel_values=self.pixel_values[u:v],
+            image_units=self.image_units[a:b],
+            image_inputs={k: x[a:b] for k, x in self.image_inputs.items()},
+            unit_inputs={k: x[u:v] for k, x in self.unit_inputs.items()},
             images_per_row=counts[start:stop] if isinstance(counts, torch.Tensor) else counts,
             completion_ids=self.completion_ids[start:stop],
             completion_mask=self.completion_mask[start:stop],
@@ -114,14 +129,17 @@ def _select(batch: Rollout, rows: torch.Tensor) -> Rollout:
     per_row = batch.image_counts()  # [R]
     first = torch.cat([per_row.new_zeros(1), per_row.cumsum(0)])[:-1]  # [R] each row's first image
     images = _spans(first[rows], per_row[rows])  # the selected rows' image indices, in order
-    patches = batch.image_grid_thw.prod(-1)  # [images]
-    offsets = torch.cat([patches.new_zeros(1), patches.cumsum(0)])
+    units = batch.image_units.cpu()  # [images]
+    offsets = torch.cat([units.new_zeros(1), units.cumsum(0)])
+    kept = _spans(offsets[images], units[images])  # every unit of those images
     return replace(
         batch,
         prompt_ids=batch.prompt_ids[rows],
         prompt_mask=batch.prompt_mask[rows],
-        pixel_values=batch.pixel_values[_spans(offsets[images], patches[images])],  # every patch of those images
-        image_grid_thw=batch.image_grid_thw[images],
+        pixel_values=batch.pixel_values[kept.to(batch.pixel_values.device)],
+        image_units=batch.image_units[images.to(batch.image_units.device)],
+        image_inputs={k: x[images.to(x.device)] for k, x in batch.image_inputs.items()},
+        unit_inputs={k: x[kept.to(x.device)] for k, x in batch.unit_inputs.items()},
         completion_ids=batch.completion_ids[rows],
         completion_mask=batch.completion_mask[rows],
         logprobs=batch.logprobs[rows],
@@ -158,7 +176,9 @@ def cat_rollouts(parts: list[Rollout], pad_token_id: int = 0) -> Rollout:
         prompt_ids=torch.cat([left(p.prompt_ids, pad_token_id) for p in parts]),
         prompt_mask=torch.cat([left(p.prompt_mask, False) for p in parts]),
         pixel_values=torch.cat([p.pixel_values for p in parts]),
-        image_grid_thw=torch.cat([p.image_grid_thw for p in parts]),
+        image_units=torch.cat([p.image_units for p in parts]),
+        image_inputs={k: torch.cat([p.image_inputs[k] for p in parts]) for k in parts[0].image_inputs},
+        unit_inputs={k: torch.cat([p.unit_inputs[k] for p in parts]) for k in parts[0].unit_inputs},
         completion_ids=torch.cat([right(p.completion_ids, pad_token_id) for p in parts]),
         completion_mask=torch.cat([right(p.completion_mask, False) for p in parts]),
         logprobs=torch.cat([right(p.logprobs, 0.0) for p in parts]),

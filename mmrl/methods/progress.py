@@ -33,11 +33,13 @@ def trajectory_embeddings(policy: VLMPolicy, episodes: Episodes) -> torch.Tensor
     model = plain_model(policy.model)
     inner = getattr(model, "model", model)
     with distributed.full_weights(policy.model):
-        out = inner.get_image_features(rollout.pixel_values, rollout.image_grid_thw)
+        out = inner.get_image_features(**policy.vision_inputs(rollout))
     pooled = out.pooler_output if hasattr(out, "pooler_output") else out
-    if isinstance(pooled, torch.Tensor):  # one [tokens, H] tensor for all images: split it per image
-        merge = getattr(getattr(model.config, "vision_config", None), "spatial_merge_size", 1) ** 2
-        pooled = pooled.split((rollout.image_grid_thw.prod(-1) // merge).tolist())
+    if isinstance(pooled, torch.Tensor):  # all images' features in one tensor: split it per image
+        features = policy.processor.features(
+            rollout.image_units.cpu(), {k: v.cpu() for k, v in rollout.image_inputs.items()}
+        )
+        pooled = pooled.reshape(-1, pooled.shape[-1]).split(features.tolist())
     per_image = torch.stack([features.float().mean(0) for features in pooled])  # [I, H]
     counts = rollout.image_counts()  # [M]
     row_of_image = torch.repeat_interleave(torch.arange(len(counts)), counts)  # [I]

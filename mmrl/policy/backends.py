@@ -62,7 +62,8 @@ class GenerationBackend(Protocol):
     """Samples the completions of `VLMPolicy.generate`.
 
     `prompts` are the B distinct prompts and `inputs` their encoding by `policy.encode` (`input_ids` `[B, P]` left
-    padded, `attention_mask`, `pixel_values`, `image_grid_thw`, and `mm_token_type_ids` where the model takes it).
+    padded, `attention_mask`, the family's vision inputs (`pixel_values`, Qwen's `image_grid_thw`...), and token types
+    where the model takes them).
     A backend returns `group_size` completions per prompt, restricted to the action tokens for a VLA
     (`policy.action_codec`), never containing `policy.suppress_token_ids` otherwise, with log-probs under the
     same convention as `VLMPolicy.logprobs`: `softmax(logits / temperature)` (temperature 1 when greedy), over the
@@ -325,7 +326,11 @@ class LeanBackend:
         try:
             if inner is not None and hasattr(inner, "rope_deltas"):
                 inner.rope_deltas = None  # set by the prefill when the prompts hold images; stale otherwise
-            out = model(**inputs, use_cache=True, logits_to_keep=1)
+            # 1-D families number each row's real tokens from 0 (as `generate` and `VLMPolicy.logprobs` do);
+            # M-RoPE families (None here) compute theirs from the image grid.
+            positions = policy.positions(inputs["attention_mask"]) if hasattr(policy, "positions") else None
+            extra = {"position_ids": positions} if positions is not None else {}
+            out = model(**inputs, **extra, use_cache=True, logits_to_keep=1)
             cache = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
             logits = out.logits[:, -1]
             mask = inputs["attention_mask"]
@@ -336,11 +341,12 @@ class LeanBackend:
                 deltas = deltas.repeat_interleave(copies, dim=0) if deltas is not None else None
             rows, prompt_len = mask.shape
             # Position of the first new token: after the real prompt tokens (M-RoPE), or after the padded prompt.
-            start = (
-                mask.sum(-1, keepdim=True) + deltas.to(device)
-                if deltas is not None
-                else torch.full((rows, 1), prompt_len, device=device)
-            )
+            if positions is not None:
+                start = mask.sum(-1, keepdim=True)
+            elif deltas is not None:
+                start = mask.sum(-1, keepdim=True) + deltas.to(device)
+            else:
+                start = torch.full((rows, 1), prompt_len, device=device)
             done = torch.zeros(rows, dtype=torch.bool, device=device)
             tokens, logprobs = [], []
             for step in range(max_new_tokens):
@@ -364,7 +370,7 @@ class LeanBackend:
                 if step == max_new_tokens - 1 or bool(done.all()):
                     break
                 mask = torch.cat([mask, mask.new_ones(rows, 1)], dim=1)
-                position = (start + step).unsqueeze(0).expand(3, rows, 1)
+                position = start + step if positions is not None else (start + step).unsqueeze(0).expand(3, rows, 1)
                 out = model(
                     input_ids=token.unsqueeze(-1),
                     attention_mask=mask,

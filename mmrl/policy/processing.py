@@ -1,18 +1,23 @@
 """The three things a policy needs from a Hugging Face processor: tokenizer, image processor, chat template.
 
 `AutoProcessor.from_pretrained` builds a Qwen-VL processor only with a video processor, and the real ones need
-torchvision, which CPU installs lack. We try `AutoProcessor` first and otherwise assemble the same pieces from
-`AutoTokenizer` and `AutoImageProcessor`; the one piece of processor logic this needs is expanding each image
-placeholder into as many tokens as the vision tower produces for that image.
+torchvision, which CPU installs lack. We take the tokenizer (with the model's chat template) and the image processor
+and do the one piece of processor logic a policy needs ourselves: each image placeholder the chat template writes
+becomes the text the family's processor writes for that image (`mmrl.policy.families`: `<|image_pad|>` x N for
+Qwen-VL, Gemma 3's `<start_of_image>` + soft tokens, Idefics3's tiles). The image-token count of every prompt is then
+checked against the features its images give, before any forward pass.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
 from PIL import Image
 from transformers import AutoImageProcessor, AutoTokenizer
+
+from .families import Family, Vision, family_for
 
 
 def user_content(instruction: str, num_images: int, template: str) -> list[dict]:
@@ -29,39 +34,78 @@ def user_content(instruction: str, num_images: int, template: str) -> list[dict]
     return content
 
 
-class VisionTextProcessor:
-    """Chat template + tokenizer + image processor for Qwen-family VLMs.
+def check_image_tokens(input_ids: torch.Tensor, image_token_id: int, features: torch.Tensor, per_row) -> None:
+    """Refuse prompts whose image placeholders do not match their images' features (before any forward pass).
 
     Args:
-        tokenizer: a fast tokenizer carrying the model's chat template and `<|image_pad|>`.
+        input_ids: `[R, P]` prompts (or whole sequences).
+        image_token_id: the placeholder the vision features replace.
+        features: `[I]` feature vectors each image gives, row by row.
+        per_row: images of each row, an int or `[R]` long.
+
+    Raises:
+        ValueError: naming the first row that differs, its images, and both counts.
+    """
+    rows = input_ids.shape[0]
+    counts = per_row.tolist() if isinstance(per_row, torch.Tensor) else [int(per_row)] * rows
+    if sum(counts) != len(features):
+        raise ValueError(f"{len(features)} images for rows that hold {sum(counts)}")
+    held = (input_ids == image_token_id).sum(-1).tolist()  # [R]
+    features = features.tolist()
+    first = 0
+    for r in range(rows):
+        need = features[first : first + counts[r]]
+        if held[r] != sum(need):
+            names = ", ".join(f"image {first + k}: {n}" for k, n in enumerate(need)) or "no images"
+            raise ValueError(
+                f"prompt row {r} holds {held[r]} image tokens (id {image_token_id}) but its images give {sum(need)} "
+                f"features ({names}); the image placeholders and the images do not match"
+            )
+        first += counts[r]
+
+
+class VisionTextProcessor:
+    """Chat template + tokenizer + image processor of one model family.
+
+    Args:
+        tokenizer: a fast tokenizer carrying the model's chat template and the family's image token.
         image_processor: the model's image processor (PIL or fast backend).
-        image_token: the placeholder the chat template emits once per image.
+        family: the model family (`mmrl.policy.families`), or its `model_type`.
+        settings: the processor's own numbers (`processor_config.json`: Gemma 3's `image_seq_length`, Idefics3's
+            `image_seq_len`).
     """
 
-    def __init__(self, tokenizer, image_processor, image_token: str = "<|image_pad|>"):
+    def __init__(self, tokenizer, image_processor, family: Family | str = "qwen2_vl", settings: dict | None = None):
         self.tokenizer = tokenizer
         self.image_processor = image_processor
-        self.image_token = image_token
-        self.image_token_id = tokenizer.convert_tokens_to_ids(image_token)
+        self.family = family_for(family) if isinstance(family, str) else family
         self.merge_size = int(getattr(image_processor, "merge_size", 2))
+        self.settings = {"merge_size": self.merge_size, **(settings or {})}
+        self.image_token = self.family.image_token
+        self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
+        if self.image_token_id is None or self.image_token_id == tokenizer.unk_token_id:
+            raise ValueError(f"the tokenizer has no {self.image_token} token, the image token of {self.family.name}")
         # Left padding: generation appends to the right end of every row.
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token is None:
             raise ValueError("the tokenizer has no pad token; set one before building a policy")
 
     @classmethod
-    def from_pretrained(cls, path: str | Path) -> VisionTextProcessor:
-        path = str(path)
-        try:
-            from transformers import AutoProcessor
+    def from_pretrained(cls, path: str | Path, family: str | None = None) -> VisionTextProcessor:
+        """The processor of a folder laid out as the hub's (tokenizer files with the chat template, the image
+        processor's `preprocessor_config.json`, `processor_config.json` where the family has one); the family is
+        config.json's `model_type` unless given."""
+        if family is None:
+            from transformers import AutoConfig
 
-            processor = AutoProcessor.from_pretrained(path)
-            return cls(processor.tokenizer, processor.image_processor)
-        except (ImportError, OSError, ValueError, TypeError, AttributeError):
-            # No torchvision (CPU installs): the video processor cannot be built. Assemble the parts.
-            tokenizer = AutoTokenizer.from_pretrained(path)
-            image_processor = AutoImageProcessor.from_pretrained(path)
-            return cls(tokenizer, image_processor)
+            family = AutoConfig.from_pretrained(str(path)).model_type
+        path = Path(path)
+        settings = {}
+        if (path / "processor_config.json").is_file():
+            settings = json.loads((path / "processor_config.json").read_text())
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        image_processor = AutoImageProcessor.from_pretrained(path)
+        return cls(tokenizer, image_processor, family, settings)
 
     def set_pixel_range(self, min_pixels: int = 0, max_pixels: int = 0) -> None:
         """Bound each image's resized area in pixels, as qwen-vl-utils' `min_pixels`/`max_pixels` do (0 keeps the
@@ -83,6 +127,37 @@ class VisionTextProcessor:
     def save_pretrained(self, path: str | Path) -> None:
         self.tokenizer.save_pretrained(path)
         self.image_processor.save_pretrained(path)
+        extra = {k: v for k, v in self.settings.items() if k != "merge_size"}
+        if extra:
+            (Path(path) / "processor_config.json").write_text(json.dumps(extra, indent=2, sort_keys=True) + "\n")
+
+    def vision(self, images: list[Image.Image]) -> Vision:
+        """The images in the generic layout (`mmrl.policy.families.Vision`), with each one's placeholder text."""
+        return self.family.vision(self.image_processor, images, self.settings)
+
+    def features(self, units: torch.Tensor, per_image: dict[str, torch.Tensor]) -> torch.Tensor:
+        """`[I]` the feature vectors (image tokens) of images stored as `units` / `per_image` (a `Rollout`'s)."""
+        return self.family.features(units, per_image, self.settings)
+
+    def model_inputs(
+        self, pixel_values: torch.Tensor, per_image: dict[str, torch.Tensor], per_unit: dict[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        """The vision keyword arguments of the model's forward, from the generic layout."""
+        if self.family.batched_pixels:  # [1, U, ...]: one sample holding every tile; the model keeps their order
+            pixel_values = pixel_values.unsqueeze(0)
+            per_unit = {k: v.unsqueeze(0) for k, v in per_unit.items()}
+        return {"pixel_values": pixel_values, **per_image, **per_unit}
+
+    def expand(self, text: str, image_texts) -> str:
+        """`text` with each image placeholder of the chat template replaced by the next of `image_texts`."""
+        parts = text.split(self.family.template_image)
+        out = parts[0]
+        for part in parts[1:]:
+            image_text = next(image_texts, None)
+            if image_text is None:
+                raise ValueError("more image placeholders than images")
+            out += image_text + part
+        return out
 
     def prompt_text(self, instruction: str, num_images: int = 1, template: str = "{instruction}") -> str:
         """The chat-formatted prompt for one user turn.
@@ -98,7 +173,7 @@ class VisionTextProcessor:
         turns: list[tuple[str, int, list[int]]],
         instruction: str,
         num_images: int,
-        tokens_per_image: list[int],
+        image_texts: list[str],
         template: str = "{instruction}",
         eos_token_ids: tuple[int, ...] = (),
     ) -> list[int]:
@@ -108,7 +183,7 @@ class VisionTextProcessor:
             turns: earlier turns, oldest first: (instruction, number of images, the answer's sampled token ids).
             instruction: the current turn's instruction (with `num_images` images); the prompt ends with the
                 generation prompt for its answer.
-            tokens_per_image: the placeholder count of every image of the chat, in order.
+            image_texts: the placeholder text of every image of the chat, in order (`Vision.texts`).
             eos_token_ids: an answer that ends with one of these is not closed a second time by the template.
 
         The chat template renders each answer as a marker; the text between markers is tokenised on its own (chat
@@ -122,7 +197,7 @@ class VisionTextProcessor:
             messages.append({"role": "assistant", "content": [{"type": "text", "text": mark}]})
         messages.append({"role": "user", "content": user_content(instruction, num_images, template)})
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        counts = iter(tokens_per_image)
+        counts = iter(image_texts)
         ids: list[int] = []
         rest = text
         for k in range(len(turns) + 1):
@@ -133,8 +208,7 @@ class VisionTextProcessor:
                 if marks[k] not in rest:
                     raise ValueError("the chat template dropped an earlier answer; it cannot hold a conversation")
                 piece, rest = rest.split(marks[k], 1)
-            parts = piece.split(self.image_token)
-            piece = parts[0] + "".join(self.image_token * next(counts) + part for part in parts[1:])
+            piece = self.expand(piece, counts)
             piece_ids = self.tokenizer(piece, add_special_tokens=False)["input_ids"]
             if ids and piece_ids and ids[-1] in eos_token_ids and piece_ids[0] == ids[-1]:
                 piece_ids = piece_ids[1:]  # the sampled answer closed its turn already
@@ -145,30 +219,27 @@ class VisionTextProcessor:
             raise ValueError("more images than image placeholders in the conversation")
         return ids
 
-    def __call__(self, texts: list[str], images: list[Image.Image]) -> dict[str, torch.Tensor]:
-        """Tokenise prompts that hold one image placeholder per image, left padded.
+    def encode(self, texts: list[str], images: list[Image.Image]) -> tuple[dict[str, torch.Tensor], Vision]:
+        """Tokenise prompts that hold the chat template's image placeholders, one per image, left padded.
 
         Returns:
-            `input_ids` [B, P], `attention_mask` [B, P], `pixel_values` [sum of patches, C*T*p*p],
-            `image_grid_thw` [num_images, 3].
+            `input_ids` [B, P] and `attention_mask` [B, P], and the images (`Vision`, images in prompt order).
+
+        Raises:
+            ValueError: placeholders and images differ in number, or a prompt's image tokens do not match its images'
+                features (naming the row, the images and both counts).
         """
-        vision = self.image_processor(images=images, return_tensors="pt")
-        grid = vision["image_grid_thw"]  # [num_images, 3]
-        tokens_per_image = (grid.prod(-1) // self.merge_size**2).tolist()
-        expanded, k = [], 0
-        for text in texts:
-            parts = text.split(self.image_token)
-            out = parts[0]
-            for part in parts[1:]:
-                out += self.image_token * tokens_per_image[k] + part
-                k += 1
-            expanded.append(out)
-        if k != len(images):
-            raise ValueError(f"the prompts hold {k} image placeholders for {len(images)} images")
+        placeholders = [text.count(self.family.template_image) for text in texts]
+        if sum(placeholders) != len(images):
+            raise ValueError(f"the prompts hold {sum(placeholders)} image placeholders for {len(images)} images")
+        vision = self.vision(images)
+        image_texts = iter(vision.texts)
+        expanded = [self.expand(text, image_texts) for text in texts]
         enc = self.tokenizer(expanded, return_tensors="pt", padding=True, add_special_tokens=False)
-        return {
-            "input_ids": enc["input_ids"],
-            "attention_mask": enc["attention_mask"],
-            "pixel_values": vision["pixel_values"],
-            "image_grid_thw": grid,
-        }
+        check_image_tokens(enc["input_ids"], self.image_token_id, vision.tokens, torch.tensor(placeholders))
+        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}, vision
+
+    def __call__(self, texts: list[str], images: list[Image.Image]) -> dict[str, torch.Tensor]:
+        """`encode`'s token ids and mask with the model's vision inputs (`model_inputs`), ready for its forward."""
+        enc, vision = self.encode(texts, images)
+        return {**enc, **self.model_inputs(vision.pixel_values, vision.per_image, vision.per_unit)}

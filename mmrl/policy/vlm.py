@@ -1,4 +1,5 @@
-"""`VLMPolicy`: the only module that knows chat templates, padding sides, `pixel_values` and `image_grid_thw`.
+"""`VLMPolicy`: the only module that knows chat templates, padding sides and a model's vision inputs (through its
+processor and the family table, `mmrl.policy.families`).
 
 Verbs: `generate(obs, group_size, sampling)` samples G completions per prompt and keeps the sampling-time
 per-token log-probs; `logprobs(batch)` recomputes them under the current weights (with gradients); `masked(batch,
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -22,8 +24,9 @@ from ..algos.papo import masked_images
 from ..types import Rollout, Sampling, Turn
 from .action_codec import load_action_codec
 from .backends import forget_compiled_calls, make_backend
+from .families import Vision
 from .options import LORA_DIR, is_lora, load_lora, plain_model, save_lora
-from .processing import VisionTextProcessor
+from .processing import VisionTextProcessor, check_image_tokens
 from .tokens import AllowOnly, completion_mask_from_ids, token_logprobs  # noqa: F401  (re-exported)
 from .vision import to_pil
 
@@ -32,7 +35,8 @@ class VLMPolicy:
     """A Hugging Face image-text-to-text model with its processor, as a policy over text actions.
 
     Args:
-        model: an `AutoModelForImageTextToText` model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL tested).
+        model: an `AutoModelForImageTextToText` model of a family in `mmrl.policy.families.FAMILIES` (Qwen2-VL,
+            Qwen2.5-VL, Qwen3-VL, Gemma 3, Idefics3 / SmolVLM tested).
         processor: its `VisionTextProcessor`.
         prompt_template: how an env instruction becomes the user turn: `{instruction}` is replaced by it, and
             `{image}`, if present, marks where the image goes (otherwise the image comes first).
@@ -66,10 +70,16 @@ class VLMPolicy:
         # without `mm_token_type_ids` it silently falls back to 1-D positions. Older versions take no such input.
         # A PEFT wrapper's forward takes **kwargs, so the signature is read from the model it wraps.
         plain = model.get_base_model() if hasattr(model, "get_base_model") else model
-        self._wants_mm_token_types = "mm_token_type_ids" in inspect.signature(plain.forward).parameters
+        # Gemma 3 reads the same marks as `token_type_ids` (bidirectional attention within an image).
+        parameters = inspect.signature(plain.forward).parameters
+        self._token_type_keys = [k for k in ("mm_token_type_ids", "token_type_ids") if k in parameters]
+        self._wants_mm_token_types = bool(self._token_type_keys)
+        self.family = processor.family
         # A sampled vision placeholder would make the next forward pass expect image features that do not exist.
         names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
-        self.suppress_token_ids = sorted({i for n in names if (i := getattr(model.config, n, None)) is not None})
+        suppress = {i for n in names if (i := getattr(model.config, n, None)) is not None}
+        suppress |= {processor.image_token_id} | {tok.convert_tokens_to_ids(t) for t in self.family.suppress}
+        self.suppress_token_ids = sorted(i for i in suppress if isinstance(i, int))
         # Set by `add_action_tokens` for a VLA: generation then emits exactly C*D action tokens, and both sampling
         # and scoring see the distribution restricted to them (so the PPO ratio compares like with like).
         self.action_codec = None
@@ -156,7 +166,7 @@ class VLMPolicy:
         return next(self.model.parameters()).device
 
     # ------------------------------------------------------------------ inputs
-    def encode(self, obs: Observation) -> dict[str, torch.Tensor]:
+    def encode(self, obs: Observation) -> ModelInputs:
         """Model inputs for every world of `obs`: its V images (`obs.views`, in order) and its instruction per row."""
         views = obs.views  # [N, V, H, W, 3]
         texts = [
@@ -164,9 +174,53 @@ class VLMPolicy:
             for s in obs.instruction
         ]
         images = [to_pil(img) for row in views for img in row]
-        inputs = self.processor(texts, images)
-        self._check_length(inputs["input_ids"].shape[1], views.shape[1])
-        return self._with_token_types({k: v.to(self.device) for k, v in inputs.items()})
+        enc, vision = self.processor.encode(texts, images)
+        self._check_length(enc["input_ids"].shape[1], views.shape[1])
+        return self._model_inputs(enc, vision)
+
+    def _model_inputs(self, enc: dict[str, torch.Tensor], vision: Vision) -> ModelInputs:
+        """The forward's keyword arguments on the policy's device, carrying the images in the generic layout."""
+        device = self.device
+        vision = Vision(
+            pixel_values=vision.pixel_values.to(device),
+            units=vision.units.cpu(),
+            per_image={k: v.to(device) for k, v in vision.per_image.items()},
+            per_unit={k: v.to(device) for k, v in vision.per_unit.items()},
+            tokens=vision.tokens,
+            texts=vision.texts,
+        )
+        inputs = ModelInputs({k: v.to(device) for k, v in enc.items()})
+        inputs.update(self.processor.model_inputs(vision.pixel_values, vision.per_image, vision.per_unit))
+        inputs.vision = vision
+        return self._with_token_types(inputs)
+
+    def image_fields(self, inputs: ModelInputs) -> dict:
+        """The `Rollout` fields of the images of `inputs` (`encode`'s or `prompt_inputs`' output)."""
+        vision = inputs.vision
+        return {
+            "pixel_values": vision.pixel_values,
+            "image_units": vision.units,
+            "image_inputs": dict(vision.per_image),
+            "unit_inputs": dict(vision.per_unit),
+        }
+
+    def vision_inputs(self, batch: Rollout) -> dict[str, torch.Tensor]:
+        """The forward's vision keyword arguments for the rows of `batch`."""
+        return self.processor.model_inputs(batch.pixel_values, batch.image_inputs, batch.unit_inputs)
+
+    def check_image_tokens(self, input_ids: torch.Tensor, batch: Rollout) -> None:
+        """Refuse a batch whose image tokens do not match its images' features (naming the row and the counts)."""
+        features = self.processor.features(
+            batch.image_units.cpu(), {k: v.cpu() for k, v in batch.image_inputs.items()}
+        )
+        check_image_tokens(input_ids, self.processor.image_token_id, features, batch.images_per_row)
+
+    def positions(self, attention_mask: torch.Tensor) -> torch.Tensor | None:
+        """1-D position ids numbering each row's real tokens from 0 (pads at 1), as transformers' `generate` numbers
+        them; None for M-RoPE families, whose model computes its own from the image grid."""
+        if self.family.mrope:
+            return None
+        return (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)
 
     def _check_length(self, length: int, images: int) -> None:
         """Prompts are never truncated (a cut through an image's placeholder tokens would make the model read
@@ -186,8 +240,8 @@ class VLMPolicy:
         return getattr(getattr(config, "text_config", config), "max_position_embeddings", None)
 
     def _with_token_types(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        if self._wants_mm_token_types:
-            inputs["mm_token_type_ids"] = (inputs["input_ids"] == self.processor.image_token_id).int()
+        for key in self._token_type_keys:
+            inputs[key] = (inputs["input_ids"] == self.processor.image_token_id).int()
         return inputs
 
     # ------------------------------------------------------------------ generation
@@ -203,9 +257,7 @@ class VLMPolicy:
             row = [img for turn in turns for img in turn.views] + list(views[i])
             images += [to_pil(img) for img in row]
             counts.append(len(row))
-        vision = self.processor.image_processor(images=images, return_tensors="pt")
-        grid = vision["image_grid_thw"]  # [images, 3]
-        tokens = (grid.prod(-1) // self.processor.merge_size**2).tolist()
+        vision = self.processor.vision(images)
         rows, start = [], 0
         for i, turns in enumerate(history):
             past = [(t.instruction, len(t.views), t.answer_ids) for t in turns]
@@ -214,7 +266,7 @@ class VLMPolicy:
                     past,
                     obs.instruction[i],
                     views.shape[1],
-                    tokens[start : start + counts[i]],
+                    vision.texts[start : start + counts[i]],
                     self.prompt_template,
                     tuple(self.eos_token_ids),
                 )  # fmt: skip
@@ -227,13 +279,9 @@ class VLMPolicy:
             input_ids[i, width - len(row) :] = torch.tensor(row)
             attention_mask[i, width - len(row) :] = 1
         self._check_length(width, max(counts))
-        inputs = {
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "pixel_values": vision["pixel_values"],
-            "image_grid_thw": grid,
-        }
-        return self._with_token_types({k: v.to(self.device) for k, v in inputs.items()}), counts
+        check_image_tokens(input_ids, self.processor.image_token_id, vision.tokens, torch.tensor(counts))
+        enc = {"input_ids": input_ids, "attention_mask": attention_mask}
+        return self._model_inputs(enc, vision), counts
 
     def prompt_inputs(
         self, obs: Observation, history: list[list[Turn]] | None = None
@@ -277,22 +325,26 @@ class VLMPolicy:
         inputs, per_row = self.prompt_inputs(prompts, history)
         out = self._backend.sample(self, prompts, inputs, group_size, sampling)
         texts = self.processor.tokenizer.batch_decode(out.completion_ids, skip_special_tokens=True)
-        repeat = lambda x: x.repeat_interleave(group_size, dim=0)  # noqa: E731
-        pixel_values, grid = inputs["pixel_values"], inputs["image_grid_thw"]  # grid [B*I, 3]
-        if group_size > 1:  # (per_row is an int here: no history)
-            pixel_values = _repeat_images(pixel_values, grid, group_size, per_row)
-            grid = grid.view(-1, per_row, 3).repeat_interleave(group_size, dim=0).reshape(-1, 3)
-        return Rollout(
-            prompt_ids=repeat(inputs["input_ids"]),
-            prompt_mask=repeat(inputs["attention_mask"]).bool(),
-            pixel_values=pixel_values,
-            image_grid_thw=grid,
+        prompts_only = Rollout(
+            prompt_ids=inputs["input_ids"],
+            prompt_mask=inputs["attention_mask"].bool(),
+            **self.image_fields(inputs),
+            completion_ids=inputs["input_ids"][:, :0],
+            completion_mask=inputs["attention_mask"][:, :0].bool(),
+            logprobs=inputs["input_ids"][:, :0].float(),
+            texts=[""] * len(prompts),
+            group_size=1,
+            images_per_row=per_row,
+        )
+        if group_size > 1:  # each prompt's row (its images with it) repeated G times, in order
+            prompts_only = prompts_only.select(torch.arange(len(prompts)).repeat_interleave(group_size))
+        return replace(
+            prompts_only,
             completion_ids=out.completion_ids,
             completion_mask=out.completion_mask,
             logprobs=out.logprobs,
             texts=texts,
             group_size=group_size,
-            images_per_row=per_row,
         )
 
     # ------------------------------------------------------------------ scoring
@@ -308,15 +360,16 @@ class VLMPolicy:
         input_ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)
         attention_mask = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1).long()
         length = batch.completion_ids.shape[1]
+        self.check_image_tokens(batch.prompt_ids, batch)
         inputs = self._with_token_types(
-            {
-                "input_ids": input_ids,
-                "attention_mask": attention_mask,
-                "pixel_values": batch.pixel_values,
-                "image_grid_thw": batch.image_grid_thw,
-            }
+            {"input_ids": input_ids, "attention_mask": attention_mask, **self.vision_inputs(batch)}
         )
-        embeds = embeds_sharing_images(self.model, input_ids, batch.pixel_values, batch.image_grid_thw)
+        positions = self.positions(attention_mask)
+        if positions is not None:
+            inputs["position_ids"] = positions
+        embeds = embeds_sharing_images(
+            self.model, input_ids, batch.pixel_values, batch.image_inputs.get("image_grid_thw")
+        )
         if embeds is not None:  # each distinct image encoded once (a group's rows share theirs); same values
             inputs.update(inputs_embeds=embeds, pixel_values=None)
         out = self.model(
@@ -331,10 +384,15 @@ class VLMPolicy:
             return logprobs
         return logprobs, entropy_from_logits(logits / temperature)
 
-
     def masked(self, batch: Rollout, domain: str, ratio: float, generator: torch.Generator) -> Rollout:
         """`batch` with part of each image hidden (PAPO's perception pass): whole vision patches (`patches`, black in
-        this policy's normalisation) or single entries of the pixel tensor (`pixels`), with probability `ratio`."""
+        this policy's normalisation) or single entries of the pixel tensor (`pixels`), with probability `ratio`.
+        `patches` needs a family whose pixel rows are patches (Qwen-VL); every family takes `pixels`."""
+        if domain == "patches" and not self.family.patch_rows:
+            raise ValueError(
+                f"algo.papo_mask_domain=patches needs pixel rows that are vision patches (Qwen-VL); a {self.family.name} "
+                "model's are not: use pixels"
+            )
         return masked_images(batch, domain, ratio, generator, self.processor.image_processor)
 
 
@@ -359,7 +417,7 @@ def embeds_sharing_images(model, input_ids: torch.Tensor, pixel_values: torch.Te
     """
     base = plain_model(model)
     inner = getattr(base, "model", None)
-    if type(inner).__name__ not in SHARED_IMAGE_MODELS or len(grid_thw) < 2:
+    if type(inner).__name__ not in SHARED_IMAGE_MODELS or grid_thw is None or len(grid_thw) < 2:
         return None
     if any(isinstance(p, DTensor) for p in base.lm_head.parameters()):
         return None
@@ -386,10 +444,7 @@ def embeds_sharing_images(model, input_ids: torch.Tensor, pixel_values: torch.Te
     return embeds.masked_scatter(placeholders, features.to(embeds.dtype))
 
 
-def _repeat_images(pixel_values: torch.Tensor, grid_thw: torch.Tensor, times: int, per_row: int = 1) -> torch.Tensor:
-    """Repeat each row's patch rows `times` times, a row being `per_row` consecutive images, keeping rows in order."""
-    if times == 1:
-        return pixel_values
-    chunks = pixel_values.split(grid_thw.prod(-1).tolist(), dim=0)
-    rows = [torch.cat(chunks[r : r + per_row]) for r in range(0, len(chunks), per_row)]
-    return torch.cat([row for row in rows for _ in range(times)], dim=0)
+class ModelInputs(dict):
+    """A model forward's keyword arguments, carrying the images in the generic layout as `.vision`."""
+
+    vision: Vision

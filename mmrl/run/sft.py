@@ -41,8 +41,7 @@ def supervised_batch(
     return Rollout(
         prompt_ids=inputs["input_ids"],
         prompt_mask=inputs["attention_mask"].bool(),
-        pixel_values=inputs["pixel_values"],
-        image_grid_thw=inputs["image_grid_thw"],
+        **policy.image_fields(inputs),
         completion_ids=completion_ids.to(device),
         completion_mask=mask.to(device),
         logprobs=torch.zeros(completion_ids.shape, device=device),
@@ -75,8 +74,7 @@ def action_batch(
     return Rollout(
         prompt_ids=inputs["input_ids"],
         prompt_mask=inputs["attention_mask"].bool(),
-        pixel_values=inputs["pixel_values"],
-        image_grid_thw=inputs["image_grid_thw"],
+        **policy.image_fields(inputs),
         completion_ids=token_ids.to(device),
         completion_mask=torch.ones(token_ids.shape, dtype=torch.bool, device=device),
         logprobs=torch.zeros(token_ids.shape, device=device),

@@ -1,0 +1,241 @@
+"""One table of per-family facts: what differs between vision-language model families, and nothing else.
+
+Every place that would otherwise ask "which model is this?" reads a `Family` from `FAMILIES` instead, keyed by
+`model.config.model_type`. A family says:
+
+* which token the model's image features replace (`image_token`, counted against the features before any forward)
+  and what its chat template writes per image (`template_image`, expanded by `vision` into the processor's text);
+* how its image processor's output becomes the generic layout of `mmrl.types.Rollout` (`vision`): `pixel_values`
+  stacked along a first "unit" dimension (a Qwen patch row, a Gemma 3 image, an Idefics3 tile), the units of each
+  image, the extra per-image and per-unit tensors its forward takes, and the placeholder text of each image;
+* the rest of its conventions: turn-boundary tokens, positions (M-RoPE or 1-D), the grounding coordinate convention.
+
+Sources of each convention are cited beside its entry. The expansions follow the families' own transformers
+processors (`Gemma3Processor.full_image_sequence`, `Idefics3Processor.replace_image_token`); tests compare them with
+those processors' output token for token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from PIL import Image
+
+COORDINATES = ("pixels", "0-1000", "0-1")
+
+
+@dataclass(frozen=True)
+class Vision:
+    """The images of one processor call in the generic layout (I images, U units in all).
+
+    Attributes:
+        pixel_values: `[U, ...]` each image's units, image after image.
+        units: `[I]` long, the units of each image.
+        per_image: extra forward inputs with a first dimension of I (Qwen's `image_grid_thw` `[I, 3]`).
+        per_unit: extra forward inputs with a first dimension of U (Idefics3's `pixel_attention_mask` `[U, H, W]`).
+        tokens: `[I]` long, the image-token placeholders each image's features fill.
+        texts: I strings, each image's placeholder text as the family's processor writes it.
+    """
+
+    pixel_values: torch.Tensor
+    units: torch.Tensor
+    per_image: dict[str, torch.Tensor]
+    per_unit: dict[str, torch.Tensor]
+    tokens: torch.Tensor
+    texts: list[str]
+
+
+@dataclass(frozen=True)
+class Family:
+    """The facts of one model family (see the module docstring).
+
+    Attributes:
+        name: the `model_type` of its checkpoints' config.json.
+        image_token: the placeholder token the vision features replace, one per feature vector.
+        template_image: what the chat template writes for one image; each occurrence becomes one image's text.
+        vision: `(image_processor, images, processor_settings) -> Vision`.
+        features: `(units [I], per_image, settings) -> [I]` the feature vectors each image gives (the placeholders
+            it needs), from the stored layout alone (a training batch re-checks its prompts against it).
+        batched_pixels: the forward takes `pixel_values` (and per-unit tensors) with a leading batch dimension
+            `[1, U, ...]` (Idefics3 reads `[B, N, ...]` and drops all-zero padding tiles).
+        mrope: positions are Qwen's 3-axis multimodal RoPE, offset by the model's `rope_deltas`; otherwise 1-D
+            positions numbering the real (unpadded) tokens from 0.
+        patch_rows: each `pixel_values` row is one vision patch (PAPO's `patches` masking domain applies).
+        turn_start, turn_end: the tokens that open and close a chat turn.
+        coordinates: the grounding coordinate convention of its checkpoints: "pixels" (absolute, in the resized
+            image the model sees), "0-1000" or "0-1" (relative).
+        suppress: further special tokens never to sample (structure tokens of the image placeholders).
+    """
+
+    name: str
+    image_token: str
+    template_image: str
+    vision: Callable[[Any, list[Image.Image], dict], Vision]
+    features: Callable[[torch.Tensor, dict[str, torch.Tensor], dict], torch.Tensor]
+    turn_start: str
+    turn_end: str
+    coordinates: str
+    batched_pixels: bool = False
+    mrope: bool = False
+    patch_rows: bool = False
+    suppress: tuple[str, ...] = field(default=())
+
+
+# ---------------------------------------------------------------------------------------------- Qwen-VL
+
+
+def _qwen_vision(image_processor, images: list[Image.Image], settings: dict) -> Vision:
+    """Qwen2-VL / 2.5-VL / 3-VL: `pixel_values` `[patches, C*T*p*p]`, `image_grid_thw` `[I, 3]`; an image is
+    `t*h*w / merge**2` `<|image_pad|>` tokens (the template writes one between `<|vision_start|>`/`<|vision_end|>`)."""
+    out = image_processor(images=images, return_tensors="pt")
+    grid = out["image_grid_thw"]  # [I, 3]
+    merge = int(getattr(image_processor, "merge_size", 2))
+    tokens = grid.prod(-1) // merge**2
+    return Vision(
+        pixel_values=out["pixel_values"],
+        units=grid.prod(-1),
+        per_image={"image_grid_thw": grid},
+        per_unit={},
+        tokens=tokens,
+        texts=["<|image_pad|>" * int(n) for n in tokens],
+    )
+
+
+def _qwen_features(units: torch.Tensor, per_image: dict, settings: dict) -> torch.Tensor:
+    return per_image["image_grid_thw"].prod(-1) // int(settings.get("merge_size", 2)) ** 2
+
+
+def _qwen(name: str, coordinates: str) -> Family:
+    return Family(
+        name=name,
+        image_token="<|image_pad|>",
+        template_image="<|image_pad|>",
+        vision=_qwen_vision,
+        features=_qwen_features,
+        turn_start="<|im_start|>",
+        turn_end="<|im_end|>",
+        coordinates=coordinates,
+        mrope=True,
+        patch_rows=True,
+    )
+
+
+# ---------------------------------------------------------------------------------------------- Gemma 3
+
+
+def _gemma3_vision(image_processor, images: list[Image.Image], settings: dict) -> Vision:
+    """Gemma 3: `pixel_values` `[I, 3, H, W]` (one unit an image, no pan-and-scan), each image a fixed
+    `image_seq_length` soft tokens (`mm_tokens_per_image` of the config; 256 in the released checkpoints), written
+    `\\n\\n<start_of_image>` + soft tokens + `<end_of_image>\\n\\n` in place of the template's `<start_of_image>`."""
+    out = image_processor(images=images, return_tensors="pt", do_pan_and_scan=False)
+    n = int(settings["image_seq_length"])
+    count = len(images)
+    text = "\n\n<start_of_image>" + "<image_soft_token>" * n + "<end_of_image>\n\n"
+    return Vision(
+        pixel_values=out["pixel_values"],
+        units=torch.ones(count, dtype=torch.long),
+        per_image={},
+        per_unit={},
+        tokens=torch.full((count,), n, dtype=torch.long),
+        texts=[text] * count,
+    )
+
+
+# ---------------------------------------------------------------------------------------------- Idefics3 / SmolVLM
+
+
+def _idefics3_vision(image_processor, images: list[Image.Image], settings: dict) -> Vision:
+    """Idefics3 (SmolVLM v1): each image is split into rows x cols tiles plus a global view (one tile when not
+    split); `pixel_values` `[tiles, 3, H, W]` with `pixel_attention_mask` `[tiles, H, W]`; each tile is
+    `image_seq_len` `<image>` tokens, framed by `<fake_token_around_image>` and `<row_r_col_c>`/`<global-img>` tags
+    as `Idefics3Processor.replace_image_token` writes them."""
+    if not images:
+        raise ValueError("no images")
+    out = image_processor(images=[[image] for image in images], return_tensors="pt", return_row_col_info=True)
+    seq = int(settings["image_seq_len"])
+    rows = [r[0] for r in out["rows"]]
+    cols = [c[0] for c in out["cols"]]
+    units = torch.tensor([r * c + 1 if r or c else 1 for r, c in zip(rows, cols)], dtype=torch.long)
+    keep = torch.arange(out["pixel_values"].shape[1]).unsqueeze(0) < units.unsqueeze(1)  # [I, Nmax] real tiles
+    texts = []
+    for r, c in zip(rows, cols):
+        glob = "<fake_token_around_image><global-img>" + "<image>" * seq + "<fake_token_around_image>"
+        if not (r or c):
+            texts.append(glob)
+            continue
+        text = ""
+        for i in range(r):
+            text += "".join(f"<fake_token_around_image><row_{i + 1}_col_{j + 1}>" + "<image>" * seq for j in range(c))
+            text += "\n"
+        texts.append(text + "\n" + glob)
+    return Vision(
+        pixel_values=out["pixel_values"][keep],
+        units=units,
+        per_image={},
+        per_unit={"pixel_attention_mask": out["pixel_attention_mask"][keep]},
+        tokens=units * seq,
+        texts=texts,
+    )
+
+
+def _gemma3_features(units: torch.Tensor, per_image: dict, settings: dict) -> torch.Tensor:
+    return units * int(settings["image_seq_length"])
+
+
+def _idefics3_features(units: torch.Tensor, per_image: dict, settings: dict) -> torch.Tensor:
+    return units * int(settings["image_seq_len"])
+
+
+FAMILIES: dict[str, Family] = {
+    # Qwen2-VL answers boxes in 0-1000 relative coordinates; Qwen2.5-VL in absolute pixels of the resized image
+    # (Qwen2.5-VL technical report, sec. 2.2.1 "native resolution ... actual dimensions"); Qwen3-VL back to 0-1000
+    # (Qwen3-VL model card, "Grounding: relative coordinates 0-1000").
+    "qwen2_vl": _qwen("qwen2_vl", "0-1000"),
+    "qwen2_5_vl": _qwen("qwen2_5_vl", "pixels"),
+    "qwen3_vl": _qwen("qwen3_vl", "0-1000"),
+    # Gemma 3 (google/gemma-3-4b-it model card; the chat template's <start_of_turn>user / model turns). It has no
+    # documented box format; PaliGemma's <locYYYY> tokens are 0-1023 bins, and Gemma 3 prompts in the wild ask for
+    # 0-1000 boxes, which is what we use.
+    "gemma3": Family(
+        name="gemma3",
+        image_token="<image_soft_token>",
+        template_image="<start_of_image>",
+        vision=_gemma3_vision,
+        features=_gemma3_features,
+        turn_start="<start_of_turn>",
+        turn_end="<end_of_turn>",
+        coordinates="0-1000",
+        suppress=("<start_of_image>", "<end_of_image>"),
+    ),
+    # Idefics3 / SmolVLM (HuggingFaceTB/SmolVLM-Instruct chat template: "User:"/"Assistant:" turns closed by
+    # <end_of_utterance>). SmolVLM's grounding data (and Idefics3's) writes boxes relative, 0-1.
+    "idefics3": Family(
+        name="idefics3",
+        image_token="<image>",
+        template_image="<image>",
+        vision=_idefics3_vision,
+        features=_idefics3_features,
+        turn_start="<|im_start|>",
+        turn_end="<end_of_utterance>",
+        coordinates="0-1",
+        batched_pixels=True,
+        suppress=("<fake_token_around_image>", "<global-img>"),
+    ),
+}
+
+
+def family_for(model_type: str) -> Family:
+    """The `Family` of a checkpoint whose config says `model_type`.
+
+    Raises:
+        ValueError: naming the model type and the supported ones.
+    """
+    if model_type not in FAMILIES:
+        raise ValueError(
+            f"model family {model_type!r} (config.json's model_type) is not supported yet; supported: "
+            f"{', '.join(FAMILIES)}"
+        )
+    return FAMILIES[model_type]
