@@ -7,13 +7,18 @@ built-in envs are registered once `sim` is imported, which any `sim.*` import do
 
 from __future__ import annotations
 
+import collections.abc
 import inspect
+import os
+import types
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from rewards.registry import Registry
 
+from .errors import InputError
 from .mix import MixedRewards
 
 ENVS: Registry[type] = Registry("env")
@@ -36,15 +41,20 @@ def make(name: str, num_envs: int, rewards: list[dict[str, Any]] | None = None, 
         The env, holding N worlds; call `reset(seed=...)` before stepping it.
 
     Raises:
-        KeyError: `name` is not registered.
-        ValueError: An option is not a parameter of the env's constructor.
+        InputError: `name` is not registered, an option is not a parameter of the env's constructor, or its value
+            does not fit the parameter's annotation (`option_problem`).
     """
-    cls = ENVS.get(name)
+    try:
+        cls = ENVS.get(name)
+    except KeyError as error:
+        raise InputError(error.args[0]) from None
     valid, takes_any = constructor_options(cls)
-    if not takes_any:
-        for key in options:
-            if key not in valid:
-                raise ValueError(f"unknown option {key!r} for env {name!r}; valid: {', '.join(valid)}")
+    for key, value in options.items():
+        if not takes_any and key not in valid:
+            raise InputError(f"unknown option {key!r} for env {name!r}; valid: {', '.join(valid)}")
+        problem = option_problem(cls, key, value)
+        if problem is not None:
+            raise InputError(f"option {key!r} of env {name!r}: {problem}")
     env = cls(num_envs=num_envs, **options)
     if rewards:
         try:
@@ -141,3 +151,97 @@ def constructor_options(cls: type) -> tuple[list[str], bool]:
                 valid.append(p_name)
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in chain[-1].values())  # `object`'s ends a chain
     return valid, takes_any
+
+
+def option_types(cls: type) -> dict[str, Any]:
+    """`{option: annotation}` of the options an env class takes, resolved, along the chain `constructor_options`
+    walks (the subclass's first). A constructor whose annotations do not resolve contributes none: its options are
+    then not type-checked."""
+    found: dict[str, Any] = {}
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        init = vars(klass)["__init__"]
+        try:
+            hints = typing.get_type_hints(init)
+        except Exception:  # a name only imported for type checkers: leave those options unchecked
+            hints = {}
+        for key, tp in hints.items():
+            if key != "return":
+                found.setdefault(key, tp)
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(init).parameters.values()):
+            break
+    return found
+
+
+def option_problem(cls: type, key: str, value: Any) -> str | None:
+    """What is wrong with passing `key=value` to env class `cls` (None if nothing): an unknown option, naming the
+    valid ones, or a value that does not fit the constructor's annotation, naming the expected type.
+
+    Values are checked as a config gives them (YAML scalars, lists, mappings): `bool`, `int` (not a bool), `float`
+    (an int too), `str`, `Literal` choices, unions and optionals, lists/sequences (and their items), mappings;
+    annotations of other types (a class, a callable) are not checked. A default of None is accepted whatever the
+    annotation says (an option left at its default).
+    """
+    valid, takes_any = constructor_options(cls)
+    if key not in valid:
+        return None if takes_any else f"unknown option; valid: {', '.join(valid)}"
+    tp = option_types(cls).get(key)
+    if tp is None or _fits(value, tp) or (value is None and constructor_defaults(cls).get(key, 0) is None):
+        return None
+    return f"expected {_describe(tp)}, got {value!r}"
+
+
+def _fits(value: Any, tp: Any) -> bool:
+    """Whether `value` fits the annotation `tp`; True where the annotation is of a kind not checked."""
+    if tp is Any:
+        return True
+    if tp is type(None) or tp is None:
+        return value is None
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Literal:
+        return any(value == choice and type(value) is type(choice) for choice in args)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, arg) for arg in args)
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if tp is str:
+        return isinstance(value, str)
+    if origin is os.PathLike or tp is os.PathLike:
+        return isinstance(value, os.PathLike)
+    if origin in (list, tuple, collections.abc.Sequence) or tp in (list, tuple):
+        if not isinstance(value, list | tuple):
+            return False
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            return len(value) == len(args) and all(_fits(v, a) for v, a in zip(value, args))
+        return not args or all(_fits(v, args[0]) for v in value)
+    if origin in (dict, collections.abc.Mapping) or tp in (dict, collections.abc.Mapping):
+        if not isinstance(value, Mapping):
+            return False
+        return not args or all(_fits(k, args[0]) and _fits(v, args[1]) for k, v in value.items())
+    return True
+
+
+def _describe(tp: Any) -> str:
+    """An annotation in words: "an integer", "one of 'a', 'b'", "a number or null"."""
+    if tp is type(None) or tp is None:
+        return "null"
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(choice) for choice in args)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(dict.fromkeys(_describe(arg) for arg in args))
+    words = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    if tp in words:
+        return words[tp]
+    if origin is os.PathLike or tp is os.PathLike:
+        return "a path"
+    if origin in (list, tuple, collections.abc.Sequence) or tp in (list, tuple):
+        return f"a list (items: {_describe(args[0])})" if args else "a list"
+    if origin in (dict, collections.abc.Mapping) or tp in (dict, collections.abc.Mapping):
+        return "a mapping"
+    return getattr(tp, "__name__", repr(tp))

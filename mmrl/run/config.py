@@ -11,6 +11,7 @@ from typing import Any, Literal
 from rewards import REWARDS
 from rewards.combine import RewardSpec
 from sim.mix import ENV_REWARD
+from sim.registry import ENVS, option_problem
 from sim.seeds import TRAIN_SEEDS
 
 from ..algos import ADVANTAGES, CRITIC_ADVANTAGES, POLICY_LOSSES, STEP_ADVANTAGES, Aggregation
@@ -117,6 +118,14 @@ class EnvConfig:
     worker_timeout_s: float = 120.0  # a worker that does not answer a call in this time is named, restarted, retried
 
     def __post_init__(self):
+        # Each option against the env constructor's parameters and their annotations, so that a typo or a value of
+        # the wrong type fails here naming `env.options.<key>`, not as a TypeError deep inside the env. An env not
+        # registered (yet) is left to `sim.make`, which names the registered ones.
+        if self.name in ENVS:
+            cls = ENVS.get(self.name)
+            for key, value in self.options.items():
+                problem = option_problem(cls, key, value)
+                require(problem is None, f"env.options.{key}", f"{problem} (an option of env {self.name!r})", sep=": ")
         require(self.workers >= 0, "env.workers", "must be >= 0 (0: the worlds live in this process)")
         require(self.worker_timeout_s > 0, "env.worker_timeout_s", "must be > 0")
         for entry in self.rewards:
@@ -532,6 +541,13 @@ class TrainConfig:
     def __post_init__(self):
         """Checks that read more than one section; each section checks its own fields when it is built."""
         tc, model = self.trainer, self.model
+        option = self.curriculum.option
+        if option is not None and self.env.name in ENVS:  # each level is a value of that env option: check it as one
+            cls = ENVS.get(self.env.name)
+            for index, level in enumerate(self.curriculum.levels):
+                problem = option_problem(cls, option, level)
+                require(problem is None, f"curriculum.levels[{index}]", f"{problem} (values of env option "
+                        f"{option!r})", sep=": ")  # fmt: skip
         if tc.master_weights == "float32":
             require(
                 model.dtype != "float32",

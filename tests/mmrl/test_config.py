@@ -75,9 +75,32 @@ def test_overrides_win_over_the_preset_and_leave_the_rest():
 
 
 def test_env_options_override_goes_into_the_dict():
-    cfg = load_config(REPO / "configs" / "grounding_tiny.yaml", ["env.options.x=1", "env.options.max_shapes=3"])
-    assert cfg.env.options["x"] == 1 and cfg.env.options["max_shapes"] == 3
+    cfg = load_config(REPO / "configs" / "grounding_tiny.yaml", ["env.options.device=cpu", "env.options.max_shapes=3"])
+    assert cfg.env.options["device"] == "cpu" and cfg.env.options["max_shapes"] == 3
     assert cfg.env.options["image_size"] == 128  # the preset's own option stays
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["env.options.image_size=big"],
+            r"^env.options.image_size: expected an integer, got 'big' \(an option of env 'grounding'\)",
+        ),
+        (["env.options.max_shapes=3.5"], r"^env.options.max_shapes: expected an integer, got 3.5"),
+        (["env.options.imag_size=64"], r"^env.options.imag_size: unknown option; valid: .*image_size"),
+        (["env.name=dataset", "env.options.split=test"], r"^env.options.split: expected one of 'auto', 'train'"),
+        (["env.name=dataset", "env.options={shuffle: maybe}"], r"^env.options.shuffle: expected true or false"),
+        (
+            ["curriculum.option=max_shapes", "curriculum.levels=[1, two]", "curriculum.steps_per_level=2"],
+            r"^curriculum.levels\[1\]: expected an integer, got 'two' \(values of env option 'max_shapes'\)",
+        ),
+    ],
+)
+def test_env_options_are_checked_against_the_constructor_at_load(overrides, message):
+    """A wrong type is a ConfigError naming env.options.<key> and the expected type, not a TypeError in the env."""
+    with pytest.raises(ConfigError, match=message):
+        load_config(REPO / "configs" / "grounding_tiny.yaml", overrides)
 
 
 def test_unknown_key_in_an_override_names_it_and_the_valid_ones():
