@@ -25,6 +25,7 @@ from ..algos import CRITIC_ADVANTAGES
 from ..methods.critic import Critic
 from ..methods.curriculum import Curriculum
 from ..policy import VLMPolicy, add_action_tokens, apply_model_options, build_tiny
+from ..policy.flow import FlowPolicy, FlowStats, apply_flow_options, build_tiny_flow, is_flow_folder
 from ..stages.collect import Collector
 from ..stages.evaluate import held_out
 from ..stages.shaping import Shaping
@@ -33,6 +34,7 @@ from ..types import Sampling
 from . import distributed, precision
 from .checkpoint import latest_checkpoint, load_training_state, set_rng_state
 from .config import ModelConfig, TrainConfig, to_dict
+from .flow_sft import collect_flow_demonstrations, train_flow_on_demonstrations
 from .logging import MetricsLogger, TensorBoardSink, WandbSink, require_backends
 from .report import report_before
 from .sft import collect_demonstrations, longest_target, merge_demonstrations, train_on_demonstrations
@@ -72,11 +74,18 @@ class Run:
         )  # fmt: skip
 
 
-def load_policy(cfg: ModelConfig, checkpoint: str | Path | None = None) -> VLMPolicy:
-    """The policy a config names: a checkpoint folder, a model folder, or a random "tiny:<arch>" model."""
+def load_policy(cfg: ModelConfig, checkpoint: str | Path | None = None) -> VLMPolicy | FlowPolicy:
+    """The policy a config names: a checkpoint folder, a model folder, or a random "tiny:<arch>" model; a π0
+    folder (config.json's model_type "pi0") or "tiny:pi0" gives a flow policy (`FlowPolicy`)."""
     kwargs = {"prompt_template": cfg.prompt_template, "history_turns": cfg.history_turns}
     if checkpoint is not None:
+        if is_flow_folder(checkpoint):
+            return FlowPolicy.from_pretrained(checkpoint, dtype=DTYPES[cfg.dtype], device=cfg.device)
         return VLMPolicy.from_pretrained(checkpoint, dtype=DTYPES[cfg.dtype], device=cfg.device, **kwargs)
+    if cfg.path == "tiny:pi0":
+        policy = build_tiny_flow(seed=cfg.seed)
+        policy.model.to(device=cfg.device, dtype=DTYPES[cfg.dtype])
+        return policy
     if cfg.path.startswith("tiny:"):
         policy = build_tiny(cfg.path.removeprefix("tiny:"), seed=cfg.seed, **kwargs)
         policy.model.to(device=cfg.device, dtype=DTYPES[cfg.dtype])
@@ -86,6 +95,8 @@ def load_policy(cfg: ModelConfig, checkpoint: str | Path | None = None) -> VLMPo
         # Presets name assets relative to the repository; let them run from any working directory.
         candidate = Path(__file__).resolve().parents[2] / path
         path = candidate if candidate.exists() else path
+    if is_flow_folder(path):
+        return FlowPolicy.from_pretrained(path, dtype=DTYPES[cfg.dtype], device=cfg.device)
     return VLMPolicy.from_pretrained(path, dtype=DTYPES[cfg.dtype], device=cfg.device, **kwargs)
 
 
@@ -98,8 +109,10 @@ def starting_policy(
     world = world or distributed.World()
     cold_start = out / "cold_start"
     if cfg.sft.episodes > 0 and (cold_start / "config.json").exists():
-        return apply_model_options(load_policy(cfg.model, checkpoint=cold_start), cfg.model)
+        return _model_options(load_policy(cfg.model, checkpoint=cold_start), cfg.model)
     policy = policy if policy is not None else load_policy(cfg.model, checkpoint=cfg.checkpoint)
+    if isinstance(policy, FlowPolicy):
+        return flow_starting_policy(cfg, _model_options(policy, cfg.model), env, out, world)
     if env.action_kind == "continuous" and policy.action_codec is None:
         if cfg.model.action_bins < 2:
             raise ValueError(f"env {cfg.env.name!r} takes continuous actions: set model.action_bins (e.g. 256)")
@@ -140,6 +153,47 @@ def starting_policy(
         policy.save_pretrained(tmp)
         (tmp / "initial_eval.json").write_text(json.dumps(initial.metrics, indent=2))
         tmp.rename(cold_start)  # atomic: a folder named cold_start is always complete
+    return policy
+
+
+def _model_options(policy: VLMPolicy | FlowPolicy, cfg: ModelConfig) -> VLMPolicy | FlowPolicy:
+    return apply_flow_options(policy, cfg) if isinstance(policy, FlowPolicy) else apply_model_options(policy, cfg)
+
+
+def flow_starting_policy(cfg: TrainConfig, policy: FlowPolicy, env, out: Path, world: distributed.World) -> FlowPolicy:
+    """`starting_policy` for a flow policy: checked against the env before anything trains, then cold-started by
+    the flow-matching loss on the env's expert (`mmrl.run.flow_sft`) when `sft.episodes > 0`; the demonstrations
+    give the normalisation statistics when the policy carries none."""
+    policy.check_env(env)
+    if cfg.sft.episodes <= 0:
+        if policy.stats is None:
+            raise ValueError(f"model.path {cfg.model.path!r} carries no normalisation statistics (state_mean, ...): "
+                             "cold-start it on demonstrations (sft.episodes > 0)")  # fmt: skip
+        return policy
+    if not hasattr(env, "expert_action"):
+        raise ValueError(f"sft.episodes > 0 needs an env with a scripted expert; {cfg.env.name!r} has none")
+    sft = cfg.sft
+    images, instructions, proprio, chunks, rate = collect_flow_demonstrations(
+        env, policy.chunk, sft.episodes, noise=sft.noise, seed=cfg.trainer.seed
+    )
+    if policy.stats is None:
+        policy.set_stats(FlowStats.from_demonstrations(proprio, chunks))
+    policy.check_env(env)  # the statistics' widths now
+    initial = held_out(policy, cfg, world)
+    if world.is_main:
+        print(f"held-out {cfg.env.eval_metric} of the initial model: {initial.metrics[cfg.env.eval_metric]:.3f}\n"
+              f"{len(instructions)} demonstration chunks from {sft.episodes} episodes "
+              f"(demonstrator success {rate:.2f}; noise {sft.noise})", file=sys.stderr)  # fmt: skip
+    train_flow_on_demonstrations(
+        policy, images, instructions, proprio, chunks, steps=sft.steps, batch_size=sft.batch_size, lr=sft.lr,
+        seed=cfg.trainer.seed,
+    )  # fmt: skip
+    if world.is_main:
+        tmp = out / "cold_start.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        policy.save_pretrained(tmp)
+        (tmp / "initial_eval.json").write_text(json.dumps(initial.metrics, indent=2))
+        tmp.rename(out / "cold_start")  # atomic: a folder named cold_start is always complete
     return policy
 
 
@@ -214,7 +268,7 @@ def build(cfg: TrainConfig, policy: VLMPolicy | None, generation_shards: int | N
             reference.model, world, frozen=True, compute_dtype=compute_dtype if use_masters else None
         )
     if resume_from is not None:
-        policy = apply_model_options(load_policy(load_cfg.model, checkpoint=resume_from), cfg.model)
+        policy = _model_options(load_policy(load_cfg.model, checkpoint=resume_from), cfg.model)
     if use_masters:
         precision.cast_parameters(policy.model, torch.float32)  # no-op for a float32 load, not for a policy passed in
     # Before the optimiser: it holds the sharded parameters. Under FSDP the float32 shards are the master weights.
@@ -223,6 +277,8 @@ def build(cfg: TrainConfig, policy: VLMPolicy | None, generation_shards: int | N
     sampling = cfg.sampling
     if policy.action_codec is not None:  # a VLA emits exactly C*D action tokens per generation
         sampling = replace(sampling, max_new_tokens=policy.action_codec.tokens_per_generation)
+    elif isinstance(policy, FlowPolicy):  # a flow policy's rows hold K denoising steps
+        sampling = replace(sampling, max_new_tokens=policy.num_steps)
     collector.sampling = sampling
 
     trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA adapters, or all but a frozen vision tower

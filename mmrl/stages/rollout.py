@@ -3,8 +3,10 @@
 One collector serves every task. A single-step task (grounding, image-to-SVG) is one turn: the rows are the R
 completions, exactly what `VLMPolicy.generate` returns. A multi-step task (a robot, a GUI, render-and-correct) runs
 more turns; each turn the worlds still running generate one completion (text, or C*D action tokens for a VLA),
-the env steps, and the turn's rows join the batch. The update later trains on all rows at once, in micro-batches,
-so memory grows with the token count of the episodes, never with activations kept across turns.
+the env steps, and the turn's rows join the batch. A flow policy (`FlowPolicy`, π0) acts the same way: each turn it
+samples a chunk of C actions, executed open-loop, and its rows' "tokens" are its K denoising steps. The update later
+trains on all rows at once, in micro-batches, so memory grows with the token count of the episodes, never with
+activations kept across turns.
 
 GRPO groups are G consecutive worlds reset with the same seed. At the first turn they see the same observation,
 so each group's prompt is encoded once and sampled G times; later turns differ per world.
@@ -25,6 +27,7 @@ import torch
 
 from sim.base import Observation, VecEnv
 
+from ..policy.flow import FlowPolicy, cat_flow_rollouts
 from ..policy.vlm import VLMPolicy
 from ..types import Episodes, Rollout, Sampling, Turn, cat_rollouts
 
@@ -67,7 +70,12 @@ def collect_episodes(
     observation. The rows train on their own completions as always; the earlier answers are prompt tokens.
     """
     codec = policy.action_codec
-    if env.action_kind == "continuous" and codec is None:
+    flow = isinstance(policy, FlowPolicy)
+    if flow:
+        policy.check_env(env)
+        if branch or keep_answered:
+            raise ValueError("algo.credit branch and judge.model are not built for flow policies")
+    elif env.action_kind == "continuous" and codec is None:
         raise ValueError("a continuous-action env needs a VLA policy: set model.action_bins to add action tokens")
     if env.action_kind == "text" and codec is not None:
         raise ValueError("a VLA policy (with action tokens) cannot act in a text env")
@@ -78,7 +86,7 @@ def collect_episodes(
     num = len(seeds)
     if num != env.num_envs:
         raise ValueError(f"{num} seeds for an env of {env.num_envs} worlds")
-    chunk = codec.chunk if codec is not None else 1
+    chunk = policy.chunk if flow else codec.chunk if codec is not None else 1
     turns = max_turns or max(1, math.ceil(env.max_episode_steps / chunk))
     branch_turn = None  # [R] the turn each world samples at (branching)
     if branch:
@@ -134,8 +142,8 @@ def collect_episodes(
         worlds.append(ids)
         turn_ids.append(torch.full((len(ids),), t, dtype=torch.long))
 
-        if codec is not None:
-            chunk_actions = codec.decode(rollout.completion_ids)  # [n, C, D]
+        if codec is not None or flow:
+            chunk_actions = rollout.actions if flow else codec.decode(rollout.completion_ids)  # [n, C, D]
             step_actions = [_scatter(chunk_actions[:, c], ids, num, env.action_dim) for c in range(chunk)]
         else:
             texts = [""] * num
@@ -166,8 +174,9 @@ def collect_episodes(
             running[:] = False
 
     world = torch.cat(worlds)
+    concat = cat_flow_rollouts if flow else cat_rollouts
     return Episodes(
-        rollout=cat_rollouts(parts, policy.pad_token_id or 0),
+        rollout=concat(parts, policy.pad_token_id or 0),
         world=world,
         turn=torch.cat(turn_ids),
         step_rewards=step_rewards,

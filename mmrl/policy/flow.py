@@ -1,0 +1,609 @@
+"""A flow-matching VLA (π0) behind the policy verbs, with exact per-step log-probabilities for RL (πRL's Flow-SDE).
+
+`FlowPolicy` wraps transformers' `PI0ForConditionalGeneration` (a PaliGemma backbone reads the images of every view,
+the instruction and, through the action expert, the robot's proprioceptive state; the expert denoises a chunk of C
+actions in K steps). Where `VLMPolicy` samples tokens, this policy samples a denoising chain:
+
+    x_K ~ N(0, I)  ->  x_{K-1}  ->  ...  ->  x_0 = the (normalised) action chunk `[C, D]`
+
+**Flow-SDE** (πRL, arXiv 2510.25889; Flow-GRPO, arXiv 2505.05470). With π0's convention `x_t = t * noise +
+(1 - t) * action`, velocity `v = noise - action`, denoising from t = 1 to t = 0 in K steps of `dt = -1/K`, the ODE
+step `x + v dt` becomes a Gaussian transition
+
+    mean = x + [v + sigma_t^2 / (2t) * (x + (1 - t) v)] dt,    std = sigma_t * sqrt(|dt|),
+    sigma_t = a * sqrt(t / (1 - t))     (t = 1 uses the next step's t, where the formula is infinite),
+
+whose marginals match the ODE's; `a` is the noise level (`noise_level`). Each step's log-density is exact, so a
+row's "tokens" are its K denoising steps: `logprobs` `[R, K]`, each the log-density of one transition summed over
+the C x D executed action dimensions. (K, not K x C: the C x D dimensions of a step are independent given the step's
+input, so one number per step is the exact density and keeps the surrogate's token count at K.) At `a = 0`, or at
+temperature 0, the transition is the ODE step: greedy evaluation uses the deterministic sampler.
+
+The padded action dimensions (π0 pads actions to `max_action_dim`) are sampled with the same transition but never
+executed; they are not scored, so a row's density is that of what the robot does. **Flow-Noise** (a learned noise
+head) is not built yet: `noise_method` accepts `"flow_sde"` only.
+
+The sampled chain is recorded in the rollout (`FlowRollout.chain` `[R, K+1, C, A]`); `logprobs` recomputes every
+transition's density under the current weights with gradients, in one pass of the action expert over the K steps
+(the prompt's key/value cache repeated K times). Action and state normalisation statistics (`FlowStats`) belong to
+the policy and are saved with it, in the fields `PI0Processor` uses (`processor_config.json`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from sim.base import Observation
+
+from ..types import Sampling
+
+NOISE_METHODS = ("flow_sde",)
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
+TINY_PI0 = ASSETS / "tiny_models" / "pi0"
+_STATS_FILE = "processor_config.json"
+
+
+# ---------------------------------------------------------------------------------------------- the rollout
+
+
+@dataclass(frozen=True)
+class FlowRollout:
+    """R = B*G sampled action chunks and their denoising chains, rows grouped contiguously; quacks like
+    `mmrl.types.Rollout` where the update reads one (`len`, `select`, `rows`, the masks and log-probs)."""
+
+    prompt_ids: torch.Tensor  # [R, P] left padded: <image> x (T*V), <bos>, instruction, "\n"
+    prompt_mask: torch.Tensor  # [R, P] bool
+    pixel_values: torch.Tensor  # [R, V, 3, S, S] float, normalised images of every view
+    pixel_attention_mask: torch.Tensor  # [R, V] bool
+    state: torch.Tensor  # [R, Smax] normalised proprioceptive state, zero padded
+    chain: torch.Tensor  # [R, K+1, C, A] x_K (noise) ... x_0 (the normalised chunk), A = max_action_dim
+    actions: torch.Tensor  # [R, C, D] the executed actions, in env units
+    completion_ids: torch.Tensor  # [R, K] long, the denoising step index (the rows' "tokens")
+    completion_mask: torch.Tensor  # [R, K] bool, True where the step was sampled (all False for greedy rows)
+    logprobs: torch.Tensor  # [R, K] per denoising step at sampling time, 0 where masked
+    group_size: int
+    noise_level: float  # a, the Flow-SDE noise level the chain was drawn with (0: the ODE)
+    texts: list[str]  # R empty strings (no text is written; evaluation code reads this field)
+
+    def __len__(self) -> int:
+        return self.prompt_ids.shape[0]
+
+    def select(self, rows: torch.Tensor) -> FlowRollout:
+        """The rows `rows` (a `[r]` long tensor)."""
+        rows = rows.to(torch.long).cpu()
+        picked = {name: getattr(self, name)[rows.to(getattr(self, name).device)] for name in _ROW_TENSORS}
+        return replace(self, **picked, texts=[self.texts[k] for k in rows.tolist()])
+
+    def rows(self, start: int, stop: int) -> FlowRollout:
+        """Rows [start, stop) as a self-contained rollout (a micro-batch)."""
+        picked = {name: getattr(self, name)[start:stop] for name in _ROW_TENSORS}
+        return replace(self, **picked, texts=self.texts[start:stop])
+
+
+_ROW_TENSORS = (
+    "prompt_ids", "prompt_mask", "pixel_values", "pixel_attention_mask", "state", "chain", "actions",
+    "completion_ids", "completion_mask", "logprobs",
+)  # fmt: skip
+
+
+def cat_flow_rollouts(parts: list[FlowRollout], pad_token_id: int = 0) -> FlowRollout:
+    """Rows of several flow rollouts in one (every turn of an episode batch), prompts re-padded on the left."""
+    if not parts:
+        raise ValueError("nothing to concatenate")
+    width = max(p.prompt_ids.shape[1] for p in parts)
+    left = lambda x, value: F.pad(x, (width - x.shape[1], 0), value=value)  # noqa: E731
+    joined = {name: torch.cat([getattr(p, name) for p in parts]) for name in _ROW_TENSORS}
+    joined["prompt_ids"] = torch.cat([left(p.prompt_ids, pad_token_id) for p in parts])
+    joined["prompt_mask"] = torch.cat([left(p.prompt_mask, False) for p in parts])
+    return replace(parts[0], **joined, texts=[t for p in parts for t in p.texts])
+
+
+# ---------------------------------------------------------------------------------------------- statistics
+
+
+@dataclass(frozen=True)
+class FlowStats:
+    """Normalisation statistics of the proprioceptive state and the actions (mean and std per dimension), as π0's
+    `PI0Processor` keeps them; computed from demonstrations (`from_demonstrations`)."""
+
+    state_mean: tuple[float, ...]  # [P]
+    state_std: tuple[float, ...]  # [P]
+    actions_mean: tuple[float, ...]  # [D]
+    actions_std: tuple[float, ...]  # [D]
+
+    def __post_init__(self):
+        for a, b in (("state_mean", "state_std"), ("actions_mean", "actions_std")):
+            if len(getattr(self, a)) != len(getattr(self, b)) or not getattr(self, a):
+                raise ValueError(f"{a} and {b} must be non-empty and of one length")
+            if any(not s > 0 for s in getattr(self, b)):
+                raise ValueError(f"{b} must be > 0 everywhere, got {getattr(self, b)}")
+
+    @property
+    def state_dim(self) -> int:
+        return len(self.state_mean)
+
+    @property
+    def action_dim(self) -> int:
+        return len(self.actions_mean)
+
+    @classmethod
+    def from_demonstrations(cls, proprio: torch.Tensor, actions: torch.Tensor, floor: float = 1e-3) -> FlowStats:
+        """Mean and std of `proprio` `[M, P]` and `actions` `[M, D]` (or `[M, C, D]`), std at least `floor`."""
+        actions = actions.reshape(-1, actions.shape[-1]).double()
+        proprio = proprio.double()
+        as_tuple = lambda x: tuple(float(v) for v in x.float())  # noqa: E731  (float32 values: exact in JSON)
+        return cls(
+            as_tuple(proprio.mean(0)), as_tuple(proprio.std(0, correction=0).clamp(min=floor)),
+            as_tuple(actions.mean(0)), as_tuple(actions.std(0, correction=0).clamp(min=floor)),
+        )  # fmt: skip
+
+    @classmethod
+    def read(cls, folder: Path) -> FlowStats | None:
+        """The statistics a folder carries in its `processor_config.json` (PI0Processor's fields), else None."""
+        path = Path(folder) / _STATS_FILE
+        if not path.exists():
+            return None
+        data = json.loads(path.read_text())
+        names = ("state_mean", "state_std", "actions_mean", "actions_std")
+        if any(data.get(k) is None for k in names):
+            return None
+        return cls(*(tuple(float(v) for v in data[k]) for k in names))
+
+    def to_json(self) -> dict:
+        return {k: list(getattr(self, k)) for k in ("state_mean", "state_std", "actions_mean", "actions_std")}
+
+
+# ---------------------------------------------------------------------------------------------- Flow-SDE math
+
+
+def sde_schedule(num_steps: int, noise_level: float) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """The denoising times `t` `[K]` (1, 1 - 1/K, ..., 1/K), Flow-SDE's `sigma_t` `[K]`, and `dt = -1/K`."""
+    t = 1.0 - torch.arange(num_steps, dtype=torch.float64) / num_steps
+    # sigma_t is infinite at t = 1: the first step takes the second step's value (Flow-GRPO's sigma_max).
+    capped = t.clamp(max=1.0 - 1.0 / num_steps) if num_steps > 1 else t * 0
+    sigma = noise_level * torch.sqrt(capped / (1.0 - capped))
+    return t.float(), sigma.float(), -1.0 / num_steps
+
+
+def sde_step(
+    x: torch.Tensor, velocity: torch.Tensor, t: torch.Tensor, sigma: torch.Tensor, dt: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and std of one Flow-SDE transition from `x` at time `t`.
+
+    Args:
+        x: `[B, C, A]` the chain's current value.
+        velocity: `[B, C, A]` the model's velocity at (x, t).
+        t: `[B]` times; sigma: `[B]` noise scales; dt: the (negative) step.
+
+    Returns:
+        mean `[B, C, A]` and std `[B, 1, 1]`; with sigma 0 the mean is the ODE step `x + v dt`.
+    """
+    t, sigma = t.view(-1, 1, 1).to(x.dtype), sigma.view(-1, 1, 1).to(x.dtype)
+    drift = velocity + sigma**2 / (2 * t) * (x + (1 - t) * velocity)
+    return x + drift * dt, sigma * math.sqrt(abs(dt))
+
+
+def gaussian_logprob(value: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """`[B]` log-density of `value` under N(mean, std^2 I), summed over every dimension but the first."""
+    z = (value - mean) / std
+    per_dim = -0.5 * z**2 - torch.log(std) - 0.5 * math.log(2 * math.pi)
+    return per_dim.flatten(1).sum(-1)
+
+
+# ---------------------------------------------------------------------------------------------- the policy
+
+
+class FlowPolicy:
+    """A π0 policy: images of every view, the instruction and the proprioceptive state in, an action chunk out.
+
+    Verbs as `VLMPolicy`'s: `generate(obs, group_size, sampling)` -> a `FlowRollout` with the sampling-time
+    log-probs `[R, K]`; `logprobs(batch)` -> `[R, K]` under the current weights, with gradients.
+
+    Args:
+        model: a `PI0ForConditionalGeneration`.
+        tokenizer: its tokenizer (PaliGemma's special tokens: `<image>`, `<bos>`, `<pad>`).
+        image: the image processor's settings (`size`, `image_mean`, `image_std`, `image_seq_length`), as in a π0
+            folder's `preprocessor_config.json`.
+        stats: normalisation statistics, or None until demonstrations provide them (`set_stats`).
+        noise_method: `"flow_sde"`.
+        noise_level: a, the SDE's noise level (πRL uses 0.5 for π0 on LIBERO).
+        num_steps: K denoising steps (default: the config's `num_inference_steps`).
+    """
+
+    action_codec = None  # no action tokens: the collector and the config's VLA paths read this
+    history_turns = 0
+    eos_token_ids: list[int] = []
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        image: dict,
+        stats: FlowStats | None = None,
+        noise_method: str = "flow_sde",
+        noise_level: float = 0.5,
+        num_steps: int | None = None,
+    ):
+        if noise_method not in NOISE_METHODS:
+            raise ValueError(
+                f"noise_method must be one of {NOISE_METHODS} (Flow-Noise is not built), got {noise_method!r}"
+            )
+        if not noise_level >= 0:
+            raise ValueError(f"noise_level must be >= 0, got {noise_level}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = model.config
+        self.noise_method = noise_method
+        self.noise_level = float(noise_level)
+        self.num_steps = int(num_steps or self.config.num_inference_steps)
+        if self.num_steps < 2 and self.noise_level > 0:
+            raise ValueError(f"Flow-SDE needs num_steps >= 2 (sigma is infinite at t = 1), got {self.num_steps}")
+        self.chunk = int(self.config.chunk_size)
+        self.image_size = int(image["size"]["height"])
+        self.image_mean = torch.tensor(image["image_mean"], dtype=torch.float32)
+        self.image_std = torch.tensor(image["image_std"], dtype=torch.float32)
+        self.image_tokens = int(image["image_seq_length"])
+        self.image_settings = dict(image)
+        self.image_token = "<image>"
+        self.pad_token_id = tokenizer.pad_token_id
+        # The forward's cache argument is `cache` in transformers 5.24 (`past_key_values` deprecated), the reverse in 5.17.
+        self._cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self.stats: FlowStats | None = None
+        if stats is not None:
+            self.set_stats(stats)
+
+    # ------------------------------------------------------------------------------------------------ loading
+    @classmethod
+    def from_pretrained(
+        cls, path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu", **kwargs
+    ) -> FlowPolicy:
+        """A π0 folder laid out as the hub's (config.json, weights, tokenizer, preprocessor_config.json; the
+        normalisation statistics from processor_config.json when it carries them)."""
+        from transformers import AutoTokenizer, PI0ForConditionalGeneration
+
+        path = Path(path)
+        check_flow_folder(path)
+        model = PI0ForConditionalGeneration.from_pretrained(path, dtype=dtype).to(device)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        saved = json.loads((path / _STATS_FILE).read_text()) if (path / _STATS_FILE).exists() else {}
+        options = {k: saved[k] for k in ("noise_method", "noise_level", "num_steps") if k in saved}
+        return cls(model, tokenizer, read_image_settings(path), FlowStats.read(path), **{**options, **kwargs})
+
+    def save_pretrained(self, path: str | Path) -> None:
+        """Weights, config, tokenizer, image settings, and the statistics and Flow-SDE settings
+        (`processor_config.json`, in `PI0Processor`'s fields)."""
+        path = Path(path)
+        self.model.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+        (path / "preprocessor_config.json").write_text(json.dumps(self.image_settings, indent=2, sort_keys=True))
+        saved = {
+            "processor_class": "PI0Processor", "chunk_size": self.chunk, "max_state_dim": self.config.max_state_dim,
+            "noise_method": self.noise_method, "noise_level": self.noise_level, "num_steps": self.num_steps,
+            **(self.stats.to_json() if self.stats is not None else {}),
+        }  # fmt: skip
+        (path / _STATS_FILE).write_text(json.dumps(saved, indent=2))
+
+    def set_stats(self, stats: FlowStats) -> None:
+        """Use `stats` to normalise states and actions; their widths must fit the model's padded ones."""
+        if stats.state_dim > self.config.max_state_dim:
+            raise ValueError(f"state_mean has {stats.state_dim} dimensions; the model's max_state_dim is "
+                             f"{self.config.max_state_dim}")  # fmt: skip
+        if stats.action_dim > self.config.max_action_dim:
+            raise ValueError(f"actions_mean has {stats.action_dim} dimensions; the model's max_action_dim is "
+                             f"{self.config.max_action_dim}")  # fmt: skip
+        self.stats = stats
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def action_dim(self) -> int:
+        return self._stats().action_dim
+
+    def _stats(self) -> FlowStats:
+        if self.stats is None:
+            raise ValueError("the flow policy has no normalisation statistics (state_mean, actions_mean, ...): "
+                             "cold-start it on demonstrations (sft.episodes > 0) or load a folder that carries "
+                             "them in processor_config.json")  # fmt: skip
+        return self.stats
+
+    def check_env(self, env) -> None:
+        """Refuse an env this policy cannot act in, naming the field: it must take continuous actions of the
+        statistics' width, and one chunk must fit in an episode."""
+        if env.action_kind != "continuous":
+            raise ValueError(f"a flow policy acts in continuous envs; env.action_kind is {env.action_kind!r}")
+        if self.stats is not None and env.action_dim != self.action_dim:
+            raise ValueError(f"env.action_dim is {env.action_dim}; the policy's actions_mean has {self.action_dim}")
+        if self.chunk > env.max_episode_steps:
+            raise ValueError(f"the model's chunk_size {self.chunk} is longer than the episode "
+                             f"(env.max_episode_steps {env.max_episode_steps})")  # fmt: skip
+
+    # ------------------------------------------------------------------------------------------------ inputs
+    def encode(self, obs: Observation) -> dict[str, torch.Tensor]:
+        """The model inputs of N observations: prompt ids and mask `[N, P]` (left padded), pixel values
+        `[N, V, 3, S, S]`, pixel mask `[N, V]` and the normalised, padded state `[N, Smax]`."""
+        stats = self._stats()
+        if obs.proprio is None:
+            raise ValueError("obs.proprio is None: a flow policy reads the robot's proprioceptive state, and this env "
+                             "gives none (Observation.proprio)")  # fmt: skip
+        if obs.proprio.shape[-1] != stats.state_dim:
+            raise ValueError(f"obs.proprio has {obs.proprio.shape[-1]} dimensions; the policy's state_mean has "
+                             f"{stats.state_dim}")  # fmt: skip
+        device = self.device
+        views = obs.views.to(device)  # [N, V, H, W, 3] uint8
+        n, v = views.shape[:2]
+        images = views.permute(0, 1, 4, 2, 3).flatten(0, 1).float() / 255.0  # [N*V, 3, H, W]
+        if images.shape[-1] != self.image_size or images.shape[-2] != self.image_size:
+            images = F.interpolate(images, size=(self.image_size, self.image_size), mode="bilinear", antialias=True)
+        mean, std = self.image_mean.to(device).view(1, 3, 1, 1), self.image_std.to(device).view(1, 3, 1, 1)
+        pixel_values = ((images - mean) / std).view(n, v, 3, self.image_size, self.image_size)
+        prefix = self.image_token * (self.image_tokens * v) + self.tokenizer.bos_token
+        prompts = [f"{prefix}{text}\n" for text in obs.instruction]  # PaliGemma's prompt, as PI0Processor builds it
+        tok = self.tokenizer(prompts, add_special_tokens=False, padding=True, padding_side="left", return_tensors="pt")
+        state = self._normalise(obs.proprio.to(device).float(), stats.state_mean, stats.state_std)
+        state = F.pad(state, (0, self.config.max_state_dim - state.shape[-1]))
+        return {
+            "input_ids": tok["input_ids"].to(device),
+            "attention_mask": tok["attention_mask"].to(device).bool(),
+            "pixel_values": pixel_values.to(self.model.dtype),
+            "pixel_attention_mask": torch.ones(n, v, dtype=torch.bool, device=device),
+            "state": state.to(self.model.dtype),
+        }
+
+    @staticmethod
+    def _normalise(x: torch.Tensor, mean, std) -> torch.Tensor:
+        return (x - torch.tensor(mean, device=x.device)) / torch.tensor(std, device=x.device)
+
+    def unnormalise_actions(self, chunk: torch.Tensor) -> torch.Tensor:
+        """`[.., C, A]` normalised (padded) chunk -> `[.., C, D]` actions in env units."""
+        stats = self._stats()
+        d = stats.action_dim
+        mean = torch.tensor(stats.actions_mean, device=chunk.device)
+        return chunk[..., :d].float() * torch.tensor(stats.actions_std, device=chunk.device) + mean
+
+    def normalise_actions(self, actions: torch.Tensor) -> torch.Tensor:
+        """`[.., C, D]` env actions -> `[.., C, A]` normalised and zero padded (π0's training targets)."""
+        stats = self._stats()
+        x = self._normalise(actions.float(), stats.actions_mean, stats.actions_std)
+        return F.pad(x, (0, self.config.max_action_dim - x.shape[-1]))
+
+    # ------------------------------------------------------------------------------------------------ the model
+    def prefix_cache(self, inputs: dict[str, torch.Tensor]):
+        """The backbone's key/value cache of the prompts (images + instruction), as `sample_actions` builds it."""
+        model = self.model
+        mask = inputs["attention_mask"]
+        embeds = model.model.embed_prefix(inputs["input_ids"], inputs["pixel_values"], inputs["pixel_attention_mask"])
+        out = model.model.vlm(
+            inputs_embeds=embeds, attention_mask=mask.long(), position_ids=mask.long().cumsum(-1) - 1,
+            token_type_ids=torch.zeros_like(embeds)[:, :, 0], use_cache=True,
+        )  # fmt: skip
+        cache = getattr(out, "cache", None)  # `cache` in transformers 5.24, `past_key_values` before
+        return out.past_key_values if cache is None else cache
+
+    def velocity(self, cache, mask: torch.Tensor, state: torch.Tensor, x: torch.Tensor, t: torch.Tensor):
+        """The expert's velocity `[B, C, A]` at chains `x` `[B, C, A]` and times `t` `[B]` given the prompts' cache
+        (which it leaves as it found it)."""
+        length = cache.get_seq_length()
+        out = self.model(state=state, noise=x, timestep=t, attention_mask=mask.long(), **{self._cache_kwarg: cache})
+        cache.crop(length - cache.get_seq_length())  # drop the expert's own keys: each step sees the prompt only
+        return out.logits
+
+    # ------------------------------------------------------------------------------------------------ verbs
+    @torch.no_grad()
+    def generate(
+        self,
+        obs: Observation,
+        group_size: int = 1,
+        sampling: Sampling | None = None,
+        history=None,
+        generator: torch.Generator | None = None,
+    ) -> FlowRollout:
+        """Sample a chunk for each of the R worlds of `obs`; temperature 0 runs the ODE.
+
+        As `VLMPolicy.generate`: `obs` holds R = B*G worlds where each run of G consecutive worlds was reset with the
+        same seed (the GRPO group contract), so only every G-th world is encoded (the backbone reads B prompts, its
+        cache then repeated G times) and G chains are sampled for it.
+
+        Args:
+            obs: R observations (with `proprio`).
+            group_size: G.
+            sampling: `temperature` 0 is greedy (the ODE); any other temperature samples the SDE at the policy's
+                noise level (the temperature does not scale it).
+            history: must be None (a flow policy sees the current observation only).
+            generator: draws the noise (default: torch's global generator, seeded by the collector).
+
+        Returns:
+            A `FlowRollout` with R rows.
+        """
+        if history is not None and any(history):
+            raise ValueError("model.history_turns: a flow policy sees the current observation only")
+        if len(obs) % group_size:
+            raise ValueError(f"{len(obs)} worlds do not split into groups of {group_size}")
+        sampling = sampling or Sampling()
+        level = 0.0 if sampling.temperature == 0 else self.noise_level
+        prompts = obs.select(range(0, len(obs), group_size)) if group_size > 1 else obs
+        encoded = self.encode(prompts)
+        cache = self.prefix_cache(encoded)
+        cache.batch_repeat_interleave(group_size)
+        inputs = {k: v.repeat_interleave(group_size, 0) for k, v in encoded.items()}
+        r, k, c, a = inputs["state"].shape[0], self.num_steps, self.chunk, self.config.max_action_dim
+        d = self.action_dim
+        dtype, device = self.model.dtype, self.device
+        x = torch.randn(r, c, a, generator=generator, dtype=torch.float32).to(device, dtype)  # [R, C, A] x_K
+        chain, logprobs = [x], torch.zeros(r, k, device=device)
+        times, sigmas, dt = sde_schedule(k, level)
+        for step in range(k):
+            t = times[step].expand(r).to(device)
+            v = self.velocity(cache, inputs["attention_mask"], inputs["state"], x, t)
+            mean, std = sde_step(x, v, t, sigmas[step].expand(r).to(device), dt)
+            if level > 0:
+                noise = torch.randn(r, c, a, generator=generator, dtype=torch.float32).to(device, dtype)
+                x = mean + std * noise
+                logprobs[:, step] = gaussian_logprob(x[..., :d], mean[..., :d], std)
+            else:
+                x = mean
+            chain.append(x)
+        chain = torch.stack(chain, 1)  # [R, K+1, C, A]
+        return FlowRollout(
+            prompt_ids=inputs["input_ids"],
+            prompt_mask=inputs["attention_mask"],
+            pixel_values=inputs["pixel_values"],
+            pixel_attention_mask=inputs["pixel_attention_mask"],
+            state=inputs["state"],
+            chain=chain,
+            actions=self.unnormalise_actions(chain[:, -1]),
+            completion_ids=torch.arange(k, device=device).expand(r, k).clone(),
+            completion_mask=torch.full((r, k), level > 0, dtype=torch.bool, device=device),
+            logprobs=logprobs,
+            group_size=group_size,
+            noise_level=level,
+            texts=[""] * r,
+        )
+
+    def logprobs(
+        self, batch: FlowRollout, temperature: float = 1.0, with_entropy: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Each row's per-step log-densities `[R, K]` of its recorded chain under the current weights, with
+        gradients (0 where masked); with `with_entropy`, also each transition's entropy `[R, K]`, which Flow-SDE
+        fixes by its noise level (no gradient: an entropy bonus does nothing here; Flow-Noise would learn it).
+
+        The backbone reads each row's prompt once; the expert then runs the K steps of every row in one batch over
+        the prompt cache repeated K times. `temperature` is not used: the rows carry the noise level they were
+        sampled at.
+        """
+        r, k = batch.completion_mask.shape
+        d = self.action_dim
+        if batch.noise_level == 0:  # greedy rows: a deterministic chain has no density (and nothing trains on it)
+            zeros = torch.zeros(r, k, device=self.device)
+            return (zeros, zeros) if with_entropy else zeros
+        inputs = {
+            "input_ids": batch.prompt_ids, "attention_mask": batch.prompt_mask, "pixel_values": batch.pixel_values,
+            "pixel_attention_mask": batch.pixel_attention_mask,
+        }  # fmt: skip
+        cache = self.prefix_cache(inputs)
+        cache.batch_repeat_interleave(k)  # row-major: row i's K steps are rows i*K .. i*K+K-1
+        times, sigmas, dt = sde_schedule(k, batch.noise_level)
+        t = times.to(self.device).repeat(r)  # [R*K]
+        sigma = sigmas.to(self.device).repeat(r)
+        x = batch.chain[:, :k].flatten(0, 1)  # [R*K, C, A] each step's input
+        state = batch.state.repeat_interleave(k, 0)
+        mask = batch.prompt_mask.repeat_interleave(k, 0)
+        v = self.velocity(cache, mask, state, x, t)
+        mean, std = sde_step(x, v, t, sigma, dt)
+        target = batch.chain[:, 1:].flatten(0, 1)  # [R*K, C, A]
+        logprobs = gaussian_logprob(target[..., :d], mean[..., :d], std).view(r, k)
+        logprobs = torch.where(batch.completion_mask, logprobs, torch.zeros_like(logprobs))
+        if not with_entropy:
+            return logprobs
+        per_dim = 0.5 * math.log(2 * math.pi * math.e) + torch.log(std.view(r, k))  # [R, K]
+        return logprobs, per_dim * self.chunk * d
+
+    def masked(self, batch, domain: str, ratio: float, generator: torch.Generator):
+        raise ValueError("algo.papo_gamma / papo_monitor: PAPO's masked-image pass is not built for flow policies")
+
+    # ------------------------------------------------------------------------------------------------ cold start
+    def flow_matching_loss(
+        self, obs: Observation, actions: torch.Tensor, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
+        """π0's flow-matching loss on expert chunks `actions` `[N, C, D]` (env units): the mean squared error of
+        the predicted velocity against `noise - action` at a Beta-drawn time, over the executed dimensions."""
+        inputs = self.encode(obs)
+        target = self.normalise_actions(actions.to(self.device)).to(self.model.dtype)  # [N, C, A]
+        n, cfg = target.shape[0], self.config
+        beta = torch.distributions.Beta(cfg.time_sampling_beta_alpha, cfg.time_sampling_beta_beta)
+        # Drawn with the generator (Beta has none): the inverse CDF would need scipy, so sample by the ratio of Gammas.
+        u = torch._standard_gamma(torch.full((n,), float(beta.concentration1)), generator=generator)
+        w = torch._standard_gamma(torch.full((n,), float(beta.concentration0)), generator=generator)
+        t = (u / (u + w)) * cfg.time_sampling_scale + cfg.time_sampling_offset
+        t = t.to(self.device, self.model.dtype)
+        noise = torch.randn(target.shape, generator=generator).to(self.device, self.model.dtype)
+        cache = self.prefix_cache(inputs)
+        x = t.view(-1, 1, 1) * noise + (1 - t.view(-1, 1, 1)) * target
+        v = self.velocity(cache, inputs["attention_mask"], inputs["state"], x, t)
+        d = self.action_dim
+        return F.mse_loss(v[..., :d], (noise - target)[..., :d])
+
+
+# ---------------------------------------------------------------------------------------------- folders
+
+
+def read_image_settings(path: Path) -> dict:
+    """The image processor's settings of a π0 folder (`preprocessor_config.json`), read as JSON: the class itself
+    needs torchvision."""
+    file = Path(path) / "preprocessor_config.json"
+    if not file.exists():
+        raise ValueError(f"model.path {path} has no preprocessor_config.json (a π0 folder carries the image "
+                         "processor's settings)")  # fmt: skip
+    settings = json.loads(file.read_text())
+    size = settings.get("size") or {}
+    side = size.get("height") or size.get("max_height") or size.get("shortest_edge")
+    if side is None:
+        raise ValueError(f"{file}: size has no height")
+    settings["size"] = {"height": int(side), "width": int(size.get("width") or size.get("max_width") or side)}
+    settings.setdefault("image_mean", [0.5, 0.5, 0.5])
+    settings.setdefault("image_std", [0.5, 0.5, 0.5])
+    settings.setdefault("image_seq_length", 256)
+    return settings
+
+
+def is_flow_folder(path: str | Path) -> bool:
+    """Whether `path` holds a π0 checkpoint (its config.json says `"model_type": "pi0"`)."""
+    file = Path(path) / "config.json"
+    if not file.exists():
+        return False
+    try:
+        return json.loads(file.read_text()).get("model_type") == "pi0"
+    except json.JSONDecodeError:
+        return False
+
+
+def check_flow_folder(path: Path) -> None:
+    """Refuse a folder that is not a π0 checkpoint, naming what it holds instead."""
+    file = Path(path) / "config.json"
+    if not file.exists():
+        raise ValueError(f"model.path {path} is not a PI0 checkpoint: it has no config.json")
+    model_type = json.loads(file.read_text()).get("model_type")
+    if model_type != "pi0":
+        raise ValueError(f"model.path {path} is not a PI0 checkpoint: its config.json has model_type {model_type!r}")
+
+
+def build_tiny_flow(seed: int = 0, **kwargs) -> FlowPolicy:
+    """A randomly initialised tiny π0 from assets/tiny_models/pi0 (the same for the same seed); no statistics yet."""
+    from transformers import AutoConfig, AutoTokenizer, PI0ForConditionalGeneration
+
+    config = AutoConfig.from_pretrained(TINY_PI0)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = PI0ForConditionalGeneration(config)
+    return FlowPolicy(model, AutoTokenizer.from_pretrained(TINY_PI0), read_image_settings(TINY_PI0), **kwargs)
+
+
+def apply_flow_options(policy: FlowPolicy, cfg) -> FlowPolicy:
+    """Check a `ModelConfig` against what a flow policy supports (its options that are not built for one are
+    refused, naming the field) and return the policy."""
+    refused = {
+        "model.lora_r": cfg.lora_r > 0,
+        "model.freeze_vision": cfg.freeze_vision,
+        "model.freeze": bool(cfg.freeze),
+        "model.gradient_checkpointing": cfg.gradient_checkpointing,
+        "model.history_turns": cfg.history_turns > 0,
+        "model.min_pixels": cfg.min_pixels > 0 or cfg.max_pixels > 0,
+        "model.action_bins": cfg.action_bins > 0,
+        "model.action_chunk": cfg.action_chunk != 1,
+        "model.generation_backend": cfg.generation_backend != "lean",
+    }
+    bad = [name for name, hit in refused.items() if hit]
+    if bad:
+        raise ValueError(
+            f"{', '.join(bad)}: not built for flow policies (π0); a flow policy's chunk is its config's chunk_size "
+            "and it samples with its own denoising loop"
+        )
+    return policy
