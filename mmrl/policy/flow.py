@@ -81,6 +81,10 @@ class FlowRollout:
         picked = {name: getattr(self, name)[rows.to(getattr(self, name).device)] for name in _ROW_TENSORS}
         return replace(self, **picked, texts=[self.texts[k] for k in rows.tolist()])
 
+    def __getitem__(self, rows: torch.Tensor) -> FlowRollout:
+        # The update's mini-batches index what is not a `Rollout` as a tensor (`x[rows]`): the same rows.
+        return self.select(rows)
+
     def rows(self, start: int, stop: int) -> FlowRollout:
         """Rows [start, stop) as a self-contained rollout (a micro-batch)."""
         picked = {name: getattr(self, name)[start:stop] for name in _ROW_TENSORS}

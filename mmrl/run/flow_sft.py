@@ -15,7 +15,7 @@ from sim.base import Observation
 from sim.seeds import demo_seed_base
 
 from ..policy.flow import FlowPolicy
-from .sft import _episode_normal, episode_noise_seed
+from .sft import episode_noise_seed
 
 
 @torch.no_grad()
@@ -56,7 +56,7 @@ def collect_flow_demonstrations(env, chunk: int, episodes: int, noise: float = 0
             for _ in range(chunk):
                 label = env.expert_action()  # [N, D]
                 labels.append(label)
-                executed = (label + noise * _episode_normal(generators, label)).clamp(env.action_low, env.action_high)
+                executed = (label + noise * _normal(generators, label)).clamp(env.action_low, env.action_high)
                 result = env.step(executed)
                 success |= result.info.get("success", torch.zeros(num, dtype=torch.bool)).bool() & running
                 running &= ~(result.terminated | result.truncated)
@@ -72,6 +72,11 @@ def collect_flow_demonstrations(env, chunk: int, episodes: int, noise: float = 0
     proprio = torch.stack([row[4] for row in rows]).float()
     chunks = torch.stack([row[5] for row in rows])
     return images, [row[3] for row in rows], proprio, chunks, rate
+
+
+def _normal(generators: list[torch.Generator], like: torch.Tensor) -> torch.Tensor:
+    """Standard normal draws shaped like `like` (`[N, D]`), row n from world n's own generator (as the token path)."""
+    return torch.stack([torch.randn(like.shape[1], generator=g) for g in generators]).to(like.device)
 
 
 def train_flow_on_demonstrations(
