@@ -29,9 +29,42 @@ EPILOG = """examples:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one `mmrl` command; a user's mistake is one line on stderr and exit code 2, a bug keeps its traceback.
+
+    The mistakes are the project's two exception types for them, whichever command and however deep they are raised:
+    `sim.errors.InputError` (a dataset record, an env option, a checkpoint or model folder; the message names the
+    file, line and field) and `mmrl.run.config.ConfigError` (a config key or value; the message names the key).
+    """
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(argv).parse_args(argv)
+    try:
+        return run_command(args)
+    except Exception as error:
+        kind = user_error(error)
+        if kind is None:
+            raise
+        message = " ".join(str(error.args[0] if error.args else error).split("\n"))
+        print(f"mmrl: {kind}{message}", file=sys.stderr)
+        return 2
 
+
+def user_error(error: BaseException) -> str | None:
+    """The prefix to print `error` with if it is a user's mistake ("" or "config error: "), else None (a bug).
+
+    The types are looked up among the imported modules: an error of a type whose module was never imported cannot
+    have been raised, and importing them here would load torch for `mmrl --help`.
+    """
+    config = getattr(sys.modules.get("mmrl.run.schema"), "ConfigError", None)
+    if config is not None and isinstance(error, config):
+        return "config error: "
+    inputs = getattr(sys.modules.get("sim.errors"), "InputError", None)
+    if inputs is not None and isinstance(error, inputs):
+        return ""
+    return None
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """The command `args` names, parsed; errors propagate to `main`."""
     if args.command == "score":
         from rewards.score import run as run_score
 
@@ -64,58 +97,53 @@ def main(argv: list[str] | None = None) -> int:
             summary = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
             print(f"{name:{width}s} {kind:10s} {image:9s} {steps:6s}  {summary}")
         return 0
-    from .run.config import ConfigError, load_config
+    from .run.config import check_model_folders, load_config
 
     try:
         cfg = load_config(args.config, args.overrides)
-    except (ConfigError, FileNotFoundError) as e:
+    except FileNotFoundError as e:
         print(f"mmrl: config error: {e}", file=sys.stderr)
         return 2
-    try:
-        if args.command == "train":
-            from .run.distributed import close_world
-            from .trainer import train
+    check_model_folders(cfg, args.command)
+    if args.command == "train":
+        from .run.distributed import close_world
+        from .trainer import train
 
-            try:
-                train(cfg)  # under torchrun, one of K processes (see mmrl.run.distributed)
-            finally:
-                close_world()
-        else:
-            from .policy import apply_model_options
-            from .run.build import load_policy
-            from .run.report import metric_label, write_eval_report, write_sampled_report
-            from .stages.evaluate import evaluate_k, held_out
+        try:
+            train(cfg)  # under torchrun, one of K processes (see mmrl.run.distributed)
+        finally:
+            close_world()
+    else:
+        from .policy import apply_model_options
+        from .run.build import load_policy
+        from .run.report import metric_label, write_eval_report, write_sampled_report
+        from .stages.evaluate import evaluate_k, held_out
 
-            if cfg.checkpoint is None:
-                print("mmrl eval: give the checkpoint to evaluate as checkpoint=PATH", file=sys.stderr)
-                return 2
-            if not Path(cfg.checkpoint).is_dir():
-                print(f"mmrl eval: no checkpoint folder at {cfg.checkpoint}", file=sys.stderr)
-                return 2
-            # The training run's model options too (pixel range, history), so the checkpoint sees what it trained on.
-            policy = apply_model_options(load_policy(cfg.model, checkpoint=cfg.checkpoint), cfg.model)
-            result = held_out(policy, cfg)
-            label = metric_label(cfg)
-            for key, value in sorted(result.metrics.items()):
-                print(f"{key:16s} {value:.4f}")
-            print(f"held-out {label}: {result.metrics[cfg.env.eval_metric]:.3f}")
-            print(f"table and videos: {write_eval_report(cfg, result, Path(cfg.output_dir) / 'eval')}")
-            if cfg.eval.k > 0:  # k sampled answers per item: avg@k, pass@k, and a report
-                sampled = evaluate_k(policy, cfg)
-                for key, value in sampled.summary().items():
-                    print(f"{key:16s} {value:.4f}")
-                for task, row in sampled.by_task().items():
-                    print(f"{task}: " + ", ".join(f"{k} {v:.3f}" for k, v in row.items() if k != "items")
-                          + f" ({int(row['items'])} items)")  # fmt: skip
-                if sampled.correct is None:
-                    print(f"(no pass@k: the {cfg.env.name} env reports no success per episode)")
-                path = write_sampled_report(cfg, result.metrics, sampled, Path(cfg.output_dir) / "eval")
-                print(f"report: {path}")
-    except (ValueError, KeyError) as e:  # bad env options, unknown registry names: name them, no traceback
-        if isinstance(e, KeyError | ValueError) and ("unknown" in str(e) or "valid" in str(e)):
-            print(f"mmrl: {e.args[0] if e.args else e}", file=sys.stderr)
+        if cfg.checkpoint is None:
+            print("mmrl eval: give the checkpoint to evaluate as checkpoint=PATH", file=sys.stderr)
             return 2
-        raise
+        if not Path(cfg.checkpoint).is_dir():
+            print(f"mmrl eval: no checkpoint folder at {cfg.checkpoint}", file=sys.stderr)
+            return 2
+        # The training run's model options too (pixel range, history), so the checkpoint sees what it trained on.
+        policy = apply_model_options(load_policy(cfg.model, checkpoint=cfg.checkpoint), cfg.model)
+        result = held_out(policy, cfg)
+        label = metric_label(cfg)
+        for key, value in sorted(result.metrics.items()):
+            print(f"{key:16s} {value:.4f}")
+        print(f"held-out {label}: {result.metrics[cfg.env.eval_metric]:.3f}")
+        print(f"table and videos: {write_eval_report(cfg, result, Path(cfg.output_dir) / 'eval')}")
+        if cfg.eval.k > 0:  # k sampled answers per item: avg@k, pass@k, and a report
+            sampled = evaluate_k(policy, cfg)
+            for key, value in sampled.summary().items():
+                print(f"{key:16s} {value:.4f}")
+            for task, row in sampled.by_task().items():
+                print(f"{task}: " + ", ".join(f"{k} {v:.3f}" for k, v in row.items() if k != "items")
+                      + f" ({int(row['items'])} items)")  # fmt: skip
+            if sampled.correct is None:
+                print(f"(no pass@k: the {cfg.env.name} env reports no success per episode)")
+            path = write_sampled_report(cfg, result.metrics, sampled, Path(cfg.output_dir) / "eval")
+            print(f"report: {path}")
     return 0
 
 

@@ -32,7 +32,7 @@ from ..stages.shaping import Shaping
 from ..stages.update import Learner
 from ..types import Sampling
 from . import distributed, precision
-from .checkpoint import latest_checkpoint, load_training_state, set_rng_state
+from .checkpoint import load_training_state, resume_checkpoint, set_rng_state
 from .config import ModelConfig, TrainConfig, to_dict
 from .flow_sft import collect_flow_demonstrations, train_flow_on_demonstrations
 from .logging import MetricsLogger, TensorBoardSink, WandbSink, require_backends
@@ -230,6 +230,8 @@ def build(cfg: TrainConfig, policy: VLMPolicy | None, generation_shards: int | N
     require_backends(tc.log_with)  # a missing logging extra fails here, before anything is loaded or trained
     world = distributed.init_world(cfg.model.device)
     out = Path(cfg.output_dir)
+    # Before anything is written there: with no complete checkpoint left, resume refuses and the folder stays as is.
+    resume_from = resume_checkpoint(out, warn=world.is_main) if cfg.resume else None
     out.mkdir(parents=True, exist_ok=True)
     if world.is_main:
         (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
@@ -247,7 +249,6 @@ def build(cfg: TrainConfig, policy: VLMPolicy | None, generation_shards: int | N
         load_cfg = replace(cfg, model=replace(cfg.model, dtype="float32"), trainer=replace(tc, master_weights="model"))
 
     curriculum = Curriculum(cfg.curriculum)
-    resume_from = latest_checkpoint(out) if cfg.resume else None
     state = load_training_state(resume_from)[0] if resume_from is not None else {}
     if "curriculum" in state:
         curriculum.load_state_dict(state["curriculum"])

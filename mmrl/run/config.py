@@ -4,6 +4,7 @@ arguments override any field. Unknown keys are errors that name the key and the 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -18,6 +19,7 @@ from ..algos import ADVANTAGES, CRITIC_ADVANTAGES, POLICY_LOSSES, STEP_ADVANTAGE
 from ..types import Sampling
 from .schema import ConfigError, apply_overrides, from_dict, load, require, to_dict  # noqa: F401 (re-exported)
 
+REPO = Path(__file__).resolve().parents[2]
 LOG_BACKENDS = ("jsonl", "tensorboard", "wandb")
 FREEZE_PARTS = ("vision", "projector", "language")  # model.freeze: see mmrl.policy.options.part_parameters
 # Each policy loss's own clip range and aggregation: what algo.clip_low, algo.clip_high and algo.aggregation left at
@@ -605,3 +607,40 @@ class TrainConfig:
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
     """A `TrainConfig` from a YAML preset plus `section.field=value` overrides."""
     return load(TrainConfig, path, overrides)
+
+
+def check_model_folders(cfg: TrainConfig, command: str = "train") -> None:
+    """Refuse, before anything loads, a model folder a command would load that cannot be a model: `model.path` (for
+    `train`, unless a resumed run loads its checkpoint instead), `judge.model` (train) and `checkpoint` (eval).
+
+    A folder must hold a `config.json` (what transformers reads first); a path that is no folder is refused where it
+    cannot be a hub id either: it is absolute or starts with `.`, or the hub is off (`HF_HUB_OFFLINE`). Relative
+    paths are also looked up in the repository, as `mmrl.run.build.load_policy` does. "tiny:<arch>" is no folder.
+
+    Raises:
+        ConfigError: naming the field, the path and what is missing.
+    """
+    if command == "eval":
+        if cfg.checkpoint is not None:
+            _check_model_folder("checkpoint", cfg.checkpoint, hub=False)
+        return
+    resumes = cfg.resume and (Path(cfg.output_dir) / "checkpoints").is_dir() and cfg.algo.kl_coef == 0
+    if not cfg.model.path.startswith("tiny:") and not resumes:
+        _check_model_folder("model.path", cfg.model.path)
+    if cfg.judge.enabled:
+        _check_model_folder("judge.model", cfg.judge.model)
+
+
+def _check_model_folder(field_name: str, value: str, hub: bool = True) -> None:
+    path = Path(value)
+    if not path.is_absolute() and not path.exists() and (REPO / path).exists():
+        path = REPO / path  # presets name assets relative to the repository
+    if path.is_dir():
+        require((path / "config.json").is_file(), field_name, f"{path} has no config.json: not a model folder "
+                "(transformers' save_pretrained writes one)", sep=": ")  # fmt: skip
+        return
+    require(not path.exists(), field_name, f"{path} is a file; name the model's folder", sep=": ")
+    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false") or not hub
+    could_be_hub_id = hub and not path.is_absolute() and not value.startswith(".") and value.count("/") <= 1
+    require(could_be_hub_id and not offline, field_name, f"no folder at {path}" + (
+        " (and the model hub is off: HF_HUB_OFFLINE)" if could_be_hub_id else ""), sep=": ")  # fmt: skip

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,9 +24,17 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from mmrl.run.checkpoint import latest_checkpoint, list_checkpoints, load_training_state, save_checkpoint
+from mmrl.run.checkpoint import (
+    MANIFEST,
+    checkpoint_problem,
+    latest_checkpoint,
+    list_checkpoints,
+    load_training_state,
+    save_checkpoint,
+)
 from mmrl.run.logging import MetricsLogger, read_metrics
 from mmrl.trainer import train
+from sim.errors import InputError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -187,12 +197,18 @@ def test_killed_run_resumes_to_the_weights_of_an_uninterrupted_one(tmp_path):
         proc.kill()
         proc.wait()
     assert proc.returncode == -signal.SIGKILL
-    assert latest_checkpoint(killed).name in ("step_00000002", "step_00000003"), "the kill came too late"
+    newest = latest_checkpoint(killed)
+    assert newest.name in ("step_00000002", "step_00000003"), "the kill came too late"
     assert not (killed / "eval.json").exists()
+    # Then the newest complete checkpoint is damaged too (a disk that filled up, a copy cut short): the resumed run
+    # skips it, names it, and continues from the one before.
+    cut(newest / "model.safetensors")
 
     resumed = mmrl_train(config, log, f"output_dir={killed}", "resume=true")
     assert resumed.wait(timeout=300) == 0, log.read_text()
-    assert "resumed from" in log.read_text()
+    printed = log.read_text()
+    assert re.search(rf"skipping checkpoint {newest.name} .*: model.safetensors is \d+ bytes", printed), printed
+    assert f"step {int(newest.name.removeprefix('step_')) - 1})" in printed, printed  # resumed from the one before
 
     # The uninterrupted reference, in this process, from the same file.
     from mmrl.run.config import load_config
@@ -216,8 +232,97 @@ def test_latest_checkpoint_ignores_interrupted_writes_and_strays(tmp_path):
         (root / name).mkdir(parents=True)
     (root / "step_00000020").write_text("a file, not a checkpoint folder")
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000002", "step_00000010"]
-    assert latest_checkpoint(tmp_path).name == "step_00000010"
+    # Both are empty folders, so neither is a complete checkpoint: named, not taken.
+    with pytest.raises(
+        InputError, match=r"no complete checkpoint .*step_00000010: the folder is empty; step_00000002"
+    ):
+        latest_checkpoint(tmp_path)
     assert latest_checkpoint(tmp_path / "nowhere") is None
+
+
+# ---------------------------------------------------------------------------------------------- damage
+
+
+def cut(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def garble(path: Path) -> None:
+    """The same size, other bytes (not even UTF-8): only a checksum tells."""
+    path.write_bytes(b"\xff" * path.stat().st_size)
+
+
+DAMAGE = {
+    "truncated_weights": (lambda p: cut(p / "model.safetensors"), r"model.safetensors is \d+ bytes, \d+ when saved"),
+    "deleted_optimiser_state": (lambda p: (p / "training_state.pt").unlink(), r"training_state.pt is missing"),
+    "cut_trainer_state": (lambda p: cut(p / "trainer_state.json"), r"trainer_state.json is \d+ bytes"),
+    "garbage_trainer_state": (lambda p: garble(p / "trainer_state.json"), r"trainer_state.json does not match"),
+    "empty_folder": (lambda p: (shutil.rmtree(p), p.mkdir()), r"the folder is empty"),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_resume_skips_a_damaged_newest_checkpoint_and_matches_the_uninterrupted_run(
+    damage, uninterrupted_run, tmp_path, tiny_run_config, letters_env, capsys
+):
+    """The newest checkpoint (step 4) damaged one way: resume warns naming it and why, continues from step 3, and
+    ends with the uninterrupted run's weights and metrics history."""
+    shutil.copytree(uninterrupted_run, tmp_path, dirs_exist_ok=True)
+    newest = tmp_path / "checkpoints" / "step_00000004"
+    spoil, reason = DAMAGE[damage]
+    spoil(newest)
+    capsys.readouterr()
+    train(tiny_run_config(tmp_path, f"env.name={letters_env}", *RESUMED_RUN, "resume=true"))
+    err = capsys.readouterr().err
+    assert re.search(rf"skipping checkpoint step_00000004 \(newer than step_00000003\): {reason}", err), err
+    assert re.search(r"resumed from .*step_00000003 \(step 3\)", err), err
+    assert checkpoint_problem(newest) is None  # step 4 written again, whole
+    assert_same_weights(final_weights(tmp_path), final_weights(uninterrupted_run), atol=1e-6)
+    assert_same_rows(training_rows(tmp_path), training_rows(uninterrupted_run))
+
+
+def test_resume_with_no_complete_checkpoint_refuses_and_leaves_the_folder_as_it_was(uninterrupted_run, tmp_path):
+    from mmrl.run.checkpoint import resume_checkpoint
+
+    shutil.copytree(uninterrupted_run, tmp_path, dirs_exist_ok=True)
+    cut(tmp_path / "checkpoints" / "step_00000004" / "model.safetensors")
+    (tmp_path / "checkpoints" / "step_00000003" / "training_state.pt").unlink()
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    message = r"resume=true: no complete checkpoint .*step_00000004: model.safetensors .*step_00000003: training_state"
+    with pytest.raises(InputError, match=message + r".*would overwrite the earlier run's metrics.jsonl"):
+        resume_checkpoint(tmp_path)
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    (tmp_path / "checkpoints").rename(tmp_path / "moved")  # no checkpoint at all, but the history is there
+    with pytest.raises(InputError, match=r"no checkpoint in .* holds a metrics.jsonl"):
+        resume_checkpoint(tmp_path)
+    assert resume_checkpoint(tmp_path / "fresh") is None  # nothing trained there yet: start from scratch
+
+
+def test_a_checkpoint_without_a_manifest_is_checked_by_what_it_must_hold(tmp_path, saver):
+    """Folders written before manifests existed still resume when whole, and their damage is still found."""
+    path = saver(tmp_path, 1)
+    (path / MANIFEST).unlink()
+    assert checkpoint_problem(path) is None
+    assert latest_checkpoint(tmp_path) == path
+    weights = path / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[:-100])
+    assert re.search(r"model.safetensors is \d+ bytes, its header says \d+", checkpoint_problem(path))
+    weights.write_bytes(data)
+    (path / "trainer_state.json").write_text('{"step": ')
+    assert "trainer_state.json is not readable JSON" in checkpoint_problem(path)
+    (path / "trainer_state.json").write_bytes(b"\xff\xfe{}")
+    assert "trainer_state.json is not readable JSON (UnicodeDecodeError" in checkpoint_problem(path)
+
+
+def test_the_manifest_lists_every_file_with_its_size(tmp_path, saver):
+    path = saver(tmp_path, 1)
+    listed = json.loads((path / MANIFEST).read_text())["files"]
+    on_disk = {p.relative_to(path).as_posix(): p.stat().st_size for p in path.rglob("*") if p.is_file()}
+    assert {name: entry["size"] for name, entry in listed.items()} == {
+        k: v for k, v in on_disk.items() if k != MANIFEST
+    }
+    assert "sha256" in listed["trainer_state.json"] and "sha256" in listed["config.json"]
 
 
 @pytest.fixture

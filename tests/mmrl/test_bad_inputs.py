@@ -1,0 +1,133 @@
+"""Bad input through the command line, as a user would give it: one line naming the file, line and field (or the key),
+exit code 2, no traceback, and nothing of an earlier run lost.
+
+Each case fails before anything trains: config errors at load, dataset errors when the env reads its records (before
+the model loads), checkpoint and model-folder errors before the run folder is written to.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from mmrl.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+PRESET = str(REPO / "configs" / "grounding_tiny.yaml")
+TINY = ["model.path=tiny:qwen2_vl", "sampling.max_new_tokens=4", "trainer.total_steps=1", "trainer.eval_episodes=2"]
+
+
+def one_line_error(capsys) -> str:
+    """The command's stderr, asserted to be one line and no traceback."""
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err, err
+    assert err.startswith("mmrl"), err
+    return err
+
+
+# ------------------------------------------------------------------------------------------------------- dataset
+
+
+def write_dataset(folder: Path, line: dict) -> Path:
+    """A JSON-lines dataset of a good record, then `line` (line 2), then another good record."""
+    Image.new("RGB", (8, 8), (200, 0, 0)).save(folder / "a.png")
+    noise = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    Image.fromarray(noise).save(folder / "cut.png")
+    data = (folder / "cut.png").read_bytes()
+    (folder / "cut.png").write_bytes(data[: len(data) // 2])
+    Image.new("L", (1, 1)).save(folder / "huge.png")  # then its header made to declare 20000x20000
+    data = bytearray((folder / "huge.png").read_bytes())
+    data[16:24] = struct.pack(">II", 20000, 20000)
+    data[29:33] = struct.pack(">I", zlib.crc32(bytes(data[12:29])))
+    (folder / "huge.png").write_bytes(bytes(data))
+    good = {"image": "a.png", "question": "Which colour?", "answer": "red"}
+    path = folder / "data.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in (good, line, good)).replace("Infinity", "NaN") + "\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("line", "named"),
+    [
+        ({"image": "gone.png", "question": "Q?", "answer": "a"}, r"field 'image': file .*gone.png not found"),
+        ({"image": "cut.png", "question": "Q?", "answer": "a"}, r"field 'image': .*cut.png is truncated or broken"),
+        ({"image": "huge.png", "question": "Q?", "answer": "a"}, r"field 'image': .*huge.png is 400000000 pixels"),
+        ({"image": "a.png", "question": "Q?", "box": [float("inf"), 1, 5, 5]}, r"field 'box' must be .* finite"),
+        ({"image": "a.png", "answer": "a"}, r"field 'question' \(or 'instruction'\)"),
+        ({"image": "a.png", "question": "Q?", "box": [1, 1, 30, 5]}, r"field 'box' .* outside the 8x8 image"),
+    ],
+    ids=["missing_image", "truncated_png", "huge_image", "nan_coordinates", "missing_field", "box_outside"],
+)
+def test_train_on_a_bad_dataset_is_one_line_naming_file_line_and_field(tmp_path, capsys, line, named):
+    import re
+
+    data = write_dataset(tmp_path, line)
+    args = ["train", PRESET, *TINY, "env.name=dataset", f"env.options={{path: {data}, image_size: 64}}",
+            "env.eval_metric=reward", f"output_dir={tmp_path / 'run'}"]  # fmt: skip
+    assert main(args) == 2
+    err = one_line_error(capsys)
+    assert re.search(rf"data.jsonl line 2: {named}", err), err
+
+
+# ------------------------------------------------------------------------------------------------ config, model
+
+
+def test_an_env_option_of_the_wrong_type_names_the_key_and_the_type(tmp_path, capsys):
+    assert main(["train", PRESET, *TINY, "env.options.image_size=big", f"output_dir={tmp_path}"]) == 2
+    err = one_line_error(capsys)
+    assert "env.options.image_size" in err and "expected an integer, got 'big'" in err
+    assert not (tmp_path / "config.json").exists()  # refused before the run folder is written to
+
+
+def test_a_model_folder_without_config_json_is_named(tmp_path, capsys):
+    folder = tmp_path / "my_model"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"")
+    assert main(["train", PRESET, f"model.path={folder}", f"output_dir={tmp_path / 'run'}"]) == 2
+    err = one_line_error(capsys)
+    assert "model.path" in err and str(folder) in err and "config.json" in err
+
+
+def test_a_model_path_that_is_no_folder_is_named_when_the_hub_is_offline(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    missing = tmp_path / "nowhere" / "model"
+    assert main(["train", PRESET, f"model.path={missing}", f"output_dir={tmp_path / 'run'}"]) == 2
+    err = one_line_error(capsys)
+    assert "model.path" in err and str(missing) in err
+
+
+def test_eval_of_a_checkpoint_folder_without_config_json_is_named(tmp_path, capsys):
+    folder = tmp_path / "checkpoints" / "step_00000003"
+    folder.mkdir(parents=True)
+    assert main(["eval", PRESET, *TINY, f"checkpoint={folder}", f"output_dir={tmp_path}"]) == 2
+    err = one_line_error(capsys)
+    assert "checkpoint" in err and "config.json" in err
+
+
+# ------------------------------------------------------------------------------------------------------- resume
+
+
+def test_resume_with_no_complete_checkpoint_refuses_and_keeps_the_earlier_history(tmp_path, capsys):
+    """A run folder with history but only a damaged checkpoint: resume=true refuses instead of starting over."""
+    history = '{"step": 0, "eval/iou": 0.1}\n{"step": 1, "reward/total": 0.5}\n'
+    (tmp_path / "metrics.jsonl").write_text(history)
+    (tmp_path / "config.json").write_text('{"earlier": true}')
+    (tmp_path / "checkpoints" / "step_00000001").mkdir(parents=True)  # empty: nothing in it verifies
+    assert main(["train", PRESET, *TINY, f"output_dir={tmp_path}", "resume=true"]) == 2
+    err = one_line_error(capsys)
+    assert "resume" in err and "no complete checkpoint" in err and "step_00000001" in err, err
+    assert (tmp_path / "metrics.jsonl").read_text() == history
+    assert (tmp_path / "config.json").read_text() == '{"earlier": true}'
+
+
+def test_export_of_a_run_without_a_complete_checkpoint_is_named(tmp_path, capsys):
+    (tmp_path / "run" / "checkpoints" / "step_00000002").mkdir(parents=True)
+    assert main(["export", str(tmp_path / "run"), str(tmp_path / "out")]) == 2
+    err = one_line_error(capsys)
+    assert "step_00000002" in err
