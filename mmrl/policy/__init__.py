@@ -13,7 +13,7 @@ from .options import (
     merge_lora,
 )
 from .processing import VisionTextProcessor
-from .tiny import TINY_ARCHS, build_tiny
+from .tiny import ALL_TINY_ARCHS, FAMILY_ARCHS, TINY_ARCHS, build_tiny
 from .tokens import GenerationTarget, ModelHolder, completion_mask_from_ids, token_logprobs
 from .vlm import VLMPolicy
 
@@ -25,6 +25,8 @@ __all__ = [
     "GenerationTarget",
     "ModelHolder",
     "TINY_ARCHS",
+    "FAMILY_ARCHS",
+    "ALL_TINY_ARCHS",
     "Rollout",
     "Sampling",
     "VLMPolicy",

@@ -64,6 +64,8 @@ class Family:
         mrope: positions are Qwen's 3-axis multimodal RoPE, offset by the model's `rope_deltas`; otherwise 1-D
             positions numbering the real (unpadded) tokens from 0.
         patch_rows: each `pixel_values` row is one vision patch (PAPO's `patches` masking domain applies).
+        pixel_bounds: the image processor resizes to any area within `min_pixels`/`max_pixels` (Qwen-VL's dynamic
+            resolution); other families resize to their fixed sizes.
         turn_start, turn_end: the tokens that open and close a chat turn.
         coordinates: the grounding coordinate convention of its checkpoints: "pixels" (absolute, in the resized
             image the model sees), "0-1000" or "0-1" (relative).
@@ -81,6 +83,7 @@ class Family:
     batched_pixels: bool = False
     mrope: bool = False
     patch_rows: bool = False
+    pixel_bounds: bool = False
     suppress: tuple[str, ...] = field(default=())
 
 
@@ -120,6 +123,7 @@ def _qwen(name: str, coordinates: str) -> Family:
         coordinates=coordinates,
         mrope=True,
         patch_rows=True,
+        pixel_bounds=True,
     )
 
 

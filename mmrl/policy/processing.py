@@ -111,6 +111,11 @@ class VisionTextProcessor:
         """Bound each image's resized area in pixels, as qwen-vl-utils' `min_pixels`/`max_pixels` do (0 keeps the
         processor's own bound). The image is resized, aspect ratio kept, to a multiple of the patch grid inside the
         range, so the number of image tokens follows: fewer for a small `max_pixels`, more for a large `min_pixels`."""
+        if (min_pixels or max_pixels) and not self.family.pixel_bounds:
+            raise ValueError(
+                f"model.min_pixels / model.max_pixels bound a Qwen-VL image's area; a {self.family.name} model's "
+                "processor resizes to its own fixed sizes (leave them 0)"
+            )
         if min_pixels < 0 or max_pixels < 0 or (min_pixels and max_pixels and min_pixels > max_pixels):
             raise ValueError(
                 f"need 0 <= min_pixels <= max_pixels (0: the processor's own), got {min_pixels}, {max_pixels}"
@@ -188,8 +193,11 @@ class VisionTextProcessor:
 
         The chat template renders each answer as a marker; the text between markers is tokenised on its own (chat
         templates close and open turns with special tokens, so no BPE merge crosses a marker), and each marker
-        becomes the answer's ids unchanged: token in, token out.
+        becomes the answer's ids unchanged: token in, token out. Where the template opens an earlier answer with
+        other text than its generation prompt (SmolVLM: "Assistant: " in the history, "Assistant:" to generate),
+        the answer follows the generation prompt, which is what the model saw when it sampled those tokens.
         """
+        opened, generation_prompt = self._answer_openings()
         marks = [f"\x00mmrl-answer-{k}\x00" for k in range(len(turns))]
         messages: list[dict] = []
         for (said, images, _), mark in zip(turns, marks):
@@ -208,6 +216,8 @@ class VisionTextProcessor:
                 if marks[k] not in rest:
                     raise ValueError("the chat template dropped an earlier answer; it cannot hold a conversation")
                 piece, rest = rest.split(marks[k], 1)
+                if opened != generation_prompt and piece.endswith(opened):
+                    piece = piece[: len(piece) - len(opened)] + generation_prompt
             piece = self.expand(piece, counts)
             piece_ids = self.tokenizer(piece, add_special_tokens=False)["input_ids"]
             if ids and piece_ids and ids[-1] in eos_token_ids and piece_ids[0] == ids[-1]:
@@ -218,6 +228,18 @@ class VisionTextProcessor:
         if next(counts, None) is not None:
             raise ValueError("more images than image placeholders in the conversation")
         return ids
+
+    def _answer_openings(self) -> tuple[str, str]:
+        """(the text the chat template writes before an earlier answer, the text of its generation prompt)."""
+        render = self.tokenizer.apply_chat_template
+        user = [{"role": "user", "content": [{"type": "text", "text": "q"}]}]
+        mark = "\x00mmrl-probe\x00"
+        plain = render(user, tokenize=False)
+        generate = render(user, add_generation_prompt=True, tokenize=False)
+        answered = render([*user, {"role": "assistant", "content": [{"type": "text", "text": mark}]}], tokenize=False)
+        if not (generate.startswith(plain) and answered.startswith(plain) and mark in answered):
+            return "", ""  # a template that renders turns differently in context: nothing to reconcile
+        return answered[len(plain) : answered.index(mark)], generate[len(plain) :]
 
     def encode(self, texts: list[str], images: list[Image.Image]) -> tuple[dict[str, torch.Tensor], Vision]:
         """Tokenise prompts that hold the chat template's image placeholders, one per image, left padded.

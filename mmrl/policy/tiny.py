@@ -1,7 +1,9 @@
 """Tiny real models built offline from the files in assets/ (no model hub).
 
-The architectures are the real `transformers` classes (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) at about 1 M parameters,
-with the locally trained tokenizer in assets/tokenizer. `scripts/make_assets.py` writes those files.
+The architectures are the real `transformers` classes at about 0.2-1 M parameters: Qwen2-VL, Qwen2.5-VL and Qwen3-VL
+with the locally trained tokenizer in assets/tokenizer (`TINY_ARCHS`, written by `scripts/make_assets.py`), and the
+other families (`FAMILY_ARCHS`: Gemma 3, Idefics3 / SmolVLM), each a folder laid out as the hub's less the weights,
+with its own tokenizer, special tokens and chat template (`scripts/make_family_assets.py`).
 """
 
 from __future__ import annotations
@@ -15,23 +17,35 @@ from .processing import VisionTextProcessor
 from .vlm import VLMPolicy
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
-TINY_ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+TINY_ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")  # the Qwen-VL family, sharing assets/tokenizer
+FAMILY_ARCHS = ("gemma3", "idefics3")  # one self-contained folder each
+ALL_TINY_ARCHS = TINY_ARCHS + FAMILY_ARCHS
 
 
 def tiny_processor(arch: str = "qwen2_vl") -> VisionTextProcessor:
+    folder = ASSETS / "tiny_models" / arch
+    if arch in FAMILY_ARCHS:
+        return VisionTextProcessor.from_pretrained(folder)
     tokenizer = AutoTokenizer.from_pretrained(ASSETS / "tokenizer")
-    image_processor = AutoImageProcessor.from_pretrained(ASSETS / "tiny_models" / arch)
-    return VisionTextProcessor(tokenizer, image_processor)
+    image_processor = AutoImageProcessor.from_pretrained(folder)
+    return VisionTextProcessor(tokenizer, image_processor, arch)
 
 
 def build_tiny(arch: str = "qwen2_vl", seed: int = 0, **policy_kwargs) -> VLMPolicy:
     """A randomly initialised tiny model of `arch`, the same for the same seed."""
-    if arch not in TINY_ARCHS:
-        raise ValueError(f"unknown tiny architecture {arch!r}; choose one of {', '.join(TINY_ARCHS)}")
+    if arch not in ALL_TINY_ARCHS:
+        raise ValueError(f"unknown tiny architecture {arch!r}; choose one of {', '.join(ALL_TINY_ARCHS)}")
     config = AutoConfig.from_pretrained(ASSETS / "tiny_models" / arch)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = AutoModelForImageTextToText.from_config(config)
+        # Gemma 3 initialises its vision-to-text projection to zero (checkpoints carry trained weights): a random
+        # tiny model would then ignore its images. Any weight matrix left all zero is drawn like the others.
+        std = getattr(config.text_config, "initializer_range", 0.02)
+        with torch.no_grad():
+            for weight in model.parameters():
+                if weight.dim() >= 2 and not weight.any():
+                    weight.normal_(0.0, std)
     model.generation_config.eos_token_id = config.text_config.eos_token_id
     model.generation_config.pad_token_id = config.text_config.pad_token_id
     return VLMPolicy(model, tiny_processor(arch), **policy_kwargs)

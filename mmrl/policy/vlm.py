@@ -390,8 +390,8 @@ class VLMPolicy:
         `patches` needs a family whose pixel rows are patches (Qwen-VL); every family takes `pixels`."""
         if domain == "patches" and not self.family.patch_rows:
             raise ValueError(
-                f"algo.papo_mask_domain=patches needs pixel rows that are vision patches (Qwen-VL); a {self.family.name} "
-                "model's are not: use pixels"
+                "algo.papo_mask_domain=patches needs pixel rows that are vision patches (Qwen-VL); a "
+                f"{self.family.name} model's are not: use pixels"
             )
         return masked_images(batch, domain, ratio, generator, self.processor.image_processor)
 

@@ -1,0 +1,188 @@
+"""Build the tiny folders of the non-Qwen model families under assets/tiny_models/, deterministically.
+
+    python scripts/make_family_assets.py
+
+Each folder is laid out as the family's checkpoints on the hub, less the weights (drawn from a seed by
+`mmrl.policy.tiny.build_tiny`): config.json (the real `transformers` config class at tiny size), the image
+processor's preprocessor_config.json, processor_config.json (the processor's own numbers), and a tokenizer with the
+family's real special tokens and its real chat template: a byte-level BPE trained locally with `tokenizers` on the
+same corpus as assets/tokenizer (scripts/make_assets.py), the special tokens added first so their ids are small.
+
+- gemma3: Gemma 3 (`Gemma3ForConditionalGeneration`): a SigLIP tower on 32 px images (8 px patches), pooled to 4 soft
+  tokens an image (`mm_tokens_per_image`; 256 in the released checkpoints), 2 language layers (one sliding-window,
+  one global, as Gemma 3 alternates them), `<start_of_turn>user` / `<start_of_turn>model` turns.
+- idefics3: Idefics3 / SmolVLM v1 (`Idefics3ForConditionalGeneration`): images resized to 64 px on the longest side and
+  split into 32 px tiles plus a global view, 4 `<image>` tokens a tile (pixel shuffle by 2), a 2-layer Llama, the
+  `User:` / `Assistant:` turns closed by `<end_of_utterance>`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+from make_assets import QWEN_SPLIT, task_corpus  # scripts/make_assets.py, from this script's folder
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "assets" / "tiny_models"
+VOCAB_SIZE = 1024
+
+# google/gemma-3-4b-it's tokenizer special tokens (names as released; ids here are this tokenizer's own).
+GEMMA3_SPECIAL = [
+    "<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>",
+    "<image_soft_token>",
+]  # fmt: skip
+# google/gemma-3-4b-it's chat_template.json (a system turn folds into the first user turn; "assistant" is "model").
+GEMMA3_TEMPLATE = (
+    "{{ bos_token }}\n{%- if messages[0]['role'] == 'system' -%}\n    {%- if messages[0]['content'] is string -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}\n    {%- else -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}\n    {%- endif -%}\n"
+    "    {%- set loop_messages = messages[1:] -%}\n{%- else -%}\n    {%- set first_user_prefix = \"\" -%}\n"
+    "    {%- set loop_messages = messages -%}\n{%- endif -%}\n{%- for message in loop_messages -%}\n"
+    "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}\n"
+    "        {{ raise_exception(\"Conversation roles must alternate user/assistant/user/assistant/...\") }}\n"
+    "    {%- endif -%}\n    {%- if (message['role'] == 'assistant') -%}\n        {%- set role = \"model\" -%}\n"
+    "    {%- else -%}\n        {%- set role = message['role'] -%}\n    {%- endif -%}\n"
+    "    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else \"\") }}\n"
+    "    {%- if message['content'] is string -%}\n        {{ message['content'] | trim }}\n"
+    "    {%- elif message['content'] is iterable -%}\n        {%- for item in message['content'] -%}\n"
+    "            {%- if item['type'] == 'image' -%}\n                {{ '<start_of_image>' }}\n"
+    "            {%- elif item['type'] == 'text' -%}\n                {{ item['text'] | trim }}\n"
+    "            {%- endif -%}\n        {%- endfor -%}\n    {%- else -%}\n"
+    "        {{ raise_exception(\"Invalid content type\") }}\n    {%- endif -%}\n    {{ '<end_of_turn>\n' }}\n"
+    "{%- endfor -%}\n{%- if add_generation_prompt -%}\n    {{'<start_of_turn>model\n'}}\n{%- endif -%}\n"
+)
+
+# HuggingFaceTB/SmolVLM-Instruct's special tokens and chat template.
+IDEFICS3_SPECIAL = [
+    "<|endoftext|>", "<|im_start|>", "<end_of_utterance>", "<fake_token_around_image>", "<image>", "<global-img>",
+    *[f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)],
+]  # fmt: skip
+IDEFICS3_TEMPLATE = (
+    "<|im_start|>{% for message in messages %}{{message['role'] | capitalize}}"
+    "{% if message['content'][0]['type'] == 'image' %}{{':'}}{% else %}{{': '}}{% endif %}"
+    "{% for line in message['content'] %}{% if line['type'] == 'text' %}{{line['text']}}"
+    "{% elif line['type'] == 'image' %}{{ '<image>' }}{% endif %}{% endfor %}<end_of_utterance>\n{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
+)
+
+
+def train_bpe(special: list[str]):
+    """A byte-level BPE on Python's help texts and our tasks' phrases (as assets/tokenizer), `special` first."""
+    import pydoc_data.topics
+
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    rng = random.Random(0)
+    corpus = [pydoc_data.topics.topics[k] for k in sorted(pydoc_data.topics.topics)] + task_corpus(rng)
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        min_frequency=2,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=special,
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer)
+    return tok
+
+
+def write(out: Path, tokenizer, model_type: str, config: dict, image_processor, processor: dict) -> None:
+    from transformers import AutoConfig
+
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    tokenizer.save_pretrained(out)
+    AutoConfig.for_model(model_type, **config).save_pretrained(out)
+    image_processor.save_pretrained(out)
+    (out / "processor_config.json").write_text(json.dumps(processor, indent=2, sort_keys=True) + "\n")
+
+
+def build_gemma3(out: Path) -> None:
+    from transformers import PreTrainedTokenizerFast
+    from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=train_bpe(GEMMA3_SPECIAL),
+        pad_token="<pad>",
+        eos_token="<eos>",
+        bos_token="<bos>",
+        unk_token="<unk>",
+        additional_special_tokens=GEMMA3_SPECIAL[4:],
+        extra_special_tokens={
+            "boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"
+        },  # fmt: skip
+        chat_template=GEMMA3_TEMPLATE,
+        model_max_length=4096,
+    )
+    ids = {t: tok.convert_tokens_to_ids(t) for t in GEMMA3_SPECIAL}
+    config = dict(
+        text_config=dict(
+            vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+            num_key_value_heads=1, head_dim=32, max_position_embeddings=4096, sliding_window=512,
+            layer_types=["sliding_attention", "full_attention"], pad_token_id=ids["<pad>"],
+            eos_token_id=[ids["<eos>"], ids["<end_of_turn>"]], bos_token_id=ids["<bos>"],
+        ),
+        vision_config=dict(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=32,
+            patch_size=8, vision_use_head=False,
+        ),
+        mm_tokens_per_image=4,
+        boi_token_index=ids["<start_of_image>"],
+        eoi_token_index=ids["<end_of_image>"],
+        image_token_index=ids["<image_soft_token>"],
+    )  # fmt: skip
+    image_processor = Gemma3ImageProcessorPil(size={"height": 32, "width": 32})
+    write(out, tok, "gemma3", config, image_processor, {"image_seq_length": 4})
+
+
+def build_idefics3(out: Path) -> None:
+    from transformers import PreTrainedTokenizerFast
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=train_bpe(IDEFICS3_SPECIAL),
+        pad_token="<|endoftext|>",
+        eos_token="<end_of_utterance>",
+        bos_token="<|im_start|>",
+        unk_token="<|endoftext|>",
+        additional_special_tokens=IDEFICS3_SPECIAL[1:],
+        chat_template=IDEFICS3_TEMPLATE,
+        model_max_length=4096,
+    )
+    ids = {t: tok.convert_tokens_to_ids(t) for t in IDEFICS3_SPECIAL[:5]}
+    config = dict(
+        text_config=dict(
+            model_type="llama", vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096,
+            pad_token_id=ids["<|endoftext|>"], eos_token_id=ids["<end_of_utterance>"],
+            bos_token_id=ids["<|im_start|>"],
+        ),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=32, patch_size=8),
+        scale_factor=2,
+        image_token_id=ids["<image>"],
+    )  # fmt: skip
+    image_processor = Idefics3ImageProcessorPil(size={"longest_edge": 64}, max_image_size={"longest_edge": 32})
+    # image_seq_len = (image_size / patch_size)**2 / scale_factor**2 = 16 / 4
+    write(out, tok, "idefics3", config, image_processor, {"image_seq_len": 4})
+
+
+def main() -> None:
+    build_gemma3(OUT / "gemma3")
+    build_idefics3(OUT / "idefics3")
+    print(f"wrote {OUT / 'gemma3'} and {OUT / 'idefics3'}")
+
+
+if __name__ == "__main__":
+    main()

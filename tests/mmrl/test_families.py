@@ -1,0 +1,192 @@
+"""The same contract for every model family (`mmrl.policy.families`), on tiny real models of each.
+
+Qwen3-VL stands for the Qwen-VL family here (tests/mmrl/test_policy.py, test_backends.py and test_conversations.py
+cover Qwen2-VL, Qwen2.5-VL and Qwen3-VL in depth); Gemma 3 and Idefics3 (SmolVLM) are built from their real
+transformers classes with a tokenizer carrying their real special tokens and chat template (assets/tiny_models/).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+
+import sim
+from mmrl.policy import VLMPolicy, build_tiny
+from mmrl.policy.processing import user_content
+from mmrl.policy.vision import to_pil
+from mmrl.types import Sampling, Turn
+from sim.base import Observation
+
+FAMILIES = ("qwen3_vl", "gemma3", "idefics3")
+IMAGE_SIZE = {"qwen3_vl": 64, "gemma3": 64, "idefics3": 64}
+TEMPLATE = "{instruction} {image} Answer as <answer>[x1,y1,x2,y2]</answer>."
+# Sampled log-probs against the training forward's: the same float32 computation in another order (cached keys and
+# values, one token at a time), measured at most 5e-7 on these models.
+LOGPROB_ATOL = 1e-5
+
+
+def observations(arch: str, seeds: list[int], views: int = 1, instructions: list[str] | None = None) -> Observation:
+    env = sim.make("grounding", num_envs=len(seeds), image_size=IMAGE_SIZE[arch])
+    obs = env.reset(seed=seeds)
+    image = obs.image
+    if views == 2:  # a second view per world: the next world's image (so the two differ)
+        image = torch.stack([image, image.roll(1, dims=0)], dim=1)
+    return Observation(image=image, instruction=list(instructions or obs.instruction))
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def policy(request) -> VLMPolicy:
+    return build_tiny(request.param, seed=0, prompt_template=TEMPLATE)
+
+
+def arch_of(policy: VLMPolicy) -> str:
+    return policy.model.config.model_type
+
+
+def test_lean_gives_hf_greedy_tokens_and_sampled_logprobs_equal_the_training_forward(policy):
+    arch = arch_of(policy)
+    # Prompts of different lengths: left padding and each row's own positions are exercised.
+    obs = observations(arch, [0, 1], instructions=["Find the red square.", "Find the blue circle and then stop."])
+    greedy = Sampling(max_new_tokens=8, temperature=0)
+    try:
+        policy.generation_backend = "hf"
+        want = policy.generate(obs, sampling=greedy)
+        policy.generation_backend = "lean"
+        got = policy.generate(obs, sampling=greedy)
+        assert torch.equal(got.completion_ids, want.completion_ids)
+        torch.manual_seed(3)
+        sampled = policy.generate(obs, group_size=2, sampling=Sampling(max_new_tokens=8, temperature=0.8))
+    finally:
+        policy.generation_backend = "lean"
+    assert not torch.equal(sampled.completion_ids[0], sampled.completion_ids[1])  # a real sample, not greedy
+    with torch.no_grad():
+        rescored = policy.logprobs(sampled, temperature=0.8)
+    mask = sampled.completion_mask
+    torch.testing.assert_close(rescored[mask], sampled.logprobs[mask], atol=LOGPROB_ATOL, rtol=0)
+
+
+def test_two_images_per_prompt_are_both_seen(policy):
+    arch = arch_of(policy)
+    obs = observations(arch, [0, 1], views=2)
+    torch.manual_seed(0)
+    rollout = policy.generate(obs, group_size=1, sampling=Sampling(max_new_tokens=4, temperature=1.0))
+    assert rollout.images_per_row == 2 and len(rollout.image_units) == 4
+    features = policy.processor.features(rollout.image_units, rollout.image_inputs)
+    held = (rollout.prompt_ids == policy.processor.image_token_id).sum(-1)
+    assert held.tolist() == [int(features[0] + features[1]), int(features[2] + features[3])]
+    with torch.no_grad():
+        before = policy.logprobs(rollout)
+        # The second image of row 0 blacked out: row 0's log-probs move, row 1's stay (its images are its own).
+        units = rollout.image_units.tolist()
+        start, stop = units[0], units[0] + units[1]
+        pixels = rollout.pixel_values.clone()
+        pixels[start:stop] = pixels.min()
+        after = policy.logprobs(replace(rollout, pixel_values=pixels))
+    mask = rollout.completion_mask
+    assert not torch.allclose(before[0][mask[0]], after[0][mask[0]])
+    torch.testing.assert_close(before[1][mask[1]], after[1][mask[1]], atol=1e-6, rtol=0)
+
+
+def test_a_two_turn_conversation_is_the_template_turn_for_turn_with_the_sampled_tokens(policy):
+    arch = arch_of(policy)
+    first, second = observations(arch, [0]), observations(arch, [1])
+    tok = policy.processor.tokenizer
+    answer_text = "<answer>[1,2,3,4]</answer>"
+    answer_ids = tok(answer_text, add_special_tokens=False)["input_ids"] + [policy.eos_token_ids[-1]]
+    history = [[Turn(views=first.views[0], instruction=first.instruction[0], answer_ids=answer_ids)]]
+    inputs, _ = policy.encode_conversations(second, history)
+    ids = inputs["input_ids"][0].tolist()
+
+    # What the model saw when it sampled the answer: the first turn's own prompt, then the answer's tokens verbatim.
+    alone = policy.encode(first)["input_ids"][0].tolist()
+    assert ids[: len(alone)] == alone
+    assert ids[len(alone) : len(alone) + len(answer_ids)] == answer_ids
+
+    # The rest is the chat template's rendering of what follows the answer, its turn closed exactly once.
+    processor = policy.processor
+    messages = [
+        {"role": "user", "content": user_content(first.instruction[0], 1, TEMPLATE)},
+        {"role": "assistant", "content": [{"type": "text", "text": answer_text}]},
+        {"role": "user", "content": user_content(second.instruction[0], 1, TEMPLATE)},
+    ]
+    rendered = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    tail = rendered.split(answer_text, 1)[1]
+    image_text = processor.vision([to_pil(second.views[0, 0])]).texts
+    want_tail = tok(processor.expand(tail, iter(image_text)), add_special_tokens=False)["input_ids"]
+    assert want_tail[0] == answer_ids[-1]  # the template closes the turn with the token the answer ended with
+    assert ids[len(alone) + len(answer_ids) :] == want_tail[1:]
+    turn_end = tok.convert_tokens_to_ids(processor.family.turn_end)
+    assert ids.count(turn_end) == tok(rendered, add_special_tokens=False)["input_ids"].count(turn_end)
+
+
+def test_a_prompt_whose_image_tokens_do_not_match_its_images_is_refused_before_the_forward(policy):
+    arch = arch_of(policy)
+    rollout = policy.generate(observations(arch, [0, 1]), sampling=Sampling(max_new_tokens=2, temperature=0))
+    ids = rollout.prompt_ids.clone()
+    first = int((ids[1] == policy.processor.image_token_id).nonzero()[0])
+    ids[1, first] = policy.pad_token_id  # row 1 loses one image token
+    calls = []
+    hook = policy.model.register_forward_pre_hook(lambda module, args: calls.append(1))
+    try:
+        features = int(policy.processor.features(rollout.image_units, rollout.image_inputs)[1])
+        with pytest.raises(ValueError, match=rf"row 1 holds {features - 1} image tokens .*\(image 1: {features}\)"):
+            policy.logprobs(replace(rollout, prompt_ids=ids))
+    finally:
+        hook.remove()
+    assert not calls
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "idefics3"])
+def test_prompts_equal_the_families_own_transformers_processor(arch):
+    import transformers
+
+    policy = build_tiny(arch, prompt_template=TEMPLATE)
+    obs = observations(arch, [0, 1], views=2)
+    ours = policy.encode(obs)
+    processor_class = {"gemma3": transformers.Gemma3Processor, "idefics3": transformers.Idefics3Processor}[arch]
+    settings = {k: v for k, v in policy.processor.settings.items() if k != "merge_size"}
+    theirs_processor = processor_class(policy.processor.image_processor, policy.processor.tokenizer, **settings)
+    texts = [policy.processor.prompt_text(s, 2, TEMPLATE) for s in obs.instruction]
+    images = [[to_pil(image) for image in row] for row in obs.views]
+    theirs = theirs_processor(text=texts, images=images, return_tensors="pt", padding=True, add_special_tokens=False)
+    assert torch.equal(ours["input_ids"], theirs["input_ids"])
+    real = theirs["pixel_values"].flatten(0, 1) if theirs["pixel_values"].dim() == 5 else theirs["pixel_values"]
+    if theirs["pixel_values"].dim() == 5:  # Idefics3 pads each row's tiles with zero images
+        real = real[real.flatten(1).abs().sum(-1) > 0]
+    torch.testing.assert_close(ours.vision.pixel_values, real)
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "idefics3"])
+def test_a_folder_laid_out_as_the_hubs_loads_with_identical_logprobs(arch, tmp_path):
+    policy = build_tiny(arch, prompt_template=TEMPLATE)
+    rollout = policy.generate(observations(arch, [0]), sampling=Sampling(max_new_tokens=4, temperature=0))
+    policy.save_pretrained(tmp_path)
+    for name in ("config.json", "preprocessor_config.json", "processor_config.json", "tokenizer.json"):
+        assert (tmp_path / name).is_file()
+    loaded = VLMPolicy.from_pretrained(tmp_path, prompt_template=TEMPLATE)
+    assert loaded.family.name == arch
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.logprobs(rollout), policy.logprobs(rollout), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "idefics3"])
+def test_the_demo_task_trains_two_grpo_steps(arch, tiny_run_config, tmp_path, letters_env):
+    from mmrl.trainer import train
+
+    # The grounding demo plus a dense letter-share reward, so an untrained model's samples differ in reward.
+    cfg = tiny_run_config(
+        tmp_path, f"model.path=tiny:{arch}", f"env.name={letters_env}", "env.options.image_size=64",
+        "trainer.total_steps=2", "trainer.eval_every=0", "trainer.save_every=0",
+    )  # fmt: skip
+    policy = build_tiny(arch, seed=0, prompt_template="{instruction}")
+    before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+    with contextlib.redirect_stdout(io.StringIO()):
+        metrics = train(cfg, policy=policy)
+    losses = [m["loss/policy"] for m in metrics if "loss/policy" in m]
+    assert len(losses) == 2 and all(math.isfinite(x) for x in losses)
+    assert any(not torch.equal(p, before[n]) for n, p in policy.model.named_parameters())
