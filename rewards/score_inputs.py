@@ -1,7 +1,9 @@
 """Reading the pairs `rewards.score` scores: a JSON-lines file or a `pred/` + `target/` folder into `Item`s.
 
 Reading never raises for a bad row: an unreadable prediction or target is an `Item` with `pred_error` or
-`target_error` set, which scoring reports as the row's reason. The accepted kinds are listed in `rewards.score`.
+`target_error` set, which scoring reports as the row's reason: a file that is named but missing ("file not found:
+PATH"), over `MAX_TEXT_FILE` (its size and the limit), or not UTF-8 (refused, not repaired), and a line that is not
+UTF-8 or not readable JSON (malformed, nested too deep, a number too long to convert) is a row of its own. The accepted kinds are listed in `rewards.score`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from PIL import Image
 
 CODE_KINDS = ("svg", "chart", "cad", "html")  # sources rendered in the sandbox (rewards.render kinds)
 _SOURCE_SUFFIXES = {".svg": "svg", ".py": "chart", ".html": "html", ".htm": "html"}  # .py: chart, or cad (build123d)
+_FILE_KINDS = {**_SOURCE_SUFFIXES, ".txt": "text"}  # a prediction file's kind by suffix (images aside)
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 MAX_TEXT_FILE = 1 << 20
 
@@ -85,28 +88,50 @@ def read_items(source: Path, render: str = "auto") -> list[Item]:
 def _read_jsonl(path: Path, render: str) -> list[Item]:
     items = []
     base = path.parent
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            if not raw.strip():
                 continue
             item = Item(id=str(number))
+            items.append(item)
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                item.pred_error = f"line {number} is not UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start})"
+                continue
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 item.pred_error = f"line {number} is not JSON ({e.msg})"
-                items.append(item)
+                continue
+            except (ValueError, RecursionError) as e:  # a number of 5000 digits, arrays nested 100k deep
+                item.pred_error = f"line {number} is not readable JSON ({type(e).__name__}: {e})"
                 continue
             if not isinstance(row, dict):
                 item.pred_error = f"line {number} is not a JSON object"
-                items.append(item)
                 continue
-            item.id = str(row.get("id", number))
-            if isinstance(row.get("reference_length"), int | float):
-                item.reference_length = float(row["reference_length"])
-            _read_prediction(item, row.get("prediction"), base, render)
-            _read_target(item, row.get("target"), base)
-            items.append(item)
+            try:
+                _read_row(item, row, number, base, render)
+            except (ValueError, TypeError, OverflowError, RecursionError) as e:  # values no reader expects
+                item.pred_error = f"line {number} cannot be read ({type(e).__name__}: {e})"
     return items
+
+
+def _read_row(item: Item, row: dict[str, Any], number: int, base: Path, render: str) -> None:
+    item.id = _shorten(str(row.get("id", number)))
+    length = row.get("reference_length")
+    if isinstance(length, int | float) and not isinstance(length, bool) and _finite(length):
+        item.reference_length = float(length)
+    _read_prediction(item, row.get("prediction"), base, render)
+    _read_target(item, row.get("target"), base)
+
+
+def _finite(value: int | float) -> bool:
+    """Whether a JSON number is a finite float (an integer of 400 digits is not: it overflows)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def _read_folder(root: Path) -> list[Item]:
@@ -144,9 +169,9 @@ def _read_folder(root: Path) -> list[Item]:
         if target_path.suffix.lower() == ".json":
             try:
                 _read_target(item, json.loads(target_path.read_text(encoding="utf-8")), root)
-            except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+            except (OSError, ValueError, RecursionError) as e:  # unreadable, not UTF-8, not JSON, too deep
                 item.target = str(target_path)
-                item.target_error = f"target {target_path.name}: {e}"
+                item.target_error = f"target {target_path.name}: {type(e).__name__}: {e}"
         else:
             _read_target(item, str(target_path.relative_to(root)), root)
         items.append(item)
@@ -159,16 +184,22 @@ def _read_prediction(item: Item, value: Any, base: Path, render: str) -> None:
         return
     path = _as_path(value, base)
     item.prediction = value if path is None else str(path)
+    missing = _missing_file(value, base) if path is None else None
+    if missing is not None:  # a file name, not an answer: say so, not "no box in the prediction"
+        item.prediction = str(missing)
+        item.pred_kind = "image" if missing.suffix.lower() in IMAGE_EXTENSIONS else _FILE_KINDS[missing.suffix.lower()]
+        item.pred_error = f"file not found: {missing}"
+        return
     if path is not None:
         suffix = path.suffix.lower()
         if suffix in IMAGE_EXTENSIONS:
             item.pred_kind, item.pred_value = "image", path
             return
-        kind = {".svg": "svg", ".py": "chart", ".html": "html", ".htm": "html", ".txt": "text"}.get(suffix)
+        kind = _FILE_KINDS.get(suffix)
         if kind is not None:
-            text = _read_text(path)
+            text, problem = _read_text(path)
             if text is None:
-                item.pred_error = f"cannot read prediction file {path.name}"
+                item.pred_error = f"prediction file {problem}"
                 item.pred_kind = kind
                 return
             if kind == "chart" and (render == "cad" or (render == "auto" and "build123d" in text)):
@@ -206,7 +237,7 @@ def _read_target(item: Item, value: Any, base: Path) -> None:
             path = _as_path(value, base)
             item.target = value
             if path is None:
-                item.target_error = f"target image {value!r} not found"
+                item.target_error = f"file not found: {value if _missing_file(value, base) is None else base / value}"
                 item.target_kind = "image"
             else:
                 item.target_kind, item.target_value = "image", path
@@ -216,7 +247,9 @@ def _read_target(item: Item, value: Any, base: Path) -> None:
         return
     if isinstance(value, list):
         item.target = json.dumps(value)
-        if len(value) == 4 and all(isinstance(v, int | float) and math.isfinite(v) for v in value):
+        if len(value) == 4 and all(
+            isinstance(v, int | float) and not isinstance(v, bool) and _finite(v) for v in value
+        ):
             item.target_kind, item.target_value = "box", [float(v) for v in value]
         else:
             item.target_error = "target box must be 4 finite numbers"
@@ -228,22 +261,25 @@ def _read_target(item: Item, value: Any, base: Path) -> None:
             item.target, item.target_kind, item.target_value = str(path), "image", path
             return
         if path is not None and path.suffix.lower() in _SOURCE_SUFFIXES:  # a source file: rendered like a prediction
-            text = _read_text(path)
+            text, problem = _read_text(path)
             kind = _SOURCE_SUFFIXES[path.suffix.lower()]
             kind = "cad" if kind == "chart" and text and "build123d" in text else kind
             item.target, item.target_kind, item.target_render, item.target_value = str(path), "image", kind, text
             if text is None:
-                item.target_error = f"cannot read target file {path.name}"
+                item.target_error = f"target file {problem}"
             return
         if path is not None and path.suffix.lower() == ".txt":
-            text = _read_text(path)
+            text, problem = _read_text(path)
             item.target, item.target_kind, item.target_value = str(path), "text", text
             if text is None:
-                item.target_error = f"cannot read target file {path.name}"
+                item.target_error = f"target file {problem}"
             return
-        if value.lower().endswith(IMAGE_EXTENSIONS):
-            item.target, item.target_kind = value, "image"
-            item.target_error = f"target image {value!r} not found"
+        missing = _missing_file(value, base) if path is None else None
+        if missing is not None:  # a file name, not a text target
+            suffix = missing.suffix.lower()
+            item.target, item.target_kind = str(missing), "text" if suffix == ".txt" else "image"
+            item.target_render = _SOURCE_SUFFIXES.get(suffix, "")
+            item.target_error = f"file not found: {missing}"
             return
         item.target, item.target_kind, item.target_value = _shorten(value), "text", value
         return
@@ -264,13 +300,37 @@ def _as_path(value: str, base: Path) -> Path | None:
         return None
 
 
-def _read_text(path: Path) -> str | None:
+def _missing_file(value: str, base: Path) -> Path | None:
+    """The path `value` names when it reads as a file name (one short line ending in a known file suffix, no spaces
+    unless it has a folder) but no such file exists; None otherwise (it is an answer or inline source)."""
+    if not value or len(value) > 4096 or "\n" in value or "\x00" in value or value.lstrip().startswith("<"):
+        return None
+    if " " in value and "/" not in value:  # "the answer is chart.py": a sentence, not a path
+        return None
+    path = Path(value)
+    if path.suffix.lower() not in (*IMAGE_EXTENSIONS, *_FILE_KINDS):
+        return None
+    path = path if path.is_absolute() else base / path
     try:
-        if path.stat().st_size > MAX_TEXT_FILE:
-            return None
-        return path.read_text(encoding="utf-8", errors="replace")
+        return None if path.exists() else path
     except OSError:
         return None
+
+
+def _read_text(path: Path) -> tuple[str | None, str]:
+    """A source or text file's contents, or None and why not ("x.svg is not UTF-8 (...)"): too large, unreadable, or
+    not UTF-8 (refused, not repaired: a replaced byte would render or score as something the file does not say)."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_TEXT_FILE:
+            return None, f"{path.name} is {size} bytes, over the limit of {MAX_TEXT_FILE}"
+        data = path.read_bytes()
+    except OSError as e:
+        return None, f"{path.name} cannot be read ({e.strerror or e})"
+    try:
+        return data.decode("utf-8"), ""
+    except UnicodeDecodeError as e:
+        return None, f"{path.name} is not UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start})"
 
 
 def _shorten(text: str, limit: int = 80) -> str:

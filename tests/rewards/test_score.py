@@ -13,7 +13,7 @@ pytest.importorskip("cairosvg")
 
 from mmrl.cli import main  # noqa: E402
 from rewards.render import render  # noqa: E402
-from rewards.score import read_items, score_items  # noqa: E402
+from rewards.score import MAX_TEXT_FILE, read_items, score_items  # noqa: E402
 
 NS = 'xmlns="http://www.w3.org/2000/svg"'
 RED = f'<svg {NS} width="8" height="8"><rect width="8" height="8" fill="red"/></svg>'
@@ -200,3 +200,55 @@ def test_score_cad_scripts(tmp_path):
     by_id = {item.id: item for item in items}
     assert by_id["same"].scores["ssim"] == pytest.approx(1.0, abs=1e-4)
     assert by_id["other"].scores["ssim"] < 0.95
+
+
+@pytest.fixture
+def unreadable(tmp_path) -> Path:
+    """Pairs whose files or lines cannot be read, between two good rows: each is its row's reason, never the run's."""
+    save_png(tmp_path / "red.png", (255, 0, 0))
+    (tmp_path / "latin1.svg").write_bytes(RED.replace("</svg>", "<!-- caf\xe9 --></svg>").encode("latin-1"))
+    (tmp_path / "big.svg").write_text(RED + " " * MAX_TEXT_FILE)
+    rows = [
+        json.dumps({"id": "good", "prediction": RED, "target": "red.png"}),
+        json.dumps({"id": "gone_pred", "prediction": "preds/gone.svg", "target": "red.png"}),
+        json.dumps({"id": "gone_target", "prediction": RED, "target": "targets/gone.svg"}),
+        json.dumps({"id": "latin1", "prediction": "latin1.svg", "target": "red.png"}),
+        json.dumps({"id": "big", "prediction": "big.svg", "target": "red.png"}),
+        '{"id": "deep", "prediction": ' + "[" * 100_000 + "]" * 100_000 + ', "target": "red.png"}',
+        '{"id": "digits", "prediction": "<answer>[0, 0, 1, 1]</answer>", "target": [' + "9" * 5000 + ", 0, 1, 1]}",
+        '{"id": "wide", "prediction": "<answer>[0, 0, 1, 1]</answer>", "target": [' + "9" * 400 + ", 0, 1, 1]}",
+        json.dumps({"id": "also_good", "prediction": "<answer>[0, 0, 10, 10]</answer>", "target": [0, 0, 10, 20]}),
+    ]
+    path = tmp_path / "pairs.jsonl"
+    path.write_bytes("\n".join(rows).encode() + b'\n{"id": "bytes\xff", "prediction": "x", "target": "y"}\n')
+    return path
+
+
+def test_unreadable_files_and_lines_are_the_rows_reasons(unreadable, tmp_path):
+    items = {item.id: item for item in read_items(unreadable, render="auto")}
+    assert list(items) == ["good", "gone_pred", "gone_target", "latin1", "big", "6", "7", "wide", "also_good", "10"]
+    assert items["good"].reason == "" and items["also_good"].reason == ""
+    # A missing file is named as one, not read as a text answer (or target) with an unrelated reason.
+    assert items["gone_pred"].pred_error == f"file not found: {tmp_path / 'preds' / 'gone.svg'}"
+    assert items["gone_pred"].pred_kind == "svg"
+    assert items["gone_target"].target_error == f"file not found: {tmp_path / 'targets' / 'gone.svg'}"
+    # Not UTF-8: refused with where, not silently repaired.
+    assert items["latin1"].pred_error.startswith("prediction file latin1.svg is not UTF-8 (byte 0xe9 at offset ")
+    # Over the size limit: which file, its size and the limit.
+    size = (tmp_path / "big.svg").stat().st_size
+    assert items["big"].pred_error == f"prediction file big.svg is {size} bytes, over the limit of {MAX_TEXT_FILE}"
+    assert items["6"].pred_error.startswith("line 6 is not readable JSON (RecursionError")
+    assert items["7"].pred_error.startswith("line 7 is not readable JSON (ValueError: Exceeds the limit")
+    assert items["wide"].target_error == "target box must be 4 finite numbers"  # 400 digits: too large for a float
+    assert items["10"].pred_error == "line 10 is not UTF-8 (byte 0xff at offset 13)"
+
+
+def test_the_cli_scores_the_readable_rows_and_writes_every_row(unreadable, tmp_path, capsys):
+    out = tmp_path / "scores.jsonl"
+    argv = ["score", str(unreadable), "--metrics", "pixel,box_iou", "--size", "8", "--workers", "1", "--out", str(out)]
+    assert main(argv) == 0
+    rows = {row["id"]: row for row in map(json.loads, out.read_text().splitlines())}
+    assert len(rows) == 10
+    assert rows["good"]["pixel"] == pytest.approx(1.0) and rows["also_good"]["box_iou"] == pytest.approx(0.5)
+    assert rows["gone_pred"]["pixel"] == 0.0 and rows["gone_pred"]["reason"].startswith("file not found")
+    assert "pairs with a problem" in capsys.readouterr().out
