@@ -29,7 +29,8 @@ EPILOG = """examples:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one `mmrl` command; a user's mistake is one line on stderr and exit code 2, a bug keeps its traceback.
+    """Run one `mmrl` command; a user's mistake is one line on stderr and exit code 2, a bug keeps its traceback
+    (set `MMRL_TRACEBACK=1` to see the traceback of a mistake too).
 
     The mistakes are the project's two exception types for them, whichever command and however deep they are raised:
     `sim.errors.InputError` (a dataset record, an env option, a checkpoint or model folder; the message names the
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_command(args)
     except Exception as error:
         kind = user_error(error)
-        if kind is None:
+        if kind is None or os.environ.get("MMRL_TRACEBACK"):  # a bug, or asked for: the traceback
             raise
         message = " ".join(str(error.args[0] if error.args else error).split("\n"))
         print(f"mmrl: {kind}{message}", file=sys.stderr)
@@ -104,7 +105,9 @@ def run_command(args: argparse.Namespace) -> int:
     except FileNotFoundError as e:
         print(f"mmrl: config error: {e}", file=sys.stderr)
         return 2
-    check_model_folders(cfg, args.command)
+    from .policy.tiny import ALL_TINY_ARCHS
+
+    check_model_folders(cfg, args.command, ALL_TINY_ARCHS)
     if args.command == "train":
         from .run.distributed import close_world
         from .trainer import train

@@ -41,8 +41,9 @@ def make(name: str, num_envs: int, rewards: list[dict[str, Any]] | None = None, 
         The env, holding N worlds; call `reset(seed=...)` before stepping it.
 
     Raises:
-        InputError: `name` is not registered, an option is not a parameter of the env's constructor, or its value
-            does not fit the parameter's annotation (`option_problem`).
+        InputError: `name` is not registered, an option is not a parameter of the env's constructor, its value
+            does not fit the parameter's annotation (`option_problem`), or the constructor refuses a value with a
+            `ValueError` (every env checks its options so: the error is re-raised as an `InputError` naming the env).
     """
     try:
         cls = ENVS.get(name)
@@ -55,7 +56,12 @@ def make(name: str, num_envs: int, rewards: list[dict[str, Any]] | None = None, 
         problem = option_problem(cls, key, value)
         if problem is not None:
             raise InputError(f"option {key!r} of env {name!r}: {problem}")
-    env = cls(num_envs=num_envs, **options)
+    try:
+        env = cls(num_envs=num_envs, **options)
+    except InputError:
+        raise
+    except ValueError as error:  # an env's own check of its option values, by the project's convention
+        raise InputError(f"env {name!r}: {error}") from error
     if rewards:
         try:
             return MixedRewards(env, rewards)

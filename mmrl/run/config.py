@@ -609,9 +609,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     return load(TrainConfig, path, overrides)
 
 
-def check_model_folders(cfg: TrainConfig, command: str = "train") -> None:
+def check_model_folders(cfg: TrainConfig, command: str = "train", tiny_archs: tuple[str, ...] = ()) -> None:
     """Refuse, before anything loads, a model folder a command would load that cannot be a model: `model.path` (for
     `train`, unless a resumed run loads its checkpoint instead), `judge.model` (train) and `checkpoint` (eval).
+    "tiny:<arch>" must name one of `tiny_archs` (`mmrl.policy.tiny.ALL_TINY_ARCHS`, which this module cannot import:
+    the policy package imports it); empty: not checked.
 
     A folder must hold a `config.json` (what transformers reads first); a path that is no folder is refused where it
     cannot be a hub id either: it is absolute or starts with `.`, or the hub is off (`HF_HUB_OFFLINE`). Relative
@@ -625,7 +627,11 @@ def check_model_folders(cfg: TrainConfig, command: str = "train") -> None:
             _check_model_folder("checkpoint", cfg.checkpoint, hub=False)
         return
     resumes = cfg.resume and (Path(cfg.output_dir) / "checkpoints").is_dir() and cfg.algo.kl_coef == 0
-    if not cfg.model.path.startswith("tiny:") and not resumes:
+    if cfg.model.path.startswith("tiny:"):
+        arch = cfg.model.path.removeprefix("tiny:")
+        require(not tiny_archs or arch in tiny_archs, "model.path", f"unknown tiny architecture {arch!r}; choose "
+                f"one of {', '.join(tiny_archs)}", sep=": ")  # fmt: skip
+    elif not resumes:
         _check_model_folder("model.path", cfg.model.path)
     if cfg.judge.enabled:
         _check_model_folder("judge.model", cfg.judge.model)

@@ -131,3 +131,19 @@ def test_export_of_a_run_without_a_complete_checkpoint_is_named(tmp_path, capsys
     assert main(["export", str(tmp_path / "run"), str(tmp_path / "out")]) == 2
     err = one_line_error(capsys)
     assert "step_00000002" in err
+
+
+def test_an_env_refusing_an_option_value_is_one_line_naming_the_env(tmp_path, capsys, monkeypatch):
+    """A value of the right type that the env's own checks refuse (a ValueError in its constructor)."""
+    assert main(["train", PRESET, *TINY, "env.options.image_size=4", f"output_dir={tmp_path}"]) == 2
+    err = one_line_error(capsys)
+    assert err.startswith("mmrl: env 'grounding': ") and "image_size" in err, err
+    monkeypatch.setenv("MMRL_TRACEBACK", "1")  # asked for: the traceback of the same mistake
+    with pytest.raises(ValueError, match="image_size"):
+        main(["train", PRESET, *TINY, "env.options.image_size=4", f"output_dir={tmp_path}"])
+
+
+def test_an_unknown_tiny_architecture_is_named(tmp_path, capsys):
+    assert main(["train", PRESET, "model.path=tiny:qwen9_vl", f"output_dir={tmp_path}"]) == 2
+    err = one_line_error(capsys)
+    assert "model.path" in err and "qwen9_vl" in err and "qwen2_vl" in err
