@@ -11,6 +11,10 @@ same corpus as assets/tokenizer (scripts/make_assets.py), the special tokens add
 - gemma3: Gemma 3 (`Gemma3ForConditionalGeneration`): a SigLIP tower on 32 px images (8 px patches), pooled to 4 soft
   tokens an image (`mm_tokens_per_image`; 256 in the released checkpoints), 2 language layers (one sliding-window,
   one global, as Gemma 3 alternates them), `<start_of_turn>user` / `<start_of_turn>model` turns.
+- qwen3_5: Qwen3.5 (`Qwen3_5ForConditionalGeneration`), natively multimodal with hybrid attention: 4 language
+  layers alternating Gated DeltaNet (linear attention with a recurrent state) and full attention, Qwen3-VL's vision
+  tower (16 px patches, 2x2 merge), Qwen's vision and chat tokens plus `<think>`/`</think>` and the tool tokens, and
+  Qwen3.5-2B's chat template (thinking off: the generation prompt holds an empty `<think></think>` block).
 - idefics3: Idefics3 / SmolVLM v1 (`Idefics3ForConditionalGeneration`): images resized to 64 px on the longest side and
   split into 32 px tiles plus a global view, 4 `<image>` tokens a tile (pixel shuffle by 2), a 2-layer Llama, the
   `User:` / `Assistant:` turns closed by `<end_of_utterance>`.
@@ -34,7 +38,8 @@ GEMMA3_SPECIAL = [
     "<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>",
     "<image_soft_token>",
 ]  # fmt: skip
-# google/gemma-3-4b-it's chat_template.json (a system turn folds into the first user turn; "assistant" is "model").
+# google/gemma-3-4b-it's chat_template.json (a system turn folds into the first user turn; "assistant" is "model");
+# byte for byte TRL 1.16's copy of it (trl/chat_templates/gemma3.jinja).
 GEMMA3_TEMPLATE = (
     "{{ bos_token }}\n{%- if messages[0]['role'] == 'system' -%}\n    {%- if messages[0]['content'] is string -%}\n"
     "        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}\n    {%- else -%}\n"
@@ -55,7 +60,8 @@ GEMMA3_TEMPLATE = (
     "{%- endfor -%}\n{%- if add_generation_prompt -%}\n    {{'<start_of_turn>model\n'}}\n{%- endif -%}\n"
 )
 
-# HuggingFaceTB/SmolVLM-Instruct's special tokens and chat template.
+# HuggingFaceTB/SmolVLM-Instruct's special tokens and chat template (byte for byte TRL 1.16's
+# trl/chat_templates/smolvlm.jinja).
 IDEFICS3_SPECIAL = [
     "<|endoftext|>", "<|im_start|>", "<end_of_utterance>", "<fake_token_around_image>", "<image>", "<global-img>",
     *[f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)],
@@ -67,6 +73,23 @@ IDEFICS3_TEMPLATE = (
     "{% elif line['type'] == 'image' %}{{ '<image>' }}{% endif %}{% endfor %}<end_of_utterance>\n{% endfor %}"
     "{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
 )
+
+
+# Qwen3.5's special tokens (Qwen/Qwen3.5-2B tokenizer_config.json: Qwen3-VL's plus reasoning and tool tokens).
+QWEN3_5_SPECIAL = [
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
+    "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
+    "<|image_pad|>", "<|video_pad|>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>",
+    "</think>",
+]  # fmt: skip
+
+
+def qwen3_5_template() -> str:
+    """Qwen3.5-2B's chat template (thinking off by default), as TRL ships it (trl/chat_templates/, a copy of the
+    released one that TRL compares tokenizers' templates against). TRL is in the `bench` extra."""
+    from importlib.resources import files
+
+    return (files("trl") / "chat_templates" / "qwen3_5_nothink.jinja").read_text()
 
 
 def train_bpe(special: list[str]):
@@ -105,7 +128,8 @@ def write(out: Path, tokenizer, model_type: str, config: dict, image_processor, 
     tokenizer.save_pretrained(out)
     AutoConfig.for_model(model_type, **config).save_pretrained(out)
     image_processor.save_pretrained(out)
-    (out / "processor_config.json").write_text(json.dumps(processor, indent=2, sort_keys=True) + "\n")
+    if processor:
+        (out / "processor_config.json").write_text(json.dumps(processor, indent=2, sort_keys=True) + "\n")
 
 
 def build_gemma3(out: Path) -> None:
@@ -178,10 +202,51 @@ def build_idefics3(out: Path) -> None:
     write(out, tok, "idefics3", config, image_processor, {"image_seq_len": 4})
 
 
+def build_qwen3_5(out: Path) -> None:
+    from transformers import Qwen2TokenizerFast
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    tok = Qwen2TokenizerFast(
+        tokenizer_object=train_bpe(QWEN3_5_SPECIAL),
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+        bos_token=None,
+        additional_special_tokens=QWEN3_5_SPECIAL[1:],
+        chat_template=qwen3_5_template(),
+        model_max_length=4096,
+    )
+    ids = {t: tok.convert_tokens_to_ids(t) for t in QWEN3_5_SPECIAL}
+    config = dict(
+        text_config=dict(
+            vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=2,
+            num_key_value_heads=1, head_dim=32, linear_conv_kernel_dim=4, linear_key_head_dim=16,
+            linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, max_position_embeddings=4096,
+            layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+            pad_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], bos_token_id=None,
+            rope_parameters={
+                "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1], "mrope_interleaved": True,
+                "partial_rotary_factor": 0.25,
+            },
+        ),
+        vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                           num_position_embeddings=64, patch_size=16),
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+    )  # fmt: skip
+    # Qwen3-VL's image processor settings (assets/tiny_models/qwen3_vl): 16 px patches, 2x2 merge, small images.
+    settings = json.loads((OUT / "qwen3_vl" / "preprocessor_config.json").read_text())
+    image_processor = Qwen2VLImageProcessorPil(**{k: v for k, v in settings.items() if k != "image_processor_type"})
+    write(out, tok, "qwen3_5", config, image_processor, {})
+
+
 def main() -> None:
     build_gemma3(OUT / "gemma3")
     build_idefics3(OUT / "idefics3")
-    print(f"wrote {OUT / 'gemma3'} and {OUT / 'idefics3'}")
+    build_qwen3_5(OUT / "qwen3_5")
+    print(f"wrote {OUT / 'gemma3'}, {OUT / 'idefics3'} and {OUT / 'qwen3_5'}")
 
 
 if __name__ == "__main__":

@@ -114,6 +114,23 @@ def forget_compiled_calls(model: torch.nn.Module) -> None:
             module.__dict__.pop(name, None)
 
 
+def repeat_cache(cache, rows: int, copies: int) -> None:
+    """Repeat each of the `rows` rows of a prefilled cache `copies` times, in place (row b becomes rows
+    b*copies .. b*copies+copies-1).
+
+    Attention layers keep keys and values; recurrent layers (Qwen3.5's Gated DeltaNet, transformers'
+    `LinearAttentionLayer`) keep a convolution state and a recurrent state per row instead, which
+    `batch_repeat_interleave` does not reach (a hybrid layer inherits the attention layer's, which would repeat the
+    keys and values only). Such caches are repeated through `reorder_cache`, the beam-search gather every layer type
+    implements, with each row's index repeated.
+    """
+    layers = getattr(cache, "layers", ())
+    if any(hasattr(layer, "conv_states") or hasattr(layer, "recurrent_states") for layer in layers):
+        cache.reorder_cache(torch.arange(rows).repeat_interleave(copies))
+    else:
+        cache.batch_repeat_interleave(copies)
+
+
 class _SamplingLogprobs(LogitsProcessor):
     """The first logits processor of a `generate` call: records the sampled tokens' log-probs, then applies bans.
 
@@ -336,7 +353,7 @@ class LeanBackend:
             mask = inputs["attention_mask"]
             deltas = getattr(inner, "rope_deltas", None)
             if copies > 1:
-                cache.batch_repeat_interleave(copies)
+                repeat_cache(cache, logits.shape[0], copies)
                 logits, mask = logits.repeat_interleave(copies, dim=0), mask.repeat_interleave(copies, dim=0)
                 deltas = deltas.repeat_interleave(copies, dim=0) if deltas is not None else None
             rows, prompt_len = mask.shape

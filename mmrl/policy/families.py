@@ -200,6 +200,9 @@ FAMILIES: dict[str, Family] = {
     "qwen2_vl": _qwen("qwen2_vl", "0-1000"),
     "qwen2_5_vl": _qwen("qwen2_5_vl", "pixels"),
     "qwen3_vl": _qwen("qwen3_vl", "0-1000"),
+    # Qwen3.5: Qwen3-VL's vision stack and tokens in a hybrid (Gated DeltaNet + attention) language model; its
+    # coordinates are taken as Qwen3-VL's 0-1000 (not confirmed from a Qwen3.5 model card on this machine).
+    "qwen3_5": _qwen("qwen3_5", "0-1000"),
     # Gemma 3 (google/gemma-3-4b-it model card; the chat template's <start_of_turn>user / model turns). It has no
     # documented box format; PaliGemma's <locYYYY> tokens are 0-1023 bins, and Gemma 3 prompts in the wild ask for
     # 0-1000 boxes, which is what we use.

@@ -194,8 +194,9 @@ class VisionTextProcessor:
         The chat template renders each answer as a marker; the text between markers is tokenised on its own (chat
         templates close and open turns with special tokens, so no BPE merge crosses a marker), and each marker
         becomes the answer's ids unchanged: token in, token out. Where the template opens an earlier answer with
-        other text than its generation prompt (SmolVLM: "Assistant: " in the history, "Assistant:" to generate),
-        the answer follows the generation prompt, which is what the model saw when it sampled those tokens.
+        other text than its generation prompt (SmolVLM: "Assistant: " in the history, "Assistant:" to generate;
+        Qwen3.5: no `<think>\n\n</think>\n\n` in the history), the answer follows the generation prompt, which is
+        what the model saw when it sampled those tokens.
         """
         opened, generation_prompt = self._answer_openings()
         marks = [f"\x00mmrl-answer-{k}\x00" for k in range(len(turns))]
@@ -236,7 +237,11 @@ class VisionTextProcessor:
         mark = "\x00mmrl-probe\x00"
         plain = render(user, tokenize=False)
         generate = render(user, add_generation_prompt=True, tokenize=False)
-        answered = render([*user, {"role": "assistant", "content": [{"type": "text", "text": mark}]}], tokenize=False)
+        # The answer in context, a user turn after it: templates render earlier turns differently from the last one
+        # (Qwen3.5 drops the empty <think></think> block its generation prompt holds from answers before the last
+        # user turn).
+        answer = {"role": "assistant", "content": [{"type": "text", "text": mark}]}
+        answered = render([*user, answer, *user], tokenize=False)
         if not (generate.startswith(plain) and answered.startswith(plain) and mark in answered):
             return "", ""  # a template that renders turns differently in context: nothing to reconcile
         return answered[len(plain) : answered.index(mark)], generate[len(plain) :]

@@ -22,8 +22,8 @@ from mmrl.policy.vision import to_pil
 from mmrl.types import Sampling, Turn
 from sim.base import Observation
 
-FAMILIES = ("qwen3_vl", "gemma3", "idefics3")
-IMAGE_SIZE = {"qwen3_vl": 64, "gemma3": 64, "idefics3": 64}
+FAMILIES = ("qwen3_vl", "gemma3", "idefics3", "qwen3_5")
+IMAGE_SIZE = {"qwen3_vl": 64, "gemma3": 64, "idefics3": 64, "qwen3_5": 64}
 TEMPLATE = "{instruction} {image} Answer as <answer>[x1,y1,x2,y2]</answer>."
 # Sampled log-probs against the training forward's: the same float32 computation in another order (cached keys and
 # values, one token at a time), measured at most 5e-7 on these models.
@@ -161,20 +161,21 @@ def test_prompts_equal_the_families_own_transformers_processor(arch):
     torch.testing.assert_close(ours.vision.pixel_values, real)
 
 
-@pytest.mark.parametrize("arch", ["gemma3", "idefics3"])
+@pytest.mark.parametrize("arch", ["gemma3", "idefics3", "qwen3_5"])
 def test_a_folder_laid_out_as_the_hubs_loads_with_identical_logprobs(arch, tmp_path):
     policy = build_tiny(arch, prompt_template=TEMPLATE)
     rollout = policy.generate(observations(arch, [0]), sampling=Sampling(max_new_tokens=4, temperature=0))
     policy.save_pretrained(tmp_path)
-    for name in ("config.json", "preprocessor_config.json", "processor_config.json", "tokenizer.json"):
+    for name in ("config.json", "preprocessor_config.json", "tokenizer.json", "chat_template.jinja"):
         assert (tmp_path / name).is_file()
+    assert (tmp_path / "processor_config.json").is_file() == (arch != "qwen3_5")  # Gemma 3's, Idefics3's numbers
     loaded = VLMPolicy.from_pretrained(tmp_path, prompt_template=TEMPLATE)
     assert loaded.family.name == arch
     with torch.no_grad():
         torch.testing.assert_close(loaded.logprobs(rollout), policy.logprobs(rollout), atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("arch", ["gemma3", "idefics3"])
+@pytest.mark.parametrize("arch", ["gemma3", "idefics3", "qwen3_5"])
 def test_the_demo_task_trains_two_grpo_steps(arch, tiny_run_config, tmp_path, letters_env):
     from mmrl.trainer import train
 
