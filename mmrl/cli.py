@@ -107,7 +107,7 @@ def run_command(args: argparse.Namespace) -> int:
         return 2
     from .policy.tiny import ALL_TINY_ARCHS
 
-    check_model_folders(cfg, args.command, ALL_TINY_ARCHS)
+    check_model_folders(cfg, args.command, (*ALL_TINY_ARCHS, "pi0"))  # load_policy builds tiny:pi0 as a flow policy
     if args.command == "train":
         from .run.distributed import close_world
         from .trainer import train

@@ -646,7 +646,18 @@ def _check_model_folder(field_name: str, value: str, hub: bool = True) -> None:
                 "(transformers' save_pretrained writes one)", sep=": ")  # fmt: skip
         return
     require(not path.exists(), field_name, f"{path} is a file; name the model's folder", sep=": ")
-    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false") or not hub
     could_be_hub_id = hub and not path.is_absolute() and not value.startswith(".") and value.count("/") <= 1
-    require(could_be_hub_id and not offline, field_name, f"no folder at {path}" + (
-        " (and the model hub is off: HF_HUB_OFFLINE)" if could_be_hub_id else ""), sep=": ")  # fmt: skip
+    if could_be_hub_id and os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("0", "", "false", "no"):
+        return  # a hub id: transformers downloads it
+    if could_be_hub_id:  # the hub is off: transformers loads it only from the local cache
+        from huggingface_hub import try_to_load_from_cache
+
+        try:
+            cached = try_to_load_from_cache(value, "config.json")
+        except Exception:  # not a valid repository id
+            cached = None
+        if isinstance(cached, str):
+            return
+    require(False, field_name, f"no folder at {path}" + (
+        " and no such model in the hub's local cache (the hub is off: HF_HUB_OFFLINE)" if could_be_hub_id else ""
+    ), sep=": ")  # fmt: skip

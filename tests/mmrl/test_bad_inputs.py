@@ -147,3 +147,21 @@ def test_an_unknown_tiny_architecture_is_named(tmp_path, capsys):
     assert main(["train", PRESET, "model.path=tiny:qwen9_vl", f"output_dir={tmp_path}"]) == 2
     err = one_line_error(capsys)
     assert "model.path" in err and "qwen9_vl" in err and "qwen2_vl" in err
+
+
+@pytest.mark.parametrize("preset", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_preset_passes_the_model_folder_check(preset, monkeypatch):
+    """The check refuses no shipped preset's model (a hub id is refused only while the hub is off and the model is
+    not in its local cache, as transformers would then fail too)."""
+    from mmrl.policy.tiny import ALL_TINY_ARCHS
+    from mmrl.run.config import ConfigError, check_model_folders, load_config
+
+    cfg = load_config(preset)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    check_model_folders(cfg, "train", (*ALL_TINY_ARCHS, "pi0"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    if cfg.model.path.count("/") == 1 and not (REPO / cfg.model.path).exists():
+        with pytest.raises(ConfigError, match="hub's local cache"):
+            check_model_folders(cfg, "train", (*ALL_TINY_ARCHS, "pi0"))
+    else:
+        check_model_folders(cfg, "train", (*ALL_TINY_ARCHS, "pi0"))
