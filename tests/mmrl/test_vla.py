@@ -301,7 +301,7 @@ def test_multi_turn_vla_grpo_learns_a_reward_it_can_reach(tiny_run_config, first
 def test_dynamic_sampling_refills_the_batch(tiny_run_config, point_env, tmp_path, monkeypatch):
     """A random VLA seldom reaches the dot: most groups are all-zero and dynamic sampling drops them, so more batches
     of B prompts are sampled until B groups have passed, and not one batch more, or until the budget is spent."""
-    from mmrl import collect
+    from mmrl.stages import collect
 
     keep_groups, kept_per_batch = collect.keep_groups, []
 
