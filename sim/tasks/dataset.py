@@ -21,7 +21,8 @@ image), `boxes` (a list of such boxes, every object to find; `[]` when there is 
 `Image` feature, image bytes, or a path relative to that folder. Bad records (unreadable JSON, a missing, broken or
 too large image file, a missing or malformed field, a box or point outside its image) raise `sim.errors.InputError`
 (a `ValueError`) at construction, naming the line (or row) and the field; image files are checked from their headers
-then (`sim.tasks.records`), images embedded in a `datasets` folder when a world first shows them.
+then (`sim.tasks.records`), images embedded in a `datasets` folder when a world first shows them. With
+`bad_records="skip"` bad records are left out instead, counted and named on stderr (`skipped_records` lists why).
 
 **Images.** The image is resized so that its longer side is `image_size` (bilinear), keeping its aspect ratio, and
 pasted centred on a black `image_size` square. Boxes and points are mapped the same way,
@@ -67,6 +68,7 @@ import functools
 import inspect
 import math
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -124,6 +126,9 @@ class DatasetEnv(SingleStepImageEnv):
             writes: an annotator with a systematic error, which the reward, scored on the record's own answer, lets
             RL undo (`configs/dataset_tiny.yaml`'s annotator misses one shape in every count: -1). 0 writes the
             records' answers as they are.
+        bad_records: `"error"` (strict): a bad record stops the construction with its message. `"skip"`
+            (lenient): bad records are left out, each message kept in `skipped_records`, and one line on stderr
+            gives their count and the first; the data must still hold a good record.
         device: Where the returned tensors live.
     """
 
@@ -145,6 +150,7 @@ class DatasetEnv(SingleStepImageEnv):
         consistency: ConsistencyMode = "off",
         acre_partial: float = 0.5,
         expert_number_offset: float = 0.0,
+        bad_records: Literal["error", "skip"] = "error",
         device: str = "cpu",
     ):
         if num_envs < 1:
@@ -174,7 +180,16 @@ class DatasetEnv(SingleStepImageEnv):
         self.path = Path(path)
         if not self.path.is_absolute() and not self.path.exists() and (REPO / self.path).exists():
             self.path = REPO / self.path  # presets name the shipped samples relative to the repository
-        self.records, self._rows = read_records(self.path, reward, hf_split)
+        if bad_records not in ("error", "skip"):
+            raise InputError(f"bad_records must be 'error' or 'skip', got {bad_records!r}")
+        self.skipped_records: list[str] = []  # with bad_records="skip", why each left-out record was bad
+        self.records, self._rows = read_records(
+            self.path, reward, hf_split, self.skipped_records if bad_records == "skip" else None
+        )
+        if self.skipped_records:
+            total = len(self.records) + len(self.skipped_records)
+            print(f"dataset {self.path.name}: skipped {len(self.skipped_records)} bad record(s) of {total} "
+                  f"(bad_records='skip'); the first: {self.skipped_records[0]}", file=sys.stderr)  # fmt: skip
         count = len(self.records)
         held = math.ceil(eval_fraction * count) if split != "all" and eval_fraction > 0 else 0
         if held >= count:

@@ -51,60 +51,82 @@ class Record:
     boxes: tuple[tuple[float, float, float, float], ...] | None = None  # every object to find (may be none)
 
 
-def read_records(path: Path, reward: str | None, hf_split: str) -> tuple[list[Record], Any]:
+def read_records(
+    path: Path, reward: str | None, hf_split: str, skipped: list[str] | None = None
+) -> tuple[list[Record], Any]:
     """Validated records, and the `datasets.Dataset` they came from (None for JSON lines).
 
+    Args:
+        path: A JSON-lines file, a folder holding `data.jsonl`, or a folder saved by `datasets`.
+        reward: The reward every record is scored by, or None to pick one per record.
+        hf_split: The split of a saved `DatasetDict` to read.
+        skipped: None: a bad record raises. A list: a bad record is left out and its message appended here (the
+            lenient reading); the data as a whole must still be readable and keep at least one record.
+
     Raises:
-        InputError: The path does not exist, holds no records, or a record is bad (the message names it).
+        InputError: The path does not exist, holds no (good) records, or a record is bad (the message names it).
     """
     if path.is_dir() and (path / "data.jsonl").is_file():
         path = path / "data.jsonl"
     if not path.exists():
         raise InputError(f"dataset path {path} does not exist")
     if path.is_dir():
-        records, rows = _read_hf(path, reward, hf_split)
+        records, rows = _read_hf(path, reward, hf_split, skipped)
     else:
-        records, rows = _read_jsonl(path, reward), None
+        records, rows = _read_jsonl(path, reward, skipped), None
+    if not records and skipped:
+        raise InputError(f"dataset {path}: every record is bad ({len(skipped)}; the first: {skipped[0]})")
     if not records:
         raise InputError(f"dataset {path} holds no records")
     return records, rows
 
 
-def _read_jsonl(path: Path, reward: str | None) -> list[Record]:
+def _read_jsonl(path: Path, reward: str | None, skipped: list[str] | None) -> list[Record]:
     records = []
-    base = path.parent
     sizes: dict[Path, tuple[int, int]] = {}  # each image file's header read once, however many records show it
     with open(path, "rb") as file:
         for number, raw_line in enumerate(file, start=1):
-            where = f"{path.name} line {number}"
-            try:
-                line = raw_line.decode("utf-8")
-            except UnicodeDecodeError as error:
-                raise InputError(
-                    f"{where}: not UTF-8 text (byte 0x{raw_line[error.start]:02x} at column {error.start + 1})"
-                ) from None
-            if not line.strip():
+            if not raw_line.strip():
                 continue
             try:
-                raw = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise InputError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
-            except (ValueError, RecursionError) as error:  # a 5000-digit number, arrays nested 100k deep
-                raise InputError(f"{where}: not readable JSON ({type(error).__name__}: {error})") from None
-            if not isinstance(raw, dict):
-                raise InputError(f"{where}: expected a JSON object, got {type(raw).__name__}")
-            image = raw.get("image")
-            if not isinstance(image, str) or not image:
-                raise InputError(f"{where}: field 'image' must be a path (a non-empty string), got {image!r}")
-            file_path = Path(image) if os.path.isabs(image) else base / image
-            if not file_path.is_file():
-                raise InputError(f"{where}: field 'image': file {file_path} not found")
-            record = _record(where, raw, str(file_path), reward)
-            if file_path not in sizes:
-                sizes[file_path] = image_file_size(file_path, where)
-            check_inside(record, *sizes[file_path])
-            records.append(record)
+                records.append(_jsonl_record(path, number, raw_line, reward, sizes))
+            except InputError as error:
+                if skipped is None:
+                    raise
+                skipped.append(str(error))
     return records
+
+
+def _jsonl_record(
+    path: Path, number: int, raw_line: bytes, reward: str | None, sizes: dict[Path, tuple[int, int]]
+) -> Record:
+    """The record on line `number` of a JSON-lines file, its image file checked (`sizes` caches their sizes)."""
+    where = f"{path.name} line {number}"
+    try:
+        line = raw_line.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise InputError(
+            f"{where}: not UTF-8 text (byte 0x{raw_line[error.start]:02x} at column {error.start + 1})"
+        ) from None
+    try:
+        raw = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise InputError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
+    except (ValueError, RecursionError) as error:  # a 5000-digit number, arrays nested 100k deep
+        raise InputError(f"{where}: not readable JSON ({type(error).__name__}: {error})") from None
+    if not isinstance(raw, dict):
+        raise InputError(f"{where}: expected a JSON object, got {type(raw).__name__}")
+    image = raw.get("image")
+    if not isinstance(image, str) or not image:
+        raise InputError(f"{where}: field 'image' must be a path (a non-empty string), got {image!r}")
+    file_path = Path(image) if os.path.isabs(image) else path.parent / image
+    if not file_path.is_file():
+        raise InputError(f"{where}: field 'image': file {file_path} not found")
+    record = _record(where, raw, str(file_path), reward)
+    if file_path not in sizes:
+        sizes[file_path] = image_file_size(file_path, where)
+    check_inside(record, *sizes[file_path])
+    return record
 
 
 def image_file_size(path: Path, where: str) -> tuple[int, int]:
@@ -163,7 +185,7 @@ def check_inside(record: Record, width: int, height: int) -> None:
             )
 
 
-def _read_hf(path: Path, reward: str | None, hf_split: str) -> tuple[list[Record], Any]:
+def _read_hf(path: Path, reward: str | None, hf_split: str, skipped: list[str] | None) -> tuple[list[Record], Any]:
     try:
         import datasets
     except ImportError as error:
@@ -196,21 +218,39 @@ def _read_hf(path: Path, reward: str | None, hf_split: str) -> tuple[list[Record
     records = []
     sizes: dict[Path, tuple[int, int]] = {}
     for index, (raw, image) in enumerate(zip(metadata, images)):
-        where = f"{path.name} row {index}"
-        if not embedded:
-            if not isinstance(image, str) or not image:
-                raise InputError(f"{where}: field 'image' must be an Image feature or a path, got {image!r}")
-            file_path = Path(image) if os.path.isabs(image) else path / image
-            if not file_path.is_file():
-                raise InputError(f"{where}: field 'image': file {file_path} not found")
-            image = str(file_path)
-        record = _record(where, raw, image, reward)
-        if not embedded:
-            if file_path not in sizes:
-                sizes[file_path] = image_file_size(file_path, where)
-            check_inside(record, *sizes[file_path])
-        records.append(record)
+        try:
+            records.append(_hf_record(path, index, raw, image, embedded, reward, sizes))
+        except InputError as error:
+            if skipped is None:
+                raise
+            skipped.append(str(error))
     return records, loaded if embedded else None
+
+
+def _hf_record(
+    path: Path,
+    index: int,
+    raw: Mapping[str, Any],
+    image: Any,
+    embedded: bool,
+    reward: str | None,
+    sizes: dict[Path, tuple[int, int]],
+) -> Record:
+    """Row `index` of a saved `datasets` folder as a record; an image file it names is checked (an embedded image
+    is checked when first shown)."""
+    where = f"{path.name} row {index}"
+    if embedded:
+        return _record(where, raw, image, reward)
+    if not isinstance(image, str) or not image:
+        raise InputError(f"{where}: field 'image' must be an Image feature or a path, got {image!r}")
+    file_path = Path(image) if os.path.isabs(image) else path / image
+    if not file_path.is_file():
+        raise InputError(f"{where}: field 'image': file {file_path} not found")
+    record = _record(where, raw, str(file_path), reward)
+    if file_path not in sizes:
+        sizes[file_path] = image_file_size(file_path, where)
+    check_inside(record, *sizes[file_path])
+    return record
 
 
 def _record(where: str, raw: Mapping[str, Any], image: Any, reward: str | None) -> Record:

@@ -239,6 +239,28 @@ def write_damaged_images(folder: Path) -> None:
     (folder / "huge.png").write_bytes(bytes(data))
 
 
+def test_lenient_reading_skips_bad_records_counting_and_naming_them(tmp_path, capsys):
+    write_png(tmp_path / "a.png", (8, 8), (0, 0, 0))
+    write_damaged_images(tmp_path)
+    good = {"image": "a.png", "question": "Q?", "answer": "a"}
+    bad = [
+        {"image": "cut.png", "question": "Q?", "answer": "a"},
+        {"image": "a.png", "question": "Q?", "box": [1, 1, 50, 5]},
+        "not json",
+    ]
+    path = write_jsonl(tmp_path / "data.jsonl", [good, *bad, good])
+    env = DatasetEnv(num_envs=1, path=path, eval_fraction=0.0, bad_records="skip")
+    assert [r.where for r in env.records] == ["data.jsonl line 1", "data.jsonl line 5"]
+    assert [m.split(":")[0] for m in env.skipped_records] == [f"data.jsonl line {n}" for n in (2, 3, 4)]
+    err = capsys.readouterr().err
+    assert "skipped 3 bad record(s) of 5" in err and "data.jsonl line 2: field 'image'" in err
+    with pytest.raises(InputError, match=r"line 2: field 'image'"):  # strict, the default
+        DatasetEnv(num_envs=1, path=path)
+    only_bad = write_jsonl(tmp_path / "bad.jsonl", bad)
+    with pytest.raises(InputError, match=r"every record is bad \(3; the first: bad.jsonl line 1"):
+        DatasetEnv(num_envs=1, path=only_bad, bad_records="skip")
+
+
 def test_a_box_on_the_image_border_is_inside(tmp_path):
     """x2 = width is the image's right edge (pixel edges, not centres), and half a pixel of rounding is let through."""
     write_png(tmp_path / "a.png", (8, 6), (0, 0, 0))
