@@ -158,6 +158,9 @@ class Judge:
         policy = self.policy
         inputs = policy.processor(prompts, [to_pil(image) for row in views for image in row])
         inputs = policy._with_token_types({k: v.to(policy.device) for k, v in inputs.items()})
+        positions = policy.positions(inputs["attention_mask"])  # 1-D families: each row's own, whatever its padding
+        if positions is not None and self.cfg.mode == "expected":
+            inputs["position_ids"] = positions
         self.forwards += 1
         b = len(prompts)
         if self.cfg.mode == "expected":

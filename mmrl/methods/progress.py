@@ -35,10 +35,12 @@ def trajectory_embeddings(policy: VLMPolicy, episodes: Episodes) -> torch.Tensor
     with distributed.full_weights(policy.model):
         out = inner.get_image_features(**policy.vision_inputs(rollout))
     pooled = out.pooler_output if hasattr(out, "pooler_output") else out
-    if isinstance(pooled, torch.Tensor):  # all images' features in one tensor: split it per image
+    if isinstance(pooled, torch.Tensor) or len(pooled) != len(rollout.image_units):
+        # All images' features in one tensor (or one per sample, Idefics3's): split them per image.
         features = policy.processor.features(
             rollout.image_units.cpu(), {k: v.cpu() for k, v in rollout.image_inputs.items()}
         )
+        pooled = pooled if isinstance(pooled, torch.Tensor) else torch.cat([p.reshape(-1, p.shape[-1]) for p in pooled])
         pooled = pooled.reshape(-1, pooled.shape[-1]).split(features.tolist())
     per_image = torch.stack([features.float().mean(0) for features in pooled])  # [I, H]
     counts = rollout.image_counts()  # [M]

@@ -238,11 +238,21 @@ def family_for(model_type: str) -> Family:
     """The `Family` of a checkpoint whose config says `model_type`.
 
     Raises:
-        ValueError: naming the model type and the supported ones.
+        ValueError: naming the model type and the supported ones, or the installed transformers when it lacks the
+            family's classes (Qwen3.5 came in transformers 5.2x; the project's floor is older).
     """
     if model_type not in FAMILIES:
         raise ValueError(
             f"model family {model_type!r} (config.json's model_type) is not supported yet; supported: "
             f"{', '.join(FAMILIES)}"
+        )
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    if model_type not in CONFIG_MAPPING_NAMES:
+        import transformers
+
+        raise ValueError(
+            f"model family {model_type!r} needs a transformers that has its classes; transformers "
+            f"{transformers.__version__} here has none (upgrade transformers)"
         )
     return FAMILIES[model_type]

@@ -95,10 +95,13 @@ class VisionTextProcessor:
         """The processor of a folder laid out as the hub's (tokenizer files with the chat template, the image
         processor's `preprocessor_config.json`, `processor_config.json` where the family has one); the family is
         config.json's `model_type` unless given."""
-        if family is None:
+        if family is None and (Path(path) / "config.json").is_file():
+            family = json.loads((Path(path) / "config.json").read_text())["model_type"]
+        elif family is None:  # a hub id, where a hub is reachable
             from transformers import AutoConfig
 
             family = AutoConfig.from_pretrained(str(path)).model_type
+        family_for(family)  # before anything else loads: a family this transformers lacks is named
         path = Path(path)
         settings = {}
         if (path / "processor_config.json").is_file():

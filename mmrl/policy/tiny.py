@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer
 
+from .families import family_for
 from .processing import VisionTextProcessor
 from .vlm import VLMPolicy
 
@@ -35,6 +36,7 @@ def build_tiny(arch: str = "qwen2_vl", seed: int = 0, **policy_kwargs) -> VLMPol
     """A randomly initialised tiny model of `arch`, the same for the same seed."""
     if arch not in ALL_TINY_ARCHS:
         raise ValueError(f"unknown tiny architecture {arch!r}; choose one of {', '.join(ALL_TINY_ARCHS)}")
+    family_for(arch)  # a clear error where this transformers lacks the family's classes
     config = AutoConfig.from_pretrained(ASSETS / "tiny_models" / arch)
     with torch.random.fork_rng():
         torch.manual_seed(seed)

@@ -101,8 +101,9 @@ class VLMPolicy:
         cls, path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu", **kwargs
     ) -> VLMPolicy:
         """Load a checkpoint folder (or a hub id where a hub is reachable) with its processor."""
+        processor = VisionTextProcessor.from_pretrained(path)  # first: names a family this transformers lacks
         model = AutoModelForImageTextToText.from_pretrained(str(path), dtype=dtype).to(device)
-        policy = cls(model, VisionTextProcessor.from_pretrained(path), **kwargs)
+        policy = cls(model, processor, **kwargs)
         load_action_codec(policy, path)  # a VLA carries its codec next to its weights
         if (Path(path) / LORA_DIR).is_dir():  # a LoRA checkpoint: base weights here, trainable adapters beside
             load_lora(policy, Path(path) / LORA_DIR)

@@ -191,3 +191,64 @@ def test_the_demo_task_trains_two_grpo_steps(arch, tiny_run_config, tmp_path, le
     losses = [m["loss/policy"] for m in metrics if "loss/policy" in m]
     assert len(losses) == 2 and all(math.isfinite(x) for x in losses)
     assert any(not torch.equal(p, before[n]) for n, p in policy.model.named_parameters())
+
+
+def test_a_family_this_transformers_lacks_is_named_before_anything_loads(tmp_path, monkeypatch):
+    from transformers.models.auto import configuration_auto
+
+    (tmp_path / "config.json").write_text('{"model_type": "qwen3_5"}')
+    monkeypatch.delitem(configuration_auto.CONFIG_MAPPING_NAMES, "qwen3_5")  # as in a transformers before Qwen3.5
+    with pytest.raises(ValueError, match=r"model family 'qwen3_5' needs a transformers that has its classes"):
+        VLMPolicy.from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text('{"model_type": "llava"}')
+    with pytest.raises(ValueError, match=r"model family 'llava' .* not supported yet; supported: qwen2_vl, "):
+        VLMPolicy.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "idefics3"])
+def test_papo_masks_pixels_of_every_family_and_patches_only_where_rows_are_patches(arch):
+    policy = build_tiny(arch, prompt_template=TEMPLATE)
+    rollout = policy.generate(observations(arch, [0]), sampling=Sampling(max_new_tokens=2, temperature=0))
+    masked = policy.masked(rollout, "pixels", 0.5, torch.Generator().manual_seed(0))
+    hidden = masked.pixel_values != rollout.pixel_values
+    assert masked.pixel_values.shape == rollout.pixel_values.shape and 0.4 < hidden.float().mean() < 0.6
+    with torch.no_grad():
+        assert not torch.allclose(policy.logprobs(masked), policy.logprobs(rollout))
+    with pytest.raises(ValueError, match="patches needs pixel rows that are vision patches"):
+        policy.masked(rollout, "patches", 0.5, torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "idefics3", "qwen3_5"])
+def test_a_judge_of_any_family_scores_a_padded_batch_as_each_prompt_alone(arch):
+    from mmrl.methods.judge import Judge
+    from mmrl.run.config import JudgeConfig
+
+    judge = Judge(JudgeConfig(batch_size=3), policy=build_tiny(arch, seed=1))
+    pictures = torch.randint(0, 256, (3, 48, 48, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    instructions, answers = ["Find the red circle.", "Find the square.", "Draw it."], ["[1, 2]", "no", "<svg/> " * 4]
+    got = judge.score(pictures, instructions, answers)  # one left-padded batch of prompts of three lengths
+    digits = [judge.policy.processor.tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)]
+    want = []
+    with torch.no_grad():
+        for i in range(3):
+            inputs = judge.policy.processor([judge.prompt(instructions[i], answers[i])], [to_pil(pictures[i])])
+            logits = judge.policy.model(**judge.policy._with_token_types(dict(inputs))).logits[0, -1].float()
+            probs = torch.softmax(logits, -1)[digits]
+            want.append(float((probs * torch.arange(10.0)).sum() / probs.sum() / 9))
+    torch.testing.assert_close(got.scores, torch.tensor(want), atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "idefics3", "qwen3_5"])
+def test_progress_embeddings_come_from_every_familys_vision_tower(arch):
+    from mmrl.methods.progress import trajectory_embeddings
+    from mmrl.stages.rollout import collect_episodes
+
+    policy = build_tiny(arch, prompt_template="{instruction} {image}")
+    env = sim.make("gui_task", num_envs=4, image_size=96)
+    try:  # greedy: the two worlds of a group replay the same episode
+        played = collect_episodes(policy, env, [0, 0, 1, 1], 2, Sampling(max_new_tokens=3, temperature=0.0))
+    finally:
+        env.close()
+    embeddings = trajectory_embeddings(policy, played)
+    assert torch.isfinite(embeddings).all()
+    assert torch.allclose(embeddings[0], embeddings[1]) and not torch.allclose(embeddings[0], embeddings[2])
