@@ -257,7 +257,7 @@ class FlowPolicy:
         self.image_settings = dict(image)
         self.image_token = "<image>"
         self.pad_token_id = tokenizer.pad_token_id
-        # The forward's cache argument is `cache` in transformers 5.24 (`past_key_values` deprecated), the reverse in 5.17.
+        # transformers 5.24 names the forward's cache argument `cache` (`past_key_values` deprecated); older ones do not.
         self._cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self.stats: FlowStats | None = None
         if stats is not None:
