@@ -119,6 +119,7 @@ def run_command(args: argparse.Namespace) -> int:
     else:
         from .policy import apply_model_options
         from .run.build import load_policy
+        from .run.checkpoint import MANIFEST, checkpoint_problem
         from .run.report import metric_label, write_eval_report, write_sampled_report
         from .stages.evaluate import evaluate_k, held_out
 
@@ -128,6 +129,11 @@ def run_command(args: argparse.Namespace) -> int:
         if not Path(cfg.checkpoint).is_dir():
             print(f"mmrl eval: no checkpoint folder at {cfg.checkpoint}", file=sys.stderr)
             return 2
+        if (Path(cfg.checkpoint) / MANIFEST).is_file():  # a training checkpoint: it says what it must hold
+            problem = checkpoint_problem(cfg.checkpoint)
+            if problem is not None:
+                print(f"mmrl eval: checkpoint {cfg.checkpoint} is damaged: {problem}", file=sys.stderr)
+                return 2
         # The training run's model options too (pixel range, history), so the checkpoint sees what it trained on.
         policy = apply_model_options(load_policy(cfg.model, checkpoint=cfg.checkpoint), cfg.model)
         result = held_out(policy, cfg)

@@ -110,6 +110,17 @@ def test_eval_of_a_checkpoint_folder_without_config_json_is_named(tmp_path, caps
     assert "checkpoint" in err and "config.json" in err
 
 
+def test_eval_of_a_damaged_checkpoint_names_what_is_wrong(tmp_path, capsys):
+    folder = tmp_path / "checkpoints" / "step_00000003"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"x" * 50)  # the manifest says 100: cut short
+    (folder / "manifest.json").write_text(json.dumps({"format": 1, "files": {"model.safetensors": {"size": 100}}}))
+    assert main(["eval", PRESET, *TINY, f"checkpoint={folder}", f"output_dir={tmp_path}"]) == 2
+    err = one_line_error(capsys)
+    assert "damaged: model.safetensors is 50 bytes, 100 when saved" in err, err
+
+
 # ------------------------------------------------------------------------------------------------------- resume
 
 
