@@ -2,7 +2,8 @@
 
 **Task.** Each world is an image of 2-4 flat shapes on a light background and the instruction
 `"Find the {colour} {kind}."`. The policy answers with text, ideally `<answer>[x1, y1, x2, y2]</answer>` in pixel
-coordinates of the image. Episodes last one step.
+coordinates of the image (or in the model family's units, `coordinates`: 0-1000 or 0-1 relative, converted to
+pixels before scoring). Episodes last one step.
 
 **Randomizations** (per world, from that world's seed only): background tone; number of shapes; each shape's
 kind (circle, square, triangle, diamond), colour (red, green, blue, yellow), size and position; which shape is
@@ -28,6 +29,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from rewards import box_giou, box_iou, format_reward, parse_boxes
+from rewards.coordinates import COORDINATES, boxes_to_pixels
 from sim.base import SingleStepImageEnv
 from sim.registry import ENVS
 
@@ -87,6 +89,8 @@ class GroundingEnv(SingleStepImageEnv):
         iou_weight: Weight of the IoU term of the reward.
         format_weight: Weight of the exact-format term of the reward.
         giou_weight: Weight of the shaping term `(GIoU + 1) / 2` in [0, 1] (0: off); unparsed answers score 0.
+        coordinates: The units answers are read in: "pixels", "0-1000" or "0-1" (relative to the image side), as
+            the model family writes boxes (`mmrl.policy.families`).
         device: Where the returned tensors live. Scenes are always drawn on the CPU.
     """
 
@@ -101,13 +105,17 @@ class GroundingEnv(SingleStepImageEnv):
         iou_weight: float = 1.0,
         format_weight: float = 0.1,
         giou_weight: float = 0.0,
+        coordinates: str = "pixels",
         device: str = "cpu",
     ):
         if not 1 <= min_shapes <= max_shapes:
             raise ValueError(f"need 1 <= min_shapes <= max_shapes, got {min_shapes}, {max_shapes}")
         if not 3 <= min_size <= max_size <= image_size:
             raise ValueError(f"need 3 <= min_size <= max_size <= image_size, got {min_size}, {max_size}, {image_size}")
+        if coordinates not in COORDINATES:
+            raise ValueError(f"coordinates must be one of {', '.join(COORDINATES)}, got {coordinates!r}")
         super().__init__(num_envs, image_size, device)
+        self.coordinates = coordinates
         self.min_shapes = min_shapes
         self.max_shapes = max_shapes
         self.min_size = min_size
@@ -142,6 +150,7 @@ class GroundingEnv(SingleStepImageEnv):
         """
         pred, reasons = parse_boxes(texts)
         pred = pred.to(torch.float32)  # [N, 4], NaN rows where unparsed
+        pred = boxes_to_pixels(pred, self.coordinates, self.image_size, self.image_size)  # [N, 4] pixels
         target = self._target_boxes.clone()  # [N, 4]
         iou = box_iou(pred, target).to(torch.float32)  # [N]
         fmt = format_reward(texts).to(torch.float32)  # [N]

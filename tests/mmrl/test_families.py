@@ -252,3 +252,29 @@ def test_progress_embeddings_come_from_every_familys_vision_tower(arch):
     embeddings = trajectory_embeddings(policy, played)
     assert torch.isfinite(embeddings).all()
     assert torch.allclose(embeddings[0], embeddings[1]) and not torch.allclose(embeddings[0], embeddings[2])
+
+
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl", "idefics3"])  # pixels, 0-1000, 0-1
+def test_grounding_reads_answers_in_the_familys_coordinates(arch):
+    from mmrl.policy.families import family_for
+    from rewards.coordinates import boxes_to_pixels
+
+    coordinates = family_for(arch).coordinates
+    assert coordinates == {"qwen2_5_vl": "pixels", "qwen3_vl": "0-1000", "idefics3": "0-1"}[arch]
+    # By hand: a 100 x 50 px box at (10, 20) in a 200 px image is [50, 100, 550, 350] in 0-1000, [0.05, ...] in 0-1.
+    written = {"pixels": [10, 20, 110, 70], "0-1000": [50, 100, 550, 350], "0-1": [0.05, 0.1, 0.55, 0.35]}
+    pixels = boxes_to_pixels(torch.tensor([written[coordinates]], dtype=torch.float32), coordinates, 200, 200)
+    torch.testing.assert_close(pixels, torch.tensor([[10.0, 20.0, 110.0, 70.0]]))
+
+    env = sim.make("grounding", num_envs=2, image_size=128, coordinates=coordinates)
+    env.reset(seed=[0, 1])
+    target = env.target_boxes  # [2, 4] pixels
+    full = {"pixels": 128.0, "0-1000": 1000.0, "0-1": 1.0}[coordinates]
+    as_written = (target * full / 128).tolist()
+    answers = [f"<answer>[{', '.join(f'{v:.6f}' for v in box)}]</answer>" for box in as_written]
+    result = env.step(answers)
+    torch.testing.assert_close(result.info["reward_components"]["iou"], torch.ones(2), atol=1e-4, rtol=0)
+    if coordinates != "pixels":  # the same answer read as pixels misses
+        env_pixels = sim.make("grounding", num_envs=2, image_size=128)
+        env_pixels.reset(seed=[0, 1])
+        assert (env_pixels.step(answers).info["reward_components"]["iou"] < 0.5).all()
