@@ -34,7 +34,7 @@ from ..types import Sampling
 from . import distributed, precision
 from .checkpoint import load_training_state, resume_checkpoint, set_rng_state
 from .config import ModelConfig, TrainConfig, to_dict
-from .flow_sft import collect_flow_demonstrations, train_flow_on_demonstrations
+from .flow_sft import check_flow_run, collect_flow_demonstrations, train_flow_on_demonstrations
 from .logging import MetricsLogger, TensorBoardSink, WandbSink, require_backends
 from .report import report_before
 from .sft import collect_demonstrations, longest_target, merge_demonstrations, train_on_demonstrations
@@ -164,6 +164,7 @@ def flow_starting_policy(cfg: TrainConfig, policy: FlowPolicy, env, out: Path, w
     """`starting_policy` for a flow policy: checked against the env before anything trains, then cold-started by
     the flow-matching loss on the env's expert (`mmrl.run.flow_sft`) when `sft.episodes > 0`; the demonstrations
     give the normalisation statistics when the policy carries none."""
+    check_flow_run(cfg)
     policy.check_env(env)
     if cfg.sft.episodes <= 0:
         if policy.stats is None:
