@@ -71,8 +71,14 @@ def run_command(args: argparse.Namespace) -> int:
 
         return run_score(args)
     if args.command == "export":
+        from .run.checkpoint import MANIFEST, checkpoint_problem
         from .run.export import export
 
+        if (Path(args.source) / MANIFEST).is_file():  # a training checkpoint folder: it says what it must hold
+            problem = checkpoint_problem(args.source)
+            if problem is not None:
+                print(f"mmrl export: checkpoint {args.source} is damaged: {problem}", file=sys.stderr)
+                return 2
         try:
             out = export(args.source, args.out, args.dtype)
         except (FileNotFoundError, FileExistsError) as e:
@@ -102,8 +108,8 @@ def run_command(args: argparse.Namespace) -> int:
 
     try:
         cfg = load_config(args.config, args.overrides)
-    except FileNotFoundError as e:
-        print(f"mmrl: config error: {e}", file=sys.stderr)
+    except (OSError, UnicodeDecodeError) as e:  # no such file, a folder, unreadable, not UTF-8
+        print(f"mmrl: config error: {args.config}: {e}", file=sys.stderr)
         return 2
     from .policy.tiny import ALL_TINY_ARCHS
 

@@ -78,6 +78,16 @@ def test_train_on_a_bad_dataset_is_one_line_naming_file_line_and_field(tmp_path,
 # ------------------------------------------------------------------------------------------------ config, model
 
 
+def test_a_config_that_is_a_folder_or_not_utf8_is_named(tmp_path, capsys):
+    assert main(["train", str(tmp_path)]) == 2
+    assert str(tmp_path) in one_line_error(capsys)
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes("output_dir: caf\xe9\n".encode("latin-1"))
+    assert main(["train", str(latin1)]) == 2
+    err = one_line_error(capsys)
+    assert "latin1.yaml" in err and "utf-8" in err
+
+
 def test_an_env_option_of_the_wrong_type_names_the_key_and_the_type(tmp_path, capsys):
     assert main(["train", PRESET, *TINY, "env.options.image_size=big", f"output_dir={tmp_path}"]) == 2
     err = one_line_error(capsys)
@@ -141,7 +151,13 @@ def test_export_of_a_run_without_a_complete_checkpoint_is_named(tmp_path, capsys
     (tmp_path / "run" / "checkpoints" / "step_00000002").mkdir(parents=True)
     assert main(["export", str(tmp_path / "run"), str(tmp_path / "out")]) == 2
     err = one_line_error(capsys)
-    assert "step_00000002" in err
+    assert "step_00000002: the folder is empty" in err
+    folder = tmp_path / "run" / "checkpoints" / "step_00000002"
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"x" * 50)
+    (folder / "manifest.json").write_text(json.dumps({"format": 1, "files": {"model.safetensors": {"size": 100}}}))
+    assert main(["export", str(folder), str(tmp_path / "out")]) == 2  # the checkpoint folder itself
+    assert "damaged: model.safetensors is 50 bytes, 100 when saved" in one_line_error(capsys)
 
 
 def test_an_env_refusing_an_option_value_is_one_line_naming_the_env(tmp_path, capsys, monkeypatch):
