@@ -18,6 +18,7 @@ same corpus as assets/tokenizer (scripts/make_assets.py), the special tokens add
 - idefics3: Idefics3 / SmolVLM v1 (`Idefics3ForConditionalGeneration`): images resized to 64 px on the longest side and
   split into 32 px tiles plus a global view, 4 `<image>` tokens a tile (pixel shuffle by 2), a 2-layer Llama, the
   `User:` / `Assistant:` turns closed by `<end_of_utterance>`.
+- smolvlm: SmolVLM2 (`SmolVLMForConditionalGeneration`), the same sizes, tokens and template as idefics3.
 """
 
 from __future__ import annotations
@@ -170,9 +171,11 @@ def build_gemma3(out: Path) -> None:
     write(out, tok, "gemma3", config, image_processor, {"image_seq_length": 4})
 
 
-def build_idefics3(out: Path) -> None:
+def build_idefics3(out: Path, model_type: str = "idefics3") -> None:
+    """Idefics3, or SmolVLM2 (`model_type="smolvlm"`: the same layout and tokens, SmolVLM's own classes)."""
     from transformers import PreTrainedTokenizerFast
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+    from transformers.models.smolvlm.image_processing_pil_smolvlm import SmolVLMImageProcessorPil
 
     tok = PreTrainedTokenizerFast(
         tokenizer_object=train_bpe(IDEFICS3_SPECIAL),
@@ -197,9 +200,10 @@ def build_idefics3(out: Path) -> None:
         scale_factor=2,
         image_token_id=ids["<image>"],
     )  # fmt: skip
-    image_processor = Idefics3ImageProcessorPil(size={"longest_edge": 64}, max_image_size={"longest_edge": 32})
+    image_processor_class = {"idefics3": Idefics3ImageProcessorPil, "smolvlm": SmolVLMImageProcessorPil}[model_type]
+    image_processor = image_processor_class(size={"longest_edge": 64}, max_image_size={"longest_edge": 32})
     # image_seq_len = (image_size / patch_size)**2 / scale_factor**2 = 16 / 4
-    write(out, tok, "idefics3", config, image_processor, {"image_seq_len": 4})
+    write(out, tok, model_type, config, image_processor, {"image_seq_len": 4})
 
 
 def build_qwen3_5(out: Path) -> None:
@@ -245,8 +249,9 @@ def build_qwen3_5(out: Path) -> None:
 def main() -> None:
     build_gemma3(OUT / "gemma3")
     build_idefics3(OUT / "idefics3")
+    build_idefics3(OUT / "smolvlm", model_type="smolvlm")
     build_qwen3_5(OUT / "qwen3_5")
-    print(f"wrote {OUT / 'gemma3'}, {OUT / 'idefics3'} and {OUT / 'qwen3_5'}")
+    print(f"wrote {', '.join(str(OUT / name) for name in ('gemma3', 'idefics3', 'smolvlm', 'qwen3_5'))}")
 
 
 if __name__ == "__main__":

@@ -193,6 +193,21 @@ def _idefics3_features(units: torch.Tensor, per_image: dict, settings: dict) -> 
     return units * int(settings["image_seq_len"])
 
 
+def _idefics3_like(name: str) -> Family:
+    return Family(
+        name=name,
+        image_token="<image>",
+        template_image="<image>",
+        vision=_idefics3_vision,
+        features=_idefics3_features,
+        turn_start="<|im_start|>",
+        turn_end="<end_of_utterance>",
+        coordinates="0-1",
+        batched_pixels=True,
+        suppress=("<fake_token_around_image>", "<global-img>"),
+    )
+
+
 FAMILIES: dict[str, Family] = {
     # Qwen2-VL answers boxes in 0-1000 relative coordinates; Qwen2.5-VL in absolute pixels of the resized image
     # (Qwen2.5-VL technical report, sec. 2.2.1 "native resolution ... actual dimensions"); Qwen3-VL back to 0-1000
@@ -219,18 +234,10 @@ FAMILIES: dict[str, Family] = {
     ),
     # Idefics3 / SmolVLM (HuggingFaceTB/SmolVLM-Instruct chat template: "User:"/"Assistant:" turns closed by
     # <end_of_utterance>). SmolVLM's grounding data (and Idefics3's) writes boxes relative, 0-1.
-    "idefics3": Family(
-        name="idefics3",
-        image_token="<image>",
-        template_image="<image>",
-        vision=_idefics3_vision,
-        features=_idefics3_features,
-        turn_start="<|im_start|>",
-        turn_end="<end_of_utterance>",
-        coordinates="0-1",
-        batched_pixels=True,
-        suppress=("<fake_token_around_image>", "<global-img>"),
-    ),
+    "idefics3": _idefics3_like("idefics3"),
+    # SmolVLM2 (SmolVLMForConditionalGeneration): Idefics3's image layout and prompt strings
+    # (`SmolVLMProcessor.replace_image_token` writes the same tiles and tags), its own model classes.
+    "smolvlm": _idefics3_like("smolvlm"),
 }
 
 

@@ -2,7 +2,7 @@
 
 The architectures are the real `transformers` classes at about 0.2-1 M parameters: Qwen2-VL, Qwen2.5-VL and Qwen3-VL
 with the locally trained tokenizer in assets/tokenizer (`TINY_ARCHS`, written by `scripts/make_assets.py`), and the
-other families (`FAMILY_ARCHS`: Gemma 3, Idefics3 / SmolVLM, Qwen3.5), each a folder laid out as the hub's less the weights,
+other families (`FAMILY_ARCHS`: Gemma 3, Idefics3 / SmolVLM, SmolVLM2, Qwen3.5), each a folder laid out as the hub's less the weights,
 with its own tokenizer, special tokens and chat template (`scripts/make_family_assets.py`).
 """
 
@@ -19,7 +19,7 @@ from .vlm import VLMPolicy
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 TINY_ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")  # the Qwen-VL family, sharing assets/tokenizer
-FAMILY_ARCHS = ("gemma3", "idefics3", "qwen3_5")  # one self-contained folder each
+FAMILY_ARCHS = ("gemma3", "idefics3", "smolvlm", "qwen3_5")  # one self-contained folder each
 ALL_TINY_ARCHS = TINY_ARCHS + FAMILY_ARCHS
 
 

@@ -1,8 +1,9 @@
 """The same contract for every model family (`mmrl.policy.families`), on tiny real models of each.
 
 Qwen3-VL stands for the Qwen-VL family here (tests/mmrl/test_policy.py, test_backends.py and test_conversations.py
-cover Qwen2-VL, Qwen2.5-VL and Qwen3-VL in depth); Gemma 3 and Idefics3 (SmolVLM) are built from their real
-transformers classes with a tokenizer carrying their real special tokens and chat template (assets/tiny_models/).
+cover Qwen2-VL, Qwen2.5-VL and Qwen3-VL in depth); Qwen3.5, Gemma 3, Idefics3 (SmolVLM) and SmolVLM2 are built
+from their real transformers classes with a tokenizer carrying their real special tokens and chat template
+(assets/tiny_models/, scripts/make_family_assets.py).
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from mmrl.policy.vision import to_pil
 from mmrl.types import Sampling, Turn
 from sim.base import Observation
 
-FAMILIES = ("qwen3_vl", "gemma3", "idefics3", "qwen3_5")
-IMAGE_SIZE = {"qwen3_vl": 64, "gemma3": 64, "idefics3": 64, "qwen3_5": 64}
+FAMILIES = ("qwen3_vl", "gemma3", "idefics3", "smolvlm", "qwen3_5")
+IMAGE_SIZE = dict.fromkeys(FAMILIES, 64)
 TEMPLATE = "{instruction} {image} Answer as <answer>[x1,y1,x2,y2]</answer>."
 # Sampled log-probs against the training forward's: the same float32 computation in another order (cached keys and
 # values, one token at a time), measured at most 5e-7 on these models.
@@ -148,9 +149,12 @@ def test_prompts_equal_the_families_own_transformers_processor(arch):
     policy = build_tiny(arch, prompt_template=TEMPLATE)
     obs = observations(arch, [0, 1], views=2)
     ours = policy.encode(obs)
-    processor_class = {"gemma3": transformers.Gemma3Processor, "idefics3": transformers.Idefics3Processor}[arch]
     settings = {k: v for k, v in policy.processor.settings.items() if k != "merge_size"}
-    theirs_processor = processor_class(policy.processor.image_processor, policy.processor.tokenizer, **settings)
+    parts = (policy.processor.image_processor, policy.processor.tokenizer)
+    theirs_processor = {
+        "gemma3": lambda: transformers.Gemma3Processor(*parts, **settings),
+        "idefics3": lambda: transformers.Idefics3Processor(*parts, **settings),
+    }[arch]()
     texts = [policy.processor.prompt_text(s, 2, TEMPLATE) for s in obs.instruction]
     images = [[to_pil(image) for image in row] for row in obs.views]
     theirs = theirs_processor(text=texts, images=images, return_tensors="pt", padding=True, add_special_tokens=False)
@@ -161,7 +165,22 @@ def test_prompts_equal_the_families_own_transformers_processor(arch):
     torch.testing.assert_close(ours.vision.pixel_values, real)
 
 
-@pytest.mark.parametrize("arch", ["gemma3", "idefics3", "qwen3_5"])
+def test_smolvlm2_images_are_written_as_its_processor_writes_them():
+    # SmolVLMProcessor itself needs num2words (for videos); its image strings come from this function.
+    from transformers.models.smolvlm.processing_smolvlm import get_image_prompt_string
+
+    policy = build_tiny("smolvlm", prompt_template=TEMPLATE)
+    images = [to_pil(torch.zeros(h, w, 3, dtype=torch.uint8)) for h, w in ((48, 40), (30, 60), (20, 20))]
+    vision = policy.processor.vision(images)
+    out = policy.processor.image_processor(images=[[i] for i in images], return_row_col_info=True)
+    want = [
+        get_image_prompt_string(r[0], c[0], 4, "<fake_token_around_image>", "<image>", "<global-img>")
+        for r, c in zip(out["rows"], out["cols"], strict=True)
+    ]
+    assert vision.texts == want and vision.units.tolist() == [5, 3, 5]
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "idefics3", "smolvlm", "qwen3_5"])
 def test_a_folder_laid_out_as_the_hubs_loads_with_identical_logprobs(arch, tmp_path):
     policy = build_tiny(arch, prompt_template=TEMPLATE)
     rollout = policy.generate(observations(arch, [0]), sampling=Sampling(max_new_tokens=4, temperature=0))
@@ -175,7 +194,7 @@ def test_a_folder_laid_out_as_the_hubs_loads_with_identical_logprobs(arch, tmp_p
         torch.testing.assert_close(loaded.logprobs(rollout), policy.logprobs(rollout), atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("arch", ["gemma3", "idefics3", "qwen3_5"])
+@pytest.mark.parametrize("arch", ["gemma3", "idefics3", "smolvlm", "qwen3_5"])
 def test_the_demo_task_trains_two_grpo_steps(arch, tiny_run_config, tmp_path, letters_env):
     from mmrl.trainer import train
 
