@@ -188,8 +188,11 @@ def test_a_folder_laid_out_as_the_hubs_loads_with_identical_logprobs(arch, tmp_p
     for name in ("config.json", "preprocessor_config.json", "tokenizer.json", "chat_template.jinja"):
         assert (tmp_path / name).is_file()
     assert (tmp_path / "processor_config.json").is_file() == (arch != "qwen3_5")  # Gemma 3's, Idefics3's numbers
-    loaded = VLMPolicy.from_pretrained(tmp_path, prompt_template=TEMPLATE)
-    assert loaded.family.name == arch
+    from mmrl.run.build import load_policy
+    from mmrl.run.config import ModelConfig
+
+    loaded = load_policy(ModelConfig(path=str(tmp_path), prompt_template=TEMPLATE))  # as `model.path=<folder>`
+    assert isinstance(loaded, VLMPolicy) and loaded.family.name == arch
     with torch.no_grad():
         torch.testing.assert_close(loaded.logprobs(rollout), policy.logprobs(rollout), atol=0, rtol=0)
 
