@@ -197,22 +197,29 @@ def test_a_folder_laid_out_as_the_hubs_loads_with_identical_logprobs(arch, tmp_p
         torch.testing.assert_close(loaded.logprobs(rollout), policy.logprobs(rollout), atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("arch", ["gemma3", "idefics3", "smolvlm", "qwen3_5"])
-def test_the_demo_task_trains_two_grpo_steps(arch, tiny_run_config, tmp_path, letters_env):
+def train_demo(arch: str, steps: int, tiny_run_config, out, letters_env) -> list[dict]:
+    """`steps` GRPO steps of the grounding demo (plus a dense letter-share reward, so an untrained model's samples
+    differ in reward) from a random tiny model of `arch`; checks finite losses and moved parameters."""
     from mmrl.trainer import train
 
-    # The grounding demo plus a dense letter-share reward, so an untrained model's samples differ in reward.
     cfg = tiny_run_config(
-        tmp_path, f"model.path=tiny:{arch}", f"env.name={letters_env}", "env.options.image_size=64",
-        "trainer.total_steps=2", "trainer.eval_every=0", "trainer.save_every=0",
+        out, f"model.path=tiny:{arch}", f"env.name={letters_env}", "env.options.image_size=64",
+        f"trainer.total_steps={steps}", "trainer.eval_every=0", "trainer.save_every=0",
     )  # fmt: skip
     policy = build_tiny(arch, seed=0, prompt_template="{instruction}")
     before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
     with contextlib.redirect_stdout(io.StringIO()):
         metrics = train(cfg, policy=policy)
-    losses = [m["loss/policy"] for m in metrics if "loss/policy" in m]
-    assert len(losses) == 2 and all(math.isfinite(x) for x in losses)
+    steps_logged = [m for m in metrics if "loss/policy" in m]
+    assert len(steps_logged) == steps and all(math.isfinite(m["loss/policy"]) for m in steps_logged)
+    assert all(math.isfinite(m["reward/total"]) for m in steps_logged)
     assert any(not torch.equal(p, before[n]) for n, p in policy.model.named_parameters())
+    return steps_logged
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_the_demo_task_trains_twenty_grpo_steps(arch, tiny_run_config, tmp_path, letters_env):
+    train_demo(arch, 20, tiny_run_config, tmp_path, letters_env)  # 2 prompts x 2 samples x 6 tokens a step: 2-5 s
 
 
 def test_a_family_this_transformers_lacks_is_named_before_anything_loads(tmp_path, monkeypatch):
