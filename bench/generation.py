@@ -19,7 +19,11 @@ kernels may round differently on a GPU). `lean` draws with its own exact sampler
 tokens differ from `hf`'s by design; that it samples the same distribution is what tests/mmrl/test_backends.py and
 tests/mmrl/test_sampling.py check.
 
-Backends: hf, lean and static always; vllm when vLLM is importable and the device is CUDA.
+Backends: hf, lean and static always; vllm when vLLM is importable (last: an in-process engine takes over torch's
+CPU threads). On CPU vLLM lives in its own environment (`make setup-vllm`), so the sitting that compares all four runs
+there, every backend on that environment's transformers:
+
+    .venv-vllm/bin/python bench/generation.py --model tiny:qwen2_5_vl --device cpu --batch 16 --new-tokens 32
 """
 
 from __future__ import annotations
@@ -119,7 +123,13 @@ def sync(device: str) -> None:
 
 def run_backend(policy: VLMPolicy, backend: str, obs, args) -> dict:
     if backend == "vllm":
-        policy.set_generation_backend("vllm", gpu_memory_utilization=args.vllm_memory)
+        # On CPU: eager (vLLM's torch.compile of the model needs a C++ toolchain and minutes on 2 cores).
+        policy.set_generation_backend(
+            "vllm",
+            gpu_memory_utilization=args.vllm_memory,
+            max_model_len=args.vllm_max_model_len,
+            enforce_eager=not args.device.startswith("cuda"),
+        )
     else:
         policy.generation_backend = backend
     sampling = Sampling(max_new_tokens=args.new_tokens, temperature=1.0)
@@ -159,6 +169,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--vllm-memory", type=float, default=0.5, help="vLLM's gpu_memory_utilization")
+    parser.add_argument("--vllm-max-model-len", type=int, default=2048, help="vLLM's max_model_len (KV planning)")
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args()
     if args.batch % args.group_size:
@@ -166,8 +177,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     dtype = DTYPES[args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")]
     backends = args.backends.split(",") if args.backends else ["hf", "lean", "static"]
-    if args.backends is None and importlib.util.find_spec("vllm") and args.device.startswith("cuda"):
+    if args.backends is None and importlib.util.find_spec("vllm"):
         backends.append("vllm")
+    if "vllm" in backends:  # last: an in-process engine makes torch.set_num_threads a no-op from then on
+        backends = [b for b in backends if b != "vllm"] + ["vllm"]
 
     policy = load(args.model, args.device, dtype)
     policy.prompt_template = "{image}{instruction} Answer as <answer>[x1,y1,x2,y2]</answer>."
@@ -187,7 +200,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for r in results:
         same = "-" if r is base else ("yes" if torch.equal(r["ids"], base["ids"]) else "no")
-        same = "own sampler" if r["backend"] == "lean" and r is not base else same
+        same = "own sampler" if r["backend"] in ("lean", "vllm") and r is not base else same
         print(f"| {r['backend']} | {r['first_call_s']:.3f} | {r['median_s']:.3f} | {r['tokens']} | "
               f"{r['tokens_per_s']:.1f} | {r['tokens_per_s'] / base['tokens_per_s']:.2f}x | {same} |")  # fmt: skip
     if args.json:

@@ -29,11 +29,13 @@ STAMP=$VENV/.mmrl-vllm
 TORCH_VERSION=2.13.0
 VLLM_VERSION=${MMRL_VLLM_VERSION:-0.32.0}
 TORCHVISION_VERSION=0.28.0  # the release built against torch 2.13
+# The stamp names the vLLM version and this script's own hash: an environment built by an older script is redone.
+STAMP_TEXT="vllm $VLLM_VERSION $(sha256sum "$0" | cut -c1-12)"
 
 say() { echo "setup_vllm: $*"; }
 fail() { echo "setup_vllm: ERROR: $*" >&2; exit 1; }
 
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "vllm $VLLM_VERSION" ] && [ -x "$VENV/bin/python" ]; then
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$STAMP_TEXT" ] && [ -x "$VENV/bin/python" ]; then
     say "already installed in $VENV (vllm $VLLM_VERSION)"
     exit 0
 fi
@@ -101,5 +103,5 @@ require_vllm()
 print('setup_vllm: vllm', vllm.__version__, '| transformers', transformers.__version__, '| torchvision',
       torchvision.__version__)
 " || fail "vLLM or the project does not import in $VENV (see above)"
-echo "vllm $VLLM_VERSION" > "$STAMP"
+echo "$STAMP_TEXT" > "$STAMP"
 say "done in $(( $(date +%s) - start )) s: $VENV"
