@@ -2,13 +2,15 @@
 
 The layers, from the outside in, are listed in `rewards.render.sandbox`; this module holds their mechanics:
 
-* network and secrets (layer 1, applied by the caller when it starts a worker): `network_namespace_available`
-  probes `unshare -n`, and `ENV_KEEP` is all of the caller's environment a worker inherits;
+* network, System V IPC and secrets (layer 1, applied by the caller when it starts a worker):
+  `network_namespace_available` and `ipc_namespace_available` probe `unshare -n` and `unshare -i`, and `ENV_KEEP`
+  is all of the caller's environment a worker inherits;
 * in the worker, once (`prepare`): the user to switch to, the scratch directory, the read-only roots, the Landlock
   ABI the kernel offers;
 * in each render child (`confine_child`): descriptors, working and temporary directory, then the ruleset, the
-  switch to `nobody` (layer 2), the rlimits (layer 3), Landlock (layer 4) and the audit hook (layer 5), in that
-  order. Whatever fails to go up raises, and the child renders nothing (it fails closed).
+  switch to `nobody` (layer 2), the rlimits (layer 3), Landlock (layer 4), the seccomp filter (layer 4b,
+  `rewards.render.seccomp_filter`) and the audit hook (layer 5), in that order. Whatever fails to go up raises, and
+  the child renders nothing (it fails closed).
 
 Imports only the standard library at the top (the worker program loads this file by path, without the `rewards`
 package); ctypes, sysconfig, resource and pwd are imported where the worker and its children use them, so the
@@ -37,6 +39,29 @@ VIOLATION_EXIT = 3
 """Exit status of a render child that the audit hook stopped (after it reported the refusal on `RESULT_FD`)."""
 
 _NOBODY = 65534
+
+
+def _load_sibling(name: str) -> Any:
+    """`rewards.render.<name>`, or, in the worker (this file loaded by path), `<name>.py` next to this file."""
+    if __package__:
+        import importlib
+
+        return importlib.import_module(f"{__package__}.{name}")
+    module_name = f"_mmrl_render_{name}"
+    if module_name not in sys.modules:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location(
+            module_name, os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+        )
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[module_name]
+
+
+seccomp_filter = _load_sibling("seccomp_filter")
 
 
 # Landlock (linux/landlock.h). The three syscalls have the same numbers on every architecture.
@@ -87,6 +112,16 @@ _DENY_EVENTS = frozenset(
         "pty.spawn",
         "signal.pthread_kill",
         "sys.addaudithook",
+        # What reaches the audit hook itself (its function, its frames) to switch it off: the collector's object
+        # lists, tracers and profilers. Charts and CAD need none of them.
+        "gc.get_objects",
+        "gc.get_referrers",
+        "gc.get_referents",
+        "sys.settrace",
+        "sys.setprofile",
+        "sys._current_frames",
+        "sys._current_exceptions",
+        "sys.monitoring.register_callback",
         "shutil.make_archive",
         "shutil.unpack_archive",
         "webbrowser.open",
@@ -173,6 +208,25 @@ def network_namespace_available() -> bool:
 _NETNS: bool | None = None
 
 
+def ipc_namespace_available() -> bool:
+    """Whether `unshare -i` can start a process with its own System V IPC objects here (root or CAP_SYS_ADMIN)."""
+    global _IPCNS
+    if _IPCNS is None:
+        unshare = shutil.which("unshare")
+        try:
+            ok = (
+                unshare is not None
+                and subprocess.run([unshare, "-i", "true"], capture_output=True, timeout=20).returncode == 0
+            )
+        except (OSError, subprocess.SubprocessError):
+            ok = False
+        _IPCNS = ok
+    return _IPCNS
+
+
+_IPCNS: bool | None = None
+
+
 @dataclass
 class Confinement:
     """What the worker prepares once for every render child (`prepare`), and each child applies (`confine_child`)."""
@@ -184,15 +238,21 @@ class Confinement:
     gid: int | None
     audit_hook: bool
     libc: Any
+    seccomp: bytes | None = None  # the render children's filter program (None: no filter; see `seccomp_missing`)
+    seccomp_missing: str = ""  # why there is no filter ("" when there is one)
 
 
-def prepare(scratch: str, renderer_read_roots: Sequence[str], *, audit_hook: bool) -> Confinement:
+def prepare(
+    scratch: str, renderer_read_roots: Sequence[str], *, audit_hook: bool, seccomp: bool = True
+) -> Confinement:
     """In the worker, once: the user to become, the scratch directory, what may be read, the Landlock ABI.
 
     Args:
         scratch: the worker's scratch directory, made empty by the caller; the children's only writable place.
         renderer_read_roots: directories the renderer must read besides the Python installation (its `read_roots`).
         audit_hook: whether children install the audit hook.
+        seccomp: whether children install the seccomp filter (where the kernel has seccomp; off only in tests of
+            the other layers).
 
     Returns:
         The confinement every render child of this worker applies.
@@ -233,7 +293,12 @@ def prepare(scratch: str, renderer_read_roots: Sequence[str], *, audit_hook: boo
             ctypes.c_size_t(0),
             ctypes.c_uint32(_LANDLOCK_CREATE_RULESET_VERSION),
         )
-    return Confinement(scratch, read_roots, max(int(abi), 0), uid, gid, audit_hook, libc)
+    program, missing = None, "switched off"
+    if seccomp:
+        missing = seccomp_filter.unavailable() or ""
+        if not missing:  # built once here; each child only hands it to the kernel
+            program = seccomp_filter.program(seccomp_filter.RENDER_CHILD, seccomp_filter.machine())
+    return Confinement(scratch, read_roots, max(int(abi), 0), uid, gid, audit_hook, libc, program, missing)
 
 
 def confine_child(
@@ -280,6 +345,8 @@ def confine_child(
         if conf.libc.syscall(_LANDLOCK_RESTRICT_SELF, ruleset, 0) != 0:
             raise OSError(ctypes_errno(), "landlock_restrict_self failed")
         os.close(ruleset)
+    if conf.seccomp is not None:  # no sockets, no System V IPC, no ptrace or namespaces: whatever Python does
+        seccomp_filter.install_program(conf.seccomp)
     if conf.audit_hook:
         _install_audit_hook(conf.scratch, conf.read_roots, report)
 
@@ -381,17 +448,38 @@ def _install_audit_hook(scratch: str, read_roots: list[str], report: Callable[[s
     """Refuses, and ends the render on, any audited operation the untrusted input should not need.
 
     The refusal is handed to `report` (which sends it to the worker), then the child exits with `VIOLATION_EXIT`.
+
+    The hook is a readable-reasons layer, not the containment (the kernel layers hold without it), but it is made
+    hard to switch off: it and the verdict hold only what they captured here (the exit is `posix._exit` itself, not
+    `os._exit` looked up when a refusal comes; builtins are bound once), so replacing a module's attribute changes
+    nothing, and the ways to reach the hook's function or frames (the collector's object lists, tracers, profilers)
+    are refused events. The exit comes even if `report` fails (a closed result pipe).
     """
+    import posix
+
     verdict = audit_verdict(scratch, read_roots)
 
-    def hook(event: str, args: tuple[Any, ...]) -> None:
+    def hook(
+        event: str,
+        args: tuple[Any, ...],
+        _verdict: Callable[[str, tuple[Any, ...]], str] = verdict,
+        _report: Callable[[str], None] = report,
+        _exit: Callable[[int], Any] = posix._exit,
+        _code: int = VIOLATION_EXIT,
+        _error: type[BaseException] = BaseException,
+        _deep: type[BaseException] = RecursionError,
+    ) -> None:
         try:
-            refused = verdict(event, args)
-        except BaseException:  # arguments we cannot make sense of: fail closed
+            refused = _verdict(event, args)
+        except _deep:  # at the recursion limit: raised from the hook, the operation does not happen either
+            raise
+        except _error:  # arguments we cannot make sense of: fail closed
             refused = f"{event} (arguments not understood)"
         if refused:
-            report(f"sandbox refused {refused}")
-            os._exit(VIOLATION_EXIT)
+            try:
+                _report(f"sandbox refused {refused}")
+            finally:
+                _exit(_code)
 
     sys.addaudithook(hook)
 
@@ -408,42 +496,58 @@ def audit_verdict(scratch: str, read_roots: Sequence[str]) -> Callable[[str, tup
         scratch: the resolved scratch directory, the only place that may be written.
         read_roots: the resolved directories that may be read.
     """
+    import posix
+
     scratch = os.path.realpath(scratch)
     scratch_roots = (scratch,)
     readable = (scratch, *(os.path.realpath(root) for root in read_roots))
+    # Everything the verdict calls, bound now: replacing `os.path.realpath` or `builtins.any` later changes nothing
+    # here. (realpath's own helpers are still posixpath's globals: the hook gives reasons, the kernel contains.)
+    realpath, join, fspath, encoding = os.path.realpath, os.path.join, posix.fspath, sys.getfilesystemencoding()
+    _isinstance, _str, _len, _tuple, _bool, _int, _bytes = isinstance, str, len, tuple, bool, int, bytes
+    deny_events, deny_prefixes, deny_imports = _DENY_EVENTS, _DENY_PREFIXES, _DENY_IMPORTS
+    write_args, read_args, write_flags, short = dict(_WRITE_PATH_ARGS), dict(_READ_PATH_ARGS), _WRITE_FLAGS, _short
 
     def within(path: str, roots: Sequence[str]) -> bool:
-        return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
+        for root in roots:
+            if path == root or path.startswith(root.rstrip("/") + "/"):
+                return True
+        return False
 
     def resolve(path: object) -> str | None:
-        if isinstance(path, int):
+        if _isinstance(path, _int):
             return None  # an already-open descriptor: opening it was checked
+        path = fspath(path)  # type: ignore[arg-type]
+        if _isinstance(path, _bytes):
+            path = path.decode(encoding, "surrogateescape")
         # realpath raises no audit event (lstat and readlink are not audited), so this cannot recurse into the hook.
-        return os.path.realpath(os.path.join(scratch, os.fsdecode(os.fspath(path))))  # type: ignore[arg-type]
+        return realpath(join(scratch, path))
 
     def verdict(event: str, args: tuple[Any, ...]) -> str:
         if event == "open":
-            path, mode, flags = (tuple(args) + (None, None, 0))[:3]
+            path, mode, flags = (_tuple(args) + (None, None, 0))[:3]
             target = resolve(path)
             if target is None:
                 return ""
-            write = (isinstance(mode, str) and any(c in mode for c in "wax+")) or bool((flags or 0) & _WRITE_FLAGS)
+            write = (_isinstance(mode, _str) and ("w" in mode or "a" in mode or "x" in mode or "+" in mode)) or _bool(
+                (flags or 0) & write_flags
+            )
             if within(target, scratch_roots) or (not write and within(target, readable)):
                 return ""
             return f"open({path!r}) for {'writing' if write else 'reading'} outside the sandbox"
         if event == "import":
-            name = str(args[0])
-            if name in _DENY_IMPORTS or name.split(".")[0] in _DENY_IMPORTS:
+            name = _str(args[0])
+            if name in deny_imports or name.split(".")[0] in deny_imports:
                 return f"import of {name!r}"
             return ""
-        if event in _DENY_EVENTS or event.startswith(_DENY_PREFIXES):
-            return f"{event}{_short(args)}"
-        for index in _WRITE_PATH_ARGS.get(event, ()):
-            target = resolve(args[index]) if index < len(args) and args[index] is not None else scratch
+        if event in deny_events or event.startswith(deny_prefixes):
+            return f"{event}{short(args)}"
+        for index in write_args.get(event, ()):
+            target = resolve(args[index]) if index < _len(args) and args[index] is not None else scratch
             if target is not None and not within(target, scratch_roots):
                 return f"{event}({args[index]!r}) outside the scratch directory"
-        for index in _READ_PATH_ARGS.get(event, ()):
-            target = resolve(args[index]) if index < len(args) and args[index] is not None else scratch
+        for index in read_args.get(event, ()):
+            target = resolve(args[index]) if index < _len(args) and args[index] is not None else scratch
             if target is not None and not within(target, readable):
                 return f"{event}({args[index]!r}) outside the sandbox"
         return ""

@@ -33,12 +33,16 @@ Layers, from the outside in
    `PR_SET_PDEATHSIG` (it dies with the worker, and exits when its DevTools pipe closes), under a Landlock ruleset
    (Linux >= 5.13) that lets it read only the system's libraries, `/usr/share` (fonts), the font configuration,
    `/proc`, `/sys` and `/dev`, write only beneath its profile (in the worker's scratch directory) and `/dev/shm`,
-   execute only its own installation (and the ELF loader), and (ABI >= 4) neither bind nor connect TCP. A `file:`
-   page or a compromised renderer cannot read the repository, data sets, `/tmp` or `/root`, and without the network
-   namespace it still has no TCP. Whatever fails to go up fails the launch: the browser never runs unconfined.
+   execute only its own installation (and the ELF loader), and (ABI >= 4) neither bind nor connect TCP; then a
+   seccomp filter (`rewards.render.seccomp_filter.BROWSER`, where the kernel has seccomp) that refuses UDP, raw and
+   packet sockets, System V IPC, ptrace, namespaces and the like to the browser and every process it starts. A
+   `file:` page or a compromised renderer cannot read the repository, data sets, `/tmp` or `/root`, and without the
+   network namespace it still has no TCP and no UDP (WebRTC's STUN packets included). Whatever fails to go up fails
+   the launch: the browser never runs unconfined.
 3. **Chromium's flags** (`FLAGS`): `--proxy-server=127.0.0.1:9` with `--proxy-bypass-list=<-loopback>` (every
    http(s) request, loopback included, goes to a closed port), `--host-resolver-rules` mapping every name to
-   NOTFOUND, `--disable-quic`, no background networking, component updates, sync, extensions, crash reporter or
+   NOTFOUND, `--disable-quic`, WebRTC restricted to proxied UDP (`--force-webrtc-ip-handling-policy`), no
+   background networking, component updates, sync, extensions, crash reporter or
    first run; `--headless --disable-gpu --no-sandbox` (Chromium's own sandbox is off: see below); a V8 heap limit
    (`--js-flags=--max-old-space-size=256`: a JS heap bomb kills its renderer, not the machine); a fresh profile.
 4. **The page** is not a file: it is served from `PAGE_URL` (an `http://*.invalid` address) by intercepting the
@@ -61,7 +65,8 @@ What it does not contain
   user namespaces that containers often lack. A renderer exploit runs with the browser's rights, i.e. those of
   layers 1-2 (no network, Landlock's file and TCP rules, `nobody`). Without Landlock (old kernels, some
   containers), the `file:` rule of layer 4 and the `nobody` user are what keep files out of reach, and without the
-  network namespace (not root) the flags and request interception are what keep the network out.
+  network namespace (not root) Landlock's TCP rule, the seccomp filter's UDP rule, the flags and request
+  interception are what keep the network out; without seccomp too, WebRTC's UDP rests on the flags alone.
 * No CPU-time limit: RLIMIT_CPU would end the long-lived browser; the wall clock bounds each render, and a render
   may burn its CPU until then. No disk quota: the profile lives in scratch, removed with the worker.
 * Pages render with the machine's fonts: pixel-stable on one machine, not necessarily across machines.
@@ -115,6 +120,11 @@ FLAGS = (
     "--disable-breakpad",
     "--disable-crash-reporter",
     "--disable-quic",
+    # WebRTC: no UDP that does not go through the proxy (the closed port above), so no host or STUN candidates;
+    # the seccomp filter (layer 2) refuses the UDP sockets themselves.
+    "--force-webrtc-ip-handling-policy=disable_non_proxied_udp",
+    "--webrtc-ip-handling-policy=disable_non_proxied_udp",
+    "--enforce-webrtc-ip-permission-check",
     "--disable-features=Translate,MediaRouter,OptimizationHints,AutofillServerCommunication",
     "--metrics-recording-only",
     "--mute-audio",
@@ -195,12 +205,14 @@ def render(source: str, width: int, height: int, options: dict[str, Any]) -> byt
 _browser: _Browser | None = None
 
 
-def serve(request: dict[str, Any], scratch: str) -> tuple[dict[str, Any], bytes]:
+def serve(request: dict[str, Any], scratch: str, *, seccomp: bool = True) -> tuple[dict[str, Any], bytes]:
     """Renders one request on the worker's warm browser (started or restarted as needed); never raises.
 
     Args:
         request: the render request (`source`, `width`, `height`, `timeout`, `memory_mb`, `options`).
         scratch: the worker's scratch directory (Chromium's profile lives in it).
+        seccomp: confine the browser with the seccomp filter (the worker says False where the kernel has none, or
+            where a test turned it off).
 
     Returns:
         The reply header (`ok`, and `reason` when not ok) and the `height * width * 3` RGB bytes (or b"").
@@ -216,7 +228,7 @@ def serve(request: dict[str, Any], scratch: str) -> tuple[dict[str, Any], bytes]
         if _browser is not None:
             _browser.kill()
         try:
-            _browser = _Browser(scratch, int(request["memory_mb"]))
+            _browser = _Browser(scratch, int(request["memory_mb"]), seccomp=seccomp)
         except (OSError, RuntimeError, TimeoutError) as e:
             _browser = None
             return {"ok": False, "reason": f"chromium did not start: {e}"}, b""
@@ -254,7 +266,7 @@ class _Page:
 class _Browser:
     """One Chromium process tree and its DevTools pipe, owned by the worker."""
 
-    def __init__(self, scratch: str, memory_mb: int):
+    def __init__(self, scratch: str, memory_mb: int, *, seccomp: bool = True):
         binary = browser_path()
         if binary is None:
             raise RuntimeError("no Chromium found (set MMRL_CHROMIUM or run scripts/setup_browser.sh)")
@@ -270,12 +282,16 @@ class _Browser:
         self.from_browser, from_browser_w = os.pipe()
         self.landlock = _landlock_abi()
         rules = _landlock_rules(binary, self.profile) if self.landlock > 0 else None
+        filters = _seccomp_filter()
+        self.seccomp = filters.program(filters.BROWSER, filters.machine()) if seccomp else None
         env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": self.profile, "LANG": "C.UTF-8"}
         env.update(TMPDIR=self.profile, XDG_CONFIG_HOME=self.profile, XDG_CACHE_HOME=self.profile)
         cmd = [binary, *FLAGS, f"--user-data-dir={self.profile}", "about:blank"]
         self.pid: int | None = None
         try:
-            self.pid = _spawn(cmd, env, self.profile, to_browser_r, from_browser_w, uid, gid, rules, self.landlock)
+            self.pid = _spawn(
+                cmd, env, self.profile, to_browser_r, from_browser_w, uid, gid, rules, self.landlock, self.seccomp
+            )
         except BaseException:
             self.kill()
             raise
@@ -579,6 +595,25 @@ _READ_ROOTS = (
 _WRITE_ROOTS = ("/dev/shm", "/dev/null", "/dev/urandom", "/dev/random")
 
 
+def _seccomp_filter() -> Any:
+    """`rewards.render.seccomp_filter`, or `seccomp_filter.py` next to this file where the worker loaded it by path."""
+    if __package__:
+        import importlib
+
+        return importlib.import_module(f"{__package__}.seccomp_filter")
+    module_name = "_mmrl_render_seccomp_filter"
+    if module_name not in sys.modules:
+        import importlib.util
+
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "seccomp_filter.py")
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[module_name]
+
+
 def _libc() -> Any:
     import ctypes
 
@@ -637,6 +672,7 @@ def _spawn(
     gid: int | None,
     rules: list[tuple[int, int]] | None,
     abi: int,
+    seccomp: bytes | None = None,
 ) -> int:
     """Forks and execs Chromium, confined (`_confine`), with the DevTools pipe on its fds 3 and 4; returns its pid.
 
@@ -670,7 +706,7 @@ def _spawn(
                         pass
             os.setsid()
             os.chdir(cwd)
-            _confine(uid, gid, rules, abi)
+            _confine(uid, gid, rules, abi, seccomp)
             os.execve(cmd[0], cmd, env)
         except BaseException as e:
             try:
@@ -686,10 +722,11 @@ def _spawn(
     return pid
 
 
-def _confine(uid: int | None, gid: int | None, rules: list[tuple[int, int]] | None, abi: int) -> None:
-    """`nobody` (when root), death with the worker, Landlock: in the child, before exec."""
+def _confine(
+    uid: int | None, gid: int | None, rules: list[tuple[int, int]] | None, abi: int, seccomp: bytes | None = None
+) -> None:
+    """`nobody` (when root), death with the worker, Landlock, the seccomp filter: in the child, before exec."""
     import ctypes
-    import struct
 
     libc = _libc()
     parent = os.getppid()
@@ -702,8 +739,17 @@ def _confine(uid: int | None, gid: int | None, rules: list[tuple[int, int]] | No
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
     if os.getppid() != parent:  # the worker died before the signal was armed
         raise OSError("the worker is gone")
-    if rules is None:
-        return
+    if rules is not None:
+        _landlock(libc, rules, abi)
+    if seccomp is not None:  # last: it outlives the exec, and Chromium (--no-sandbox) installs no filter of its own
+        _seccomp_filter().install_program(seccomp)
+
+
+def _landlock(libc: Any, rules: list[tuple[int, int]], abi: int) -> None:
+    """Restricts this process (and what it executes) to `rules` (Landlock ABI `abi`)."""
+    import ctypes
+    import struct
+
     fs = (1 << 13) - 1
     if abi >= 2:
         fs |= 1 << 13

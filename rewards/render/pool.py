@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from rewards.render import cad, chart, html, svg
-from rewards.render.confine import ENV_KEEP, network_namespace_available
+from rewards.render.confine import ENV_KEEP, ipc_namespace_available, network_namespace_available
 from rewards.render.framing import FRAME, KINDS, clean_reason, take_frame
 
 __all__ = [
@@ -44,6 +44,7 @@ __all__ = [
     "RenderResult",
     "as_size",
     "default_pool",
+    "ipc_namespace_available",
     "network_namespace_available",
     "shutdown_pools",
 ]
@@ -100,11 +101,22 @@ def as_size(size: int | tuple[int, int] | Sequence[int]) -> tuple[int, int]:
 class _Worker:
     """One warm worker process as the caller sees it: a pipe pair, a read buffer and a state."""
 
-    def __init__(self, kind: str, *, network_namespace: bool, audit_hook: bool, renders_per_child: int | None = None):
+    def __init__(
+        self,
+        kind: str,
+        *,
+        network_namespace: bool,
+        audit_hook: bool,
+        renders_per_child: int | None = None,
+        ipc_namespace: bool = False,
+        seccomp: bool = True,
+    ):
         self.kind = kind
         self.renders_per_child = renders_per_child
         self.network_namespace = network_namespace
+        self.ipc_namespace = ipc_namespace
         self.audit_hook = audit_hook
+        self.seccomp = seccomp
         self.proc: subprocess.Popen | None = None
         self.buf = bytearray()
         self.state = "down"  # down -> starting -> idle <-> busy; any -> down on death or kill
@@ -121,13 +133,17 @@ class _Worker:
             {
                 "kind": self.kind,
                 "audit_hook": self.audit_hook,
+                "seccomp": self.seccomp,
                 "scratch": self.scratch,
                 "renders_per_child": self.renders_per_child,
             }
         )
         cmd = [sys.executable, "-I", str(_WORKER_PROGRAM), config]
-        if self.network_namespace:
-            cmd = [shutil.which("unshare") or "unshare", "-n", *cmd]
+        # A fresh network namespace (no interfaces) and a fresh System V IPC namespace (segments, semaphores and
+        # queues that die with the worker): both need root, and each is added where the pool found it works.
+        namespaces = (["-n"] if self.network_namespace else []) + (["-i"] if self.ipc_namespace else [])
+        if namespaces:
+            cmd = [shutil.which("unshare") or "unshare", *namespaces, *cmd]
         env = {k: os.environ[k] for k in ENV_KEEP if k in os.environ}
         env.update(MPLBACKEND="Agg", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
         env.setdefault("PATH", os.defpath)
@@ -217,8 +233,11 @@ class RenderPool:
         kind: one of `KINDS`.
         workers: number of worker processes (renders run in parallel across them).
         network_namespace: start workers under `unshare -n`; None probes whether that works here.
+        ipc_namespace: start workers under `unshare -i` (their own System V IPC objects); None probes.
         audit_hook: install the audit-hook layer in render children. Turn it off only to test that the
             kernel-enforced layers hold on their own.
+        seccomp: install the seccomp filter in render children (and Chromium) where the kernel has seccomp. Turn
+            it off only to test the other layers on their own.
         renders_per_child: how many renders one confined child may serve before a fresh one replaces it, for
             kinds whose input is data (SVG: up to `svg.RENDERS_PER_CHILD`); None takes the renderer's own
             number, 1 gives every render a fresh child. Code (charts, CAD) always gets a fresh child.
@@ -232,6 +251,8 @@ class RenderPool:
         network_namespace: bool | None = None,
         audit_hook: bool = True,
         renders_per_child: int | None = None,
+        ipc_namespace: bool | None = None,
+        seccomp: bool = True,
     ):
         if kind not in KINDS:
             raise ValueError(f"unknown render kind {kind!r}; valid: {', '.join(KINDS)}")
@@ -241,11 +262,18 @@ class RenderPool:
             raise ValueError(f"renders_per_child must be >= 1, got {renders_per_child}")
         if network_namespace is None:
             network_namespace = network_namespace_available()
+        if ipc_namespace is None:
+            ipc_namespace = ipc_namespace_available()
         self.kind = kind
         self.options, self._check_options = _renderer_options(kind)
         self._workers = [
             _Worker(
-                kind, network_namespace=network_namespace, audit_hook=audit_hook, renders_per_child=renders_per_child
+                kind,
+                network_namespace=network_namespace,
+                audit_hook=audit_hook,
+                renders_per_child=renders_per_child,
+                ipc_namespace=ipc_namespace,
+                seccomp=seccomp,
             )
             for _ in range(workers)
         ]
@@ -255,9 +283,18 @@ class RenderPool:
 
     @property
     def isolation(self) -> dict[str, Any]:
-        """Which sandbox layers the workers report (empty until a worker has started)."""
+        """Which sandbox layers the workers report (empty until a worker has started).
+
+        `network_namespace` and `ipc_namespace` are the pool's; `landlock_abi`, `seccomp` (and `seccomp_missing`,
+        why not), `user` and `pid` a worker's; `missing` lists each absent layer with what its absence leaves open.
+        """
         info = next((w.info for w in self._workers if w.info), {})
-        return {"network_namespace": self._workers[0].network_namespace, **info}
+        found = {
+            "network_namespace": self._workers[0].network_namespace,
+            "ipc_namespace": self._workers[0].ipc_namespace,
+            **info,
+        }
+        return {**found, "missing": missing_layers(self.kind, found)} if info else found
 
     def render_batch(
         self,
@@ -403,8 +440,9 @@ class RenderPool:
         if w.state == "starting":
             if header.get("ready") is True:
                 w.state = "idle"
-                w.info = {k: header.get(k) for k in ("landlock_abi", "user", "pid")}
+                w.info = {k: header.get(k) for k in ("landlock_abi", "seccomp", "seccomp_missing", "user", "pid")}
                 w.last_error = ""
+                _warn_missing(self.kind, self.isolation.get("missing", []))
             else:
                 self._start_failures += 1
                 w.kill(clean_reason(header.get("fatal", "worker failed to start")))
@@ -448,6 +486,49 @@ class RenderPool:
                 w.kill()
         except Exception:  # interpreter shutdown: modules may be gone already
             pass
+
+
+def missing_layers(kind: str, found: dict[str, Any]) -> list[str]:
+    """Each kernel layer a pool's workers lack (from `RenderPool.isolation`), with what its absence leaves open.
+
+    Layers switched off on purpose (`seccomp=False`, `network_namespace=False`) are listed too: what matters is what
+    stands, not why.
+    """
+    missing = []
+    seccomp = found.get("seccomp")
+    if not found.get("network_namespace"):
+        missing.append(
+            "network namespace (not root, or no unshare): the network is kept out by "
+            + ("Landlock's TCP rule and the seccomp filter's socket rule" if seccomp else "Landlock's TCP rule alone")
+        )
+    if not found.get("ipc_namespace"):
+        missing.append(
+            "IPC namespace (not root, or no unshare): "
+            + ("the seccomp filter refuses System V IPC" if seccomp else "System V IPC objects could outlive a render")
+        )
+    if not seccomp:
+        why = found.get("seccomp_missing") or "unknown"
+        missing.append(
+            f"seccomp filter ({why}): UNIX-socket connections, UDP"
+            + (" (WebRTC)" if kind == "html" else "")
+            + " and System V IPC then rest on the namespaces and the audit hook"
+        )
+    if not found.get("landlock_abi"):
+        missing.append("Landlock (kernel < 5.13): file confinement rests on the audit hook and the user switch")
+    return missing
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_missing(kind: str, missing: list[str]) -> None:
+    """Says once per process, at a worker's start-up, which kernel layers are missing (they weaken the sandbox)."""
+    import warnings
+
+    for layer in missing:
+        if layer not in _WARNED:
+            _WARNED.add(layer)
+            warnings.warn(f"render sandbox ({kind}): missing layer: {layer}", RuntimeWarning, stacklevel=3)
 
 
 _POOLS: dict[str, RenderPool] = {}

@@ -184,6 +184,8 @@ def _worker_main(argv: list[str]) -> int:
     ready = {
         "ready": True,
         "landlock_abi": ctx.confinement.landlock_abi,
+        "seccomp": ctx.confinement.seccomp is not None,
+        "seccomp_missing": ctx.confinement.seccomp_missing,
         "user": ctx.confinement.uid,
         "pid": os.getpid(),
     }
@@ -211,7 +213,10 @@ def _prepare(config: dict[str, Any]) -> _Context:
     renderer = _load_renderer(config["kind"])
     renderer.warm_up()  # imports, font caches, lazy submodules: paid once here rather than in every child
     confinement = confine.prepare(
-        config["scratch"], renderer.read_roots(), audit_hook=bool(config.get("audit_hook", True))
+        config["scratch"],
+        renderer.read_roots(),
+        audit_hook=bool(config.get("audit_hook", True)),
+        seccomp=bool(config.get("seccomp", True)),
     )
     # Code (charts, CAD) always gets a fresh child; data (SVG) may be served by a warm one, if the renderer says so.
     allowed = max(1, int(getattr(renderer, "RENDERS_PER_CHILD", 1)))
@@ -230,7 +235,7 @@ def _serve(ctx: _Context, request: dict[str, Any]) -> tuple[dict[str, Any], byte
     child, so a reused child never changes a result, only its cost.
     """
     if hasattr(ctx.renderer, "serve"):  # html: the worker drives its own confined browser (rewards.render.html)
-        return ctx.renderer.serve(request, ctx.confinement.scratch)
+        return ctx.renderer.serve(request, ctx.confinement.scratch, seccomp=ctx.confinement.seccomp is not None)
     start = time.monotonic()
     if ctx.renders_per_child > 1:
         reply = _serve_warm(ctx, request, start)
