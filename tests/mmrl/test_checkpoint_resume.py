@@ -281,6 +281,37 @@ def test_resume_skips_a_damaged_newest_checkpoint_and_matches_the_uninterrupted_
     assert_same_rows(training_rows(tmp_path), training_rows(uninterrupted_run))
 
 
+def test_a_write_cut_off_mid_checkpoint_then_a_damaged_newest_resumes_from_the_one_before(
+    uninterrupted_run, tmp_path, tiny_run_config, letters_env, capsys, monkeypatch
+):
+    """What a kill -9 in the middle of writing step 3 leaves (the weights written, the optimiser state not, under the
+    temporary name), then step 2 damaged as well: resume takes step 1 and ends where the uninterrupted run ends."""
+    import mmrl.run.checkpoint as checkpoint_module
+
+    real_save = torch.save
+
+    def killed_at_step_3(obj, path, *args, **kwargs):
+        if ".tmp_step_00000003" in str(path):
+            raise KeyboardInterrupt("killed while writing step 3")  # not an Exception: nothing cleans up after it
+        return real_save(obj, path, *args, **kwargs)
+
+    cfg = tiny_run_config(tmp_path, f"env.name={letters_env}", *RESUMED_RUN)
+    monkeypatch.setattr(checkpoint_module.torch, "save", killed_at_step_3)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg)
+    monkeypatch.undo()
+    left = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert left[1:] == ["step_00000001", "step_00000002"] and left[0].startswith(".tmp_step_00000003_"), left
+    garble(tmp_path / "checkpoints" / "step_00000002" / "trainer_state.json")
+    capsys.readouterr()
+    train(tiny_run_config(tmp_path, f"env.name={letters_env}", *RESUMED_RUN, "resume=true"))
+    err = capsys.readouterr().err
+    assert "skipping checkpoint step_00000002 (newer than step_00000001): trainer_state.json does not match" in err
+    assert re.search(r"resumed from .*step_00000001 \(step 1\)", err), err
+    assert_same_weights(final_weights(tmp_path), final_weights(uninterrupted_run), atol=1e-6)
+    assert_same_rows(training_rows(tmp_path), training_rows(uninterrupted_run))
+
+
 def test_resume_with_no_complete_checkpoint_refuses_and_leaves_the_folder_as_it_was(uninterrupted_run, tmp_path):
     from mmrl.run.checkpoint import resume_checkpoint
 
