@@ -4,9 +4,10 @@ Hostile pages try to reach a local HTTP server started here (every way a page ca
 fetch, navigation, form posts, popups, frames), read a file outside the sandbox (`file:` images, frames and fetches,
 also from inside `data:` frames), hang (an infinite loop), exhaust memory, or build a huge DOM. The pool here runs
 *without* the network namespace, so the server is reachable in principle and what keeps the page off it is the
-browser's own layers (request interception, CSP, proxy flags, Landlock's TCP rule); `test_network_namespace_holds`
-checks the default pool too; `test_landlock_alone_...` checks the browser's Landlock ruleset on its own (a `file:`
-page that an unconfined browser reads). No test touches the internet. Without Chromium every test skips, with the
+browser's own layers (request interception, CSP, proxy flags, Landlock's TCP rule, the seccomp filter's UDP rule);
+`test_network_namespace_holds` checks the default pool too; `test_webrtc_...` check that a page's WebRTC sends no UDP
+(the flags and the seccomp filter together, and the flags alone); `test_landlock_alone_...` checks the browser's
+Landlock ruleset on its own (a `file:` page that an unconfined browser reads). No test touches the internet. Without Chromium every test skips, with the
 reason.
 """
 
@@ -252,6 +253,58 @@ def test_network_namespace_holds(server):
     assert result.image is not None, result.reason
     time.sleep(0.3)
     assert seen == []
+
+
+# A page that gathers ICE candidates against a STUN server on the host's loopback, then holds the main thread for
+# 1.5 s so that gathering has run before the capture; a gathered candidate turns the page green.
+WEBRTC = (
+    "<!doctype html><body style='margin:0;background:#fff'><script>"
+    "const pc = new RTCPeerConnection({iceServers: [{urls: 'stun:127.0.0.1:PORT'}]});"
+    "pc.createDataChannel('x');"
+    "pc.onicecandidate = e => { if (e.candidate) document.body.style.background = '#00ff00'; };"
+    "pc.createOffer().then(o => pc.setLocalDescription(o))"
+    ".then(() => { const t = Date.now(); while (Date.now() - t < 1500) {} });"
+    "</script></body>"
+)
+
+
+def _webrtc_sends(pool: RenderPool) -> tuple[list[bytes], list[int]]:
+    """Renders `WEBRTC` against a UDP socket on 127.0.0.1; what arrived there (waited for 2 s), and a pixel."""
+    import socket
+
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        udp.bind(("127.0.0.1", 0))
+        udp.settimeout(0.1)
+        page = WEBRTC.replace("PORT", str(udp.getsockname()[1]))
+        result = pool.render_batch([page], SIZE, timeout=SLOW)[0]
+        assert result.image is not None, result.reason
+        got = []
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end and len(got) < 8:
+            try:
+                got.append(udp.recv(2048))
+            except TimeoutError:
+                pass
+        return got, result.image[SIZE // 2, SIZE // 2].tolist()
+    finally:
+        udp.close()
+
+
+def test_webrtc_sends_no_udp_without_the_network_namespace(pool):
+    # Without the namespace (this module's pool) the review's page sent a STUN packet to the host (issue 53). Now the
+    # flags allow no unproxied UDP and the seccomp filter refuses UDP sockets: no candidate, nothing sent.
+    sent, pixel = _webrtc_sends(pool)
+    assert pool.isolation["seccomp"] is True and pool.isolation["network_namespace"] is False
+    assert sent == [] and pixel == [255, 255, 255]
+
+
+def test_webrtc_flags_alone_send_no_udp():
+    # The browser's flags on their own (seccomp filter off, as where the kernel has none).
+    with RenderPool("html", workers=1, network_namespace=False, ipc_namespace=False, seccomp=False) as pool:
+        sent, pixel = _webrtc_sends(pool)
+        assert pool.isolation["seccomp"] is False
+    assert sent == [] and pixel == [255, 255, 255]
 
 
 def _png_green() -> bytes:
