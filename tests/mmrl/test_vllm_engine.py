@@ -18,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 VENV = Path(os.environ.get("MMRL_VLLM_VENV") or ROOT / ".venv-vllm")
 STAMP = VENV / ".mmrl-vllm"
-OVERALL_TIMEOUT_S = 900  # the suite takes 1-2 min on a 2-core machine: three engines, twelve tests
+OVERALL_TIMEOUT_S = 900  # the suite takes 1-2 min on a 2-core machine: four engines, fourteen tests
 
 
 @pytest.mark.skipif(

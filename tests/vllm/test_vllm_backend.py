@@ -125,3 +125,27 @@ def test_an_optimiser_step_reaches_the_engine(engine_policy):
     gap = (stale[after.completion_mask] - after.logprobs[after.completion_mask]).abs().max().item()
     assert gap > 100 * ATOL, f"the update moved the log-probs by only {gap:.1e}: the test would not see a missed sync"
     print(f"{arch}: after one AdamW step max |vLLM - forward| = {diff:.2e}, old weights off by {gap:.2e}")
+
+
+def test_a_call_larger_than_one_scheduler_step_samples_unseeded_and_says_so():
+    """vLLM's CPU sampler fails a seeded batch whose prefill is split across scheduler steps ("CPU Generator does not
+    use offset", seen with this engine and the seeds forced); the backend samples such a call unseeded, with a
+    warning, and its log-probs are still the training forward's."""
+    policy = build_tiny("qwen2_vl", seed=0, prompt_template="{instruction} Answer as <answer>[x1,y1,x2,y2]</answer>.")
+    # 128 tokens a step: two of the 68-token prompts do not fit one.
+    policy.set_generation_backend(
+        "vllm", max_model_len=1024, enforce_eager=True, max_num_batched_tokens=128, max_num_seqs=16
+    )
+    with pytest.warns(UserWarning, match="does not fit one scheduler step"):
+        rollout = sample(policy, observations("qwen2_vl", 1))
+    assert_matches(policy, rollout)
+    policy.backend.llm = None
+
+
+def test_bad_engine_options_name_the_backend():
+    with pytest.raises(ValueError, match="no sleep mode on this platform"):
+        build_tiny("qwen2_vl").set_generation_backend("vllm", enable_sleep_mode=True)
+    policy = build_tiny("qwen2_vl")
+    policy.set_generation_backend("vllm", max_model_len=1024, max_num_batched_tokens=64, max_num_seqs=128)
+    with pytest.raises(RuntimeError, match="generation_backend='vllm': the vLLM engine did not start"):
+        sample(policy, observations("qwen2_vl", 1))
