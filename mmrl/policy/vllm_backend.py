@@ -12,6 +12,9 @@ How it works:
   the worker in this process (TRL's `vllm_mode="colocate"`), so the trained weights reach vLLM's model without a
   copy between processes. On a GPU the engine takes `gpu_memory_utilization` of it (weights + KV cache); on CPU
   its KV cache is `VLLM_CPU_KVCACHE_SPACE` GiB (set to 1 here unless the environment says otherwise).
+  Starting it sets torch.distributed's RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT where unset, and on
+  CPU binds vLLM's OpenMP threads, after which `torch.set_num_threads` is a no-op in this process (tests that hold an
+  engine therefore run in a process of their own).
 * **Built from the policy, not from a download.** The engine starts from a folder holding only the policy's config,
   tokenizer and image processor, with `load_format="dummy"` (random weights, nothing read from disk), and the
   policy's own weights are pushed before the first generation, so a VLA's resized vocabulary and any in-memory
