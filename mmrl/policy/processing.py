@@ -107,6 +107,11 @@ class VisionTextProcessor:
         if (path / "processor_config.json").is_file():
             settings = json.loads((path / "processor_config.json").read_text())
         tokenizer = AutoTokenizer.from_pretrained(path)
+        if tokenizer.chat_template is None and (path / "chat_template.json").is_file():
+            # Some checkpoints keep the template only with the processor (chat_template.json), not the tokenizer.
+            tokenizer.chat_template = json.loads((path / "chat_template.json").read_text())["chat_template"]
+        if tokenizer.chat_template is None:
+            raise ValueError(f"{path} has no chat template (chat_template.jinja, chat_template.json or the tokenizer's)")
         image_processor = AutoImageProcessor.from_pretrained(path)
         return cls(tokenizer, image_processor, family, settings)
 

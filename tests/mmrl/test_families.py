@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import math
 from dataclasses import replace
 
@@ -195,6 +196,12 @@ def test_a_folder_laid_out_as_the_hubs_loads_with_identical_logprobs(arch, tmp_p
     assert isinstance(loaded, VLMPolicy) and loaded.family.name == arch
     with torch.no_grad():
         torch.testing.assert_close(loaded.logprobs(rollout), policy.logprobs(rollout), atol=0, rtol=0)
+    # A checkpoint that keeps its template only with the processor (chat_template.json) gives the same prompts.
+    template = (tmp_path / "chat_template.jinja").read_text()
+    (tmp_path / "chat_template.jinja").unlink()
+    (tmp_path / "chat_template.json").write_text(json.dumps({"chat_template": template}))
+    again = VLMPolicy.from_pretrained(tmp_path, prompt_template=TEMPLATE)
+    assert torch.equal(again.encode(observations(arch, [0]))["input_ids"], rollout.prompt_ids)
 
 
 def train_demo(arch: str, steps: int, tiny_run_config, out, letters_env) -> list[dict]:
