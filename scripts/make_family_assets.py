@@ -45,10 +45,10 @@ GEMMA3_TEMPLATE = (
     "{{ bos_token }}\n{%- if messages[0]['role'] == 'system' -%}\n    {%- if messages[0]['content'] is string -%}\n"
     "        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}\n    {%- else -%}\n"
     "        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}\n    {%- endif -%}\n"
-    "    {%- set loop_messages = messages[1:] -%}\n{%- else -%}\n    {%- set first_user_prefix = \"\" -%}\n"
+    '    {%- set loop_messages = messages[1:] -%}\n{%- else -%}\n    {%- set first_user_prefix = "" -%}\n'
     "    {%- set loop_messages = messages -%}\n{%- endif -%}\n{%- for message in loop_messages -%}\n"
     "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}\n"
-    "        {{ raise_exception(\"Conversation roles must alternate user/assistant/user/assistant/...\") }}\n"
+    '        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}\n'
     "    {%- endif -%}\n    {%- if (message['role'] == 'assistant') -%}\n        {%- set role = \"model\" -%}\n"
     "    {%- else -%}\n        {%- set role = message['role'] -%}\n    {%- endif -%}\n"
     "    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else \"\") }}\n"
@@ -145,7 +145,9 @@ def build_gemma3(out: Path) -> None:
         unk_token="<unk>",
         additional_special_tokens=GEMMA3_SPECIAL[4:],
         extra_special_tokens={
-            "boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"
+            "boi_token": "<start_of_image>",
+            "eoi_token": "<end_of_image>",
+            "image_token": "<image_soft_token>",
         },  # fmt: skip
         chat_template=GEMMA3_TEMPLATE,
         model_max_length=4096,

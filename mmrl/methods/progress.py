@@ -40,7 +40,9 @@ def trajectory_embeddings(policy: VLMPolicy, episodes: Episodes) -> torch.Tensor
         features = policy.processor.features(
             rollout.image_units.cpu(), {k: v.cpu() for k, v in rollout.image_inputs.items()}
         )
-        pooled = pooled if isinstance(pooled, torch.Tensor) else torch.cat([p.reshape(-1, p.shape[-1]) for p in pooled])
+        pooled = (
+            pooled if isinstance(pooled, torch.Tensor) else torch.cat([p.reshape(-1, p.shape[-1]) for p in pooled])
+        )
         pooled = pooled.reshape(-1, pooled.shape[-1]).split(features.tolist())
     per_image = torch.stack([features.float().mean(0) for features in pooled])  # [I, H]
     counts = rollout.image_counts()  # [M]

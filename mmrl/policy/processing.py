@@ -111,7 +111,9 @@ class VisionTextProcessor:
             # Some checkpoints keep the template only with the processor (chat_template.json), not the tokenizer.
             tokenizer.chat_template = json.loads((path / "chat_template.json").read_text())["chat_template"]
         if tokenizer.chat_template is None:
-            raise ValueError(f"{path} has no chat template (chat_template.jinja, chat_template.json or the tokenizer's)")
+            raise ValueError(
+                f"{path} has no chat template (chat_template.jinja, chat_template.json or the tokenizer's)"
+            )
         image_processor = AutoImageProcessor.from_pretrained(path)
         return cls(tokenizer, image_processor, family, settings)
 
