@@ -314,3 +314,37 @@ def test_grounding_reads_answers_in_the_familys_coordinates(arch):
         env_pixels = sim.make("grounding", num_envs=2, image_size=128)
         env_pixels.reset(seed=[0, 1])
         assert (env_pixels.step(answers).info["reward_components"]["iou"] < 0.5).all()
+
+
+def test_rollout_rows_keep_each_images_units_and_inputs_whatever_the_layout():
+    from mmrl.types import Rollout, cat_rollouts
+
+    # 3 rows holding 1, 2 and 1 images; the images have 2, 1, 3 and 1 units (tiles): 7 units in all.
+    rollout = Rollout(
+        prompt_ids=torch.arange(3).unsqueeze(1),
+        prompt_mask=torch.ones(3, 1, dtype=torch.bool),
+        pixel_values=torch.arange(7.0).view(7, 1, 1),  # unit u holds the value u
+        image_units=torch.tensor([2, 1, 3, 1]),
+        completion_ids=torch.zeros(3, 1, dtype=torch.long),
+        completion_mask=torch.ones(3, 1, dtype=torch.bool),
+        logprobs=torch.zeros(3, 1),
+        texts=["a", "b", "c"],
+        group_size=1,
+        images_per_row=torch.tensor([1, 2, 1]),
+        image_inputs={"image_sizes": torch.tensor([[10, 10], [11, 11], [12, 12], [13, 13]])},
+        unit_inputs={"pixel_attention_mask": torch.arange(7) * 10},
+    )
+    picked = rollout.select(torch.tensor([2, 0]))  # row 2 (image 3: unit 6), then row 0 (image 0: units 0, 1)
+    assert picked.pixel_values.flatten().tolist() == [6.0, 0.0, 1.0]
+    assert picked.image_units.tolist() == [1, 2] and picked.images_per_row.tolist() == [1, 1]
+    assert picked.image_inputs["image_sizes"].tolist() == [[13, 13], [10, 10]]
+    assert picked.unit_inputs["pixel_attention_mask"].tolist() == [60, 0, 10]
+    middle = rollout.rows(1, 3)  # images 1-3: units 2..6
+    assert middle.pixel_values.flatten().tolist() == [2.0, 3.0, 4.0, 5.0, 6.0]
+    assert middle.unit_inputs["pixel_attention_mask"].tolist() == [20, 30, 40, 50, 60]
+    assert middle.image_inputs["image_sizes"][:, 0].tolist() == [11, 12, 13] and middle.texts == ["b", "c"]
+    joined = cat_rollouts([rollout.rows(0, 1), middle])
+    for name in ("pixel_values", "image_units"):
+        assert torch.equal(getattr(joined, name), getattr(rollout, name))
+    assert torch.equal(joined.unit_inputs["pixel_attention_mask"], rollout.unit_inputs["pixel_attention_mask"])
+    assert torch.equal(joined.image_inputs["image_sizes"], rollout.image_inputs["image_sizes"])
