@@ -314,6 +314,14 @@ class VLLMBackend:
         self._limit = limit
         self._synced = None
 
+    def close(self) -> None:
+        """Shut the engine down now (its memory, and the process group it started in this process); the next `sample`
+        starts a new one. Call it before ending torch.distributed's default group: vLLM's own shutdown, run at exit
+        otherwise, fails on a group already destroyed ("Invalid process group specified")."""
+        if self.llm is not None:
+            self.llm.llm_engine.engine_core.shutdown()  # detaches vLLM's exit-time finalizer
+            self.llm, self._synced, self._asleep = None, None, False
+
     def sync_weights(self, policy: GenerationTarget) -> None:
         """Copy the policy's current weights (LoRA merged) into the engine and drop its encoder and prefix caches."""
         weights = [(name, tensor.detach()) for name, tensor in merged_named_weights(policy.model)]

@@ -82,7 +82,8 @@ def engine_policy(request):
     policy = build_tiny(arch, seed=0, prompt_template="{instruction} Answer as <answer>[x1,y1,x2,y2]</answer>.")
     policy.set_generation_backend("vllm", max_model_len=1024, enforce_eager=True, max_images_per_prompt=2)
     yield arch, policy
-    policy.backend.llm = None  # the engine goes with its last reference
+    policy.backend.close()
+    assert policy.backend.llm is None
 
 
 @pytest.mark.parametrize("images", [1, 2])
@@ -139,7 +140,7 @@ def test_a_call_larger_than_one_scheduler_step_samples_unseeded_and_says_so():
     with pytest.warns(UserWarning, match="does not fit one scheduler step"):
         rollout = sample(policy, observations("qwen2_vl", 1))
     assert_matches(policy, rollout)
-    policy.backend.llm = None
+    policy.backend.close()
 
 
 def test_bad_engine_options_name_the_backend():
