@@ -238,7 +238,7 @@ class Confinement:
     gid: int | None
     audit_hook: bool
     libc: Any
-    seccomp: bytes | None = None  # the render children's filter program (None: no filter; see `seccomp_missing`)
+    seccomp: Any = None  # the children's filter, a `seccomp_filter.Prepared` (None: no filter; see `seccomp_missing`)
     seccomp_missing: str = ""  # why there is no filter ("" when there is one)
 
 
@@ -297,7 +297,9 @@ def prepare(
     if seccomp:
         missing = seccomp_filter.unavailable() or ""
         if not missing:  # built once here; each child only hands it to the kernel
-            program = seccomp_filter.program(seccomp_filter.RENDER_CHILD, seccomp_filter.machine())
+            program = seccomp_filter.Prepared(
+                seccomp_filter.program(seccomp_filter.RENDER_CHILD, seccomp_filter.machine())
+            )
     return Confinement(scratch, read_roots, max(int(abi), 0), uid, gid, audit_hook, libc, program, missing)
 
 
@@ -346,7 +348,7 @@ def confine_child(
             raise OSError(ctypes_errno(), "landlock_restrict_self failed")
         os.close(ruleset)
     if conf.seccomp is not None:  # no sockets, no System V IPC, no ptrace or namespaces: whatever Python does
-        seccomp_filter.install_program(conf.seccomp)
+        conf.seccomp.install()
     if conf.audit_hook:
         _install_audit_hook(conf.scratch, conf.read_roots, report)
 

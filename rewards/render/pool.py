@@ -498,12 +498,12 @@ def missing_layers(kind: str, found: dict[str, Any]) -> list[str]:
     seccomp = found.get("seccomp")
     if not found.get("network_namespace"):
         missing.append(
-            "network namespace (not root, or no unshare): the network is kept out by "
+            "network namespace (off, or unavailable: not root or no unshare): the network is kept out by "
             + ("Landlock's TCP rule and the seccomp filter's socket rule" if seccomp else "Landlock's TCP rule alone")
         )
     if not found.get("ipc_namespace"):
         missing.append(
-            "IPC namespace (not root, or no unshare): "
+            "IPC namespace (off, or unavailable: not root or no unshare): "
             + ("the seccomp filter refuses System V IPC" if seccomp else "System V IPC objects could outlive a render")
         )
     if not seccomp:
@@ -528,7 +528,7 @@ def _warn_missing(kind: str, missing: list[str]) -> None:
     for layer in missing:
         if layer not in _WARNED:
             _WARNED.add(layer)
-            warnings.warn(f"render sandbox ({kind}): missing layer: {layer}", RuntimeWarning, stacklevel=3)
+            warnings.warn(f"render sandbox ({kind}): missing layer: {layer}", RuntimeWarning, stacklevel=5)
 
 
 _POOLS: dict[str, RenderPool] = {}

@@ -28,10 +28,12 @@ costs, never its result. A child confined with other limits (`memory_mb`, `file_
 
 Layers, from the outside in (the child applies them in this order before it looks at the input):
 
-1. **No network, no secrets**: the worker starts in a fresh network namespace (`unshare -n`: no interfaces but a
-   loopback that is down), probed once per process. Without it (not root, no `unshare`), Landlock's TCP rule
-   (ABI >= 4) and the audit hook still refuse connections, but UDP then rests on the audit hook alone. The worker's
-   environment keeps only `PATH`, `HOME`, `LANG`/`LC_ALL` and cache/font settings: no tokens or keys.
+1. **No network, no shared IPC, no secrets**: the worker starts in a fresh network namespace (`unshare -n`: no
+   interfaces but a loopback that is down) and a fresh System V IPC namespace (`unshare -i`: shared-memory segments,
+   semaphores and message queues die with the worker), each probed once per process. Without them (not root, no
+   `unshare`), the seccomp filter (4b) refuses every socket and all System V IPC, and Landlock's TCP rule (ABI >= 4)
+   still holds. The worker's environment keeps only `PATH`, `HOME`, `LANG`/`LC_ALL` and cache/font settings: no
+   tokens or keys.
 2. **Own user**: as root, the child switches to `nobody` (keeping only CAP_DAC_READ_SEARCH, so that it can still
    read a Python installed under `/root`); it can then neither signal nor trace the caller or the worker, and
    RLIMIT_NPROC (root is exempt from it) applies. As a normal user, it stays that user.
@@ -46,7 +48,17 @@ Layers, from the outside in (the child applies them in this order before it look
    no TCP bind/connect (ABI >= 4); no signals to, or abstract-socket connections with, processes outside the
    sandbox (ABI >= 6). The scratch directory is the child's cwd and `tempfile` directory and is emptied after
    every render.
-5. **Audit hook** (`sys.addaudithook`, PEP 578), installed last, so it only sees the untrusted part: refuses
+4b. **seccomp filter** (`rewards.render.seccomp_filter.RENDER_CHILD`, kernel-enforced, irreversible, inherited):
+   `socket` of every family refused (no connection to a UNIX socket on the host, which Landlock does not cover; no
+   UDP, netlink or packet socket), `socketpair` but a UNIX stream pair, io_uring, System V IPC and POSIX message
+   queues, `ptrace`, `process_vm_*`, `kexec_*`, `mount`, `unshare`, `setns`, namespace clones, `bpf`,
+   `perf_event_open`, the key ring; a system call of a foreign architecture kills the child. Refused calls fail with
+   EPERM. Where the kernel has no seccomp (or the machine is neither x86_64 nor aarch64) the pool warns at start-up and
+   `RenderPool.isolation["missing"]` says what that leaves open.
+5. **Audit hook** (`sys.addaudithook`, PEP 578), installed last, so it only sees the untrusted part; the layer that
+   gives readable reasons, not the one that contains (issue 53: the kernel layers above hold with it switched off).
+   It holds only what it captured at install time (its exit is `posix._exit`, its builtins bound once), and the ways
+   to reach it (`gc.get_objects`/`get_referrers`/`get_referents`, tracers, profilers) are refused events. It refuses
    `open` outside the allowed roots (and any write outside scratch), `os.system`, `os.exec*`, `os.fork`,
    `os.posix_spawn`, `subprocess.Popen`, socket creation, `ctypes`, `os.kill`, `os.chdir`, links, and importing
    the modules whose harm raises no audit event (ctypes, cffi, cv2); any other module may be imported, since what
@@ -61,10 +73,13 @@ What it cannot do
 -----------------
 * Audit hooks are not a security boundary on their own: code can reach already-imported modules through
   `sys.modules`, call C functions that raise no audit event (`_posixsubprocess.fork_exec`, `posix.write` to an
-  inherited fd), or open files from C. Layers 1-4 are what hold then: fork fails on RLIMIT_NPROC, exec and
-  out-of-scope reads and writes fail in Landlock, the network does not exist. Without Landlock (kernel < 5.13,
-  some containers) file confinement rests on the audit hook alone; `RenderPool.isolation` says which layers are
-  up.
+  inherited fd), or open files from C, and code that reaches the hook could switch it off. Layers 1-4b are what
+  hold then: fork fails on RLIMIT_NPROC, exec and out-of-scope reads and writes fail in Landlock, sockets and System
+  V IPC fail in the seccomp filter, the network does not exist. Without Landlock (kernel < 5.13, some containers)
+  file confinement rests on the audit hook alone; `RenderPool.isolation` says which layers are up, and its
+  `missing` entry what each absent one leaves open (the pool also warns once at start-up). The hook's path
+  resolution still goes through `posixpath`'s module globals, which code in the render can replace: that weakens the
+  hook's reasons, not the containment.
 * A render can forge its own result (it is its own process) but nothing else: the worker validates what the child
   sends, and the caller validates what the worker sends; neither side unpickles anything (a pickle from a
   compromised process would run code in the reader).

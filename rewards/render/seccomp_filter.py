@@ -240,16 +240,29 @@ def install(rules: tuple[Rule, ...]) -> None:
 
 def install_program(code: bytes) -> None:
     """Installs a program made by `program` (see `install`)."""
-    import ctypes
+    Prepared(code).install()
 
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
-    buf = ctypes.create_string_buffer(code, len(code))
 
-    class _Prog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+class Prepared:
+    """A program with everything its installation needs made beforehand (in the worker), so that a forked child
+    only makes the two `prctl` calls."""
 
-    prog = _Prog(len(code) // 8, ctypes.cast(buf, ctypes.c_void_p))
-    if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
+    def __init__(self, code: bytes):
+        import ctypes
+
+        class _Prog(ctypes.Structure):
+            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+        self._ctypes = ctypes
+        self._libc = ctypes.CDLL(None, use_errno=True)
+        self._buf = ctypes.create_string_buffer(code, len(code))
+        self._prog = _Prog(len(code) // 8, ctypes.cast(self._buf, ctypes.c_void_p))
+        self._ref = ctypes.byref(self._prog)
+
+    def install(self) -> None:
+        """Installs the filter on the calling process, or raises OSError."""
+        libc = self._libc
+        if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise OSError(self._ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+        if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, self._ref, 0, 0) != 0:
+            raise OSError(self._ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
