@@ -33,7 +33,8 @@ Layers, from the outside in
    `PR_SET_PDEATHSIG` (it dies with the worker, and exits when its DevTools pipe closes), under a Landlock ruleset
    (Linux >= 5.13) that lets it read only the system's libraries, `/usr/share` (fonts), the font configuration,
    `/proc`, `/sys` and `/dev`, write only beneath its profile (in the worker's scratch directory) and `/dev/shm`,
-   execute only its own installation (and the ELF loader), and (ABI >= 4) neither bind nor connect TCP; then a
+   execute only its own installation (and the ELF loader), (ABI >= 4) neither bind nor connect TCP, and (ABI >= 6)
+   neither connect to abstract UNIX sockets nor signal processes outside the browser's own tree; then a
    seccomp filter (`rewards.render.seccomp_filter.BROWSER`, where the kernel has seccomp) that refuses UDP, raw and
    packet sockets, System V IPC, ptrace, namespaces and the like to the browser and every process it starts. A
    `file:` page or a compromised renderer cannot read the repository, data sets, `/tmp` or `/root`, and without the
@@ -757,7 +758,9 @@ def _landlock(libc: Any, rules: list[tuple[int, int]], abi: int) -> None:
         fs |= 1 << 14
     if abi >= 5:
         fs |= 1 << 15
-    if abi >= 4:
+    if abi >= 6:  # + scoped: no abstract UNIX sockets of, nor signals to, processes outside the browser's domain
+        attr, size = struct.pack("<QQQ", fs, 0b11, 0b11), 24
+    elif abi >= 4:
         attr, size = struct.pack("<QQ", fs, 0b11), 16  # + TCP bind and connect: refused
     else:
         attr, size = struct.pack("<Q", fs), 8
