@@ -405,3 +405,16 @@ def test_filter_in_a_child_refuses_what_it_names_and_allows_the_rest():
     browser = probe(sf.BROWSER)
     assert browser["unix"] == 0 and browser["udp"] == browser["udp6"] == browser["packet"] == 1
     assert browser["shmget"] == browser["unshare"] == 1 and browser["getpid"] == 0
+
+
+def test_missing_layers_say_what_their_absence_leaves_open():
+    from rewards.render.pool import missing_layers
+
+    everything = {"network_namespace": True, "ipc_namespace": True, "seccomp": True, "landlock_abi": 7}
+    assert missing_layers("chart", everything) == []
+    no_filter = {**everything, "seccomp": False, "seccomp_missing": "the kernel has no seccomp"}
+    (said,) = missing_layers("html", no_filter)
+    assert "the kernel has no seccomp" in said and "UDP (WebRTC)" in said and "System V IPC" in said
+    bare = {"network_namespace": False, "ipc_namespace": False, "seccomp": False, "landlock_abi": 0}
+    said = missing_layers("chart", bare)
+    assert len(said) == 4 and "Landlock's TCP rule alone" in said[0] and "could outlive a render" in said[1]
