@@ -224,6 +224,11 @@ class FlowPolicy:
     action_codec = None  # no action tokens: the collector and the config's VLA paths read this
     history_turns = 0
     eos_token_ids: list[int] = []
+    generation_backend = "lean"  # its own denoising loop (what `apply_model_options` compares the config's with)
+
+    def set_generation_backend(self, name: str, **options) -> None:
+        if name != "lean":
+            raise ValueError(f"model.generation_backend {name!r}: a flow policy samples with its own loop ('lean')")
 
     def __init__(
         self,

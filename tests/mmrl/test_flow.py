@@ -134,6 +134,12 @@ def test_checkpoint_round_trips_bit_identically_and_loads_through_model_path(pol
     b = loaded.generate(obs, 1, Sampling(), generator=torch.Generator().manual_seed(3))
     assert torch.equal(a.actions, b.actions) and torch.equal(a.logprobs, b.logprobs)
     assert isinstance(load_policy(ModelConfig(path="tiny:pi0")), FlowPolicy)
+    # `mmrl eval` applies the model options to whatever it loads: the defaults pass, another backend is refused.
+    from mmrl.policy import apply_model_options
+
+    assert apply_model_options(loaded, ModelConfig()) is loaded
+    with pytest.raises(ValueError, match="model.generation_backend 'hf'"):
+        loaded.set_generation_backend("hf")
 
 
 # ---------------------------------------------------------------------------------------------- bad input
