@@ -81,6 +81,10 @@ class GenerationBackend(Protocol):
         sampling: Sampling,
     ) -> Completions: ...
 
+    def close(self) -> None:
+        """Let go of what the backend holds (an engine, its memory); the next `sample` starts again."""
+        ...
+
 
 def make_backend(name: str, **options) -> GenerationBackend:
     """The backend called `name` (one of `BACKENDS`); `options` go to its constructor (vllm only)."""
@@ -224,6 +228,9 @@ class HFBackend:
 
     name = "hf"
 
+    def close(self) -> None:
+        """Nothing to let go of: the loop runs on the policy's own model."""
+
     def generate_kwargs(self, policy: GenerationTarget, prompt_len: int, max_new_tokens: int) -> dict:
         """Extra `generate` arguments of this backend (none: transformers' defaults)."""
         return {}
@@ -314,6 +321,9 @@ class LeanBackend:
     """
 
     name = "lean"
+
+    def close(self) -> None:
+        """Nothing to let go of: the loop runs on the policy's own model."""
 
     @torch.no_grad()
     def sample(

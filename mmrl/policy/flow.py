@@ -230,6 +230,9 @@ class FlowPolicy:
         if name != "lean":
             raise ValueError(f"model.generation_backend {name!r}: a flow policy samples with its own loop ('lean')")
 
+    def close(self) -> None:
+        """Nothing to let go of: the denoising loop runs on the policy's own model (`VLMPolicy.close`'s verb)."""
+
     def __init__(
         self,
         model,

@@ -142,7 +142,15 @@ class VLMPolicy:
         Raises a ValueError naming the choices for an unknown name, and an ImportError naming the `vllm` extra
         when "vllm" is asked for without vLLM installed.
         """
-        self._backend = make_backend(name, **options)
+        backend = make_backend(name, **options)
+        self.close()  # an engine the old backend started
+        self._backend = backend
+
+    def close(self) -> None:
+        """Let go of what the generation backend holds (a vLLM engine shuts down); the next `generate` starts it
+        again. The trainer calls it when a run ends, before torch.distributed's group is ended."""
+        if self._backend is not None:
+            self._backend.close()
 
     @property
     def backend(self):
