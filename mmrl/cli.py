@@ -104,7 +104,8 @@ def run_command(args: argparse.Namespace) -> int:
             summary = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
             print(f"{name:{width}s} {kind:10s} {image:9s} {steps:6s}  {summary}")
         return 0
-    from .run.config import check_model_folders, load_config
+    from .run.config import load_config
+    from .run.folders import check_model_folders
 
     try:
         cfg = load_config(args.config, args.overrides)

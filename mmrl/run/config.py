@@ -1,10 +1,14 @@
 """Configuration: frozen dataclasses are the schema, YAML files in configs/ are presets, `section.field=value`
 arguments override any field. Unknown keys are errors that name the key and the valid ones.
+
+This module runs a little past the project's 600 lines on purpose: it is the schema, one dataclass per config
+section whose field comments are the fields' documentation and whose `__post_init__` holds their checks; splitting
+the sections apart would scatter one schema. The machinery (YAML, overrides) is `mmrl.run.schema`'s, model-folder
+checks are `mmrl.run.folders`'.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -607,57 +611,3 @@ class TrainConfig:
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
     """A `TrainConfig` from a YAML preset plus `section.field=value` overrides."""
     return load(TrainConfig, path, overrides)
-
-
-def check_model_folders(cfg: TrainConfig, command: str = "train", tiny_archs: tuple[str, ...] = ()) -> None:
-    """Refuse, before anything loads, a model folder a command would load that cannot be a model: `model.path` (for
-    `train`, unless a resumed run loads its checkpoint instead), `judge.model` (train) and `checkpoint` (eval).
-    "tiny:<arch>" must name one of `tiny_archs` (`mmrl.policy.tiny.ALL_TINY_ARCHS`, which this module cannot import:
-    the policy package imports it); empty: not checked.
-
-    A folder must hold a `config.json` (what transformers reads first); a path that is no folder is refused where it
-    cannot be a hub id either: it is absolute or starts with `.`, or the hub is off (`HF_HUB_OFFLINE`). Relative
-    paths are also looked up in the repository, as `mmrl.run.build.load_policy` does. "tiny:<arch>" is no folder.
-
-    Raises:
-        ConfigError: naming the field, the path and what is missing.
-    """
-    if command == "eval":
-        if cfg.checkpoint is not None:
-            _check_model_folder("checkpoint", cfg.checkpoint, hub=False)
-        return
-    resumes = cfg.resume and (Path(cfg.output_dir) / "checkpoints").is_dir() and cfg.algo.kl_coef == 0
-    if cfg.model.path.startswith("tiny:"):
-        arch = cfg.model.path.removeprefix("tiny:")
-        require(not tiny_archs or arch in tiny_archs, "model.path", f"unknown tiny architecture {arch!r}; choose "
-                f"one of {', '.join(tiny_archs)}", sep=": ")  # fmt: skip
-    elif not resumes:
-        _check_model_folder("model.path", cfg.model.path)
-    if cfg.judge.enabled:
-        _check_model_folder("judge.model", cfg.judge.model)
-
-
-def _check_model_folder(field_name: str, value: str, hub: bool = True) -> None:
-    path = Path(value)
-    if not path.is_absolute() and not path.exists() and (REPO / path).exists():
-        path = REPO / path  # presets name assets relative to the repository
-    if path.is_dir():
-        require((path / "config.json").is_file(), field_name, f"{path} has no config.json: not a model folder "
-                "(transformers' save_pretrained writes one)", sep=": ")  # fmt: skip
-        return
-    require(not path.exists(), field_name, f"{path} is a file; name the model's folder", sep=": ")
-    could_be_hub_id = hub and not path.is_absolute() and not value.startswith(".") and value.count("/") <= 1
-    if could_be_hub_id and os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("0", "", "false", "no"):
-        return  # a hub id: transformers downloads it
-    if could_be_hub_id:  # the hub is off: transformers loads it only from the local cache
-        from huggingface_hub import try_to_load_from_cache
-
-        try:
-            cached = try_to_load_from_cache(value, "config.json")
-        except Exception:  # not a valid repository id
-            cached = None
-        if isinstance(cached, str):
-            return
-    require(False, field_name, f"no folder at {path}" + (
-        " and no such model in the hub's local cache (the hub is off: HF_HUB_OFFLINE)" if could_be_hub_id else ""
-    ), sep=": ")  # fmt: skip

@@ -181,7 +181,8 @@ def test_every_preset_passes_the_model_folder_check(preset, monkeypatch):
     """The check refuses no shipped preset's model (a hub id is refused only while the hub is off and the model is
     not in its local cache, as transformers would then fail too)."""
     from mmrl.policy.tiny import ALL_TINY_ARCHS
-    from mmrl.run.config import ConfigError, check_model_folders, load_config
+    from mmrl.run.config import ConfigError, load_config
+    from mmrl.run.folders import check_model_folders
 
     cfg = load_config(preset)
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
