@@ -485,7 +485,12 @@ def build_tiny_flow(seed: int = 0, **kwargs) -> FlowPolicy:
 
 def apply_flow_options(policy: FlowPolicy, cfg) -> FlowPolicy:
     """Check a `ModelConfig` against what a flow policy supports (its options that are not built for one are
-    refused, naming the field) and return the policy."""
+    refused, naming the field), set its sampling from `model.flow_noise_level`, `model.flow_noise_method` and
+    `model.flow_steps` (each left null keeps the policy's own, e.g. its folder's), and return the policy.
+
+    The settings are attributes the sampler and the scorer read at each call, so applying them to a loaded policy
+    is enough; a checkpoint saved afterwards carries them.
+    """
     refused = {
         "model.lora_r": cfg.lora_r > 0,
         "model.freeze_vision": cfg.freeze_vision,
@@ -503,4 +508,15 @@ def apply_flow_options(policy: FlowPolicy, cfg) -> FlowPolicy:
             f"{', '.join(bad)}: not built for flow policies (π0); a flow policy's chunk is its config's chunk_size "
             "and it samples with its own denoising loop"
         )
+    method = policy.noise_method if cfg.flow_noise_method is None else cfg.flow_noise_method
+    level = policy.noise_level if cfg.flow_noise_level is None else float(cfg.flow_noise_level)
+    steps = policy.num_steps if cfg.flow_steps is None else int(cfg.flow_steps)
+    if method not in NOISE_METHODS:
+        raise ValueError(f"model.flow_noise_method must be one of {NOISE_METHODS}, got {method!r}")
+    if not (math.isfinite(level) and level >= 0):
+        raise ValueError(f"model.flow_noise_level must be >= 0, got {level}")
+    if steps < 2 and level > 0:
+        raise ValueError(f"model.flow_steps: {steps} denoising step(s) at noise level {level}; Flow-SDE needs >= 2 "
+                         "(sigma is infinite at t = 1): set model.flow_steps >= 2 or model.flow_noise_level=0")  # fmt: skip
+    policy.noise_method, policy.noise_level, policy.num_steps = method, level, steps
     return policy

@@ -28,7 +28,8 @@ from pathlib import Path
 
 import torch
 
-from ..run.config import FREEZE_PARTS, ModelConfig
+from ..run.config import FLOW_FIELDS, FREEZE_PARTS, ModelConfig
+from .flow import FlowPolicy, apply_flow_options
 from .tokens import ModelHolder
 
 LORA_DIR = "lora"  # a LoRA checkpoint's adapters live in this subfolder (see VLMPolicy.save_pretrained)
@@ -276,7 +277,14 @@ def load_lora(policy: ModelHolder, folder: str | Path) -> ModelHolder:
 
 # ---------------------------------------------------------------------------------------------- all at once
 def apply_model_options(policy: ModelHolder, cfg: ModelConfig) -> ModelHolder:
-    """Apply a `ModelConfig`'s real-size options to a loaded policy (see the module docstring for the order)."""
+    """Apply a `ModelConfig`'s real-size options to a loaded policy (see the module docstring for the order); a flow
+    policy (π0) takes `mmrl.policy.flow.apply_flow_options`, and a VLM refuses the flow-policy fields."""
+    if isinstance(policy, FlowPolicy):
+        return apply_flow_options(policy, cfg)
+    flow_fields = [f"model.{name}" for name in FLOW_FIELDS if getattr(cfg, name) is not None]
+    if flow_fields:
+        raise ValueError(f"{', '.join(flow_fields)}: set for a flow policy (π0) only; this model is a "
+                         f"{policy.model.config.model_type} VLM")  # fmt: skip
     policy.history_turns = cfg.history_turns
     options = {"gpu_memory_utilization": cfg.vllm_gpu_memory_utilization} if cfg.generation_backend == "vllm" else {}
     if cfg.generation_backend != policy.generation_backend or options:

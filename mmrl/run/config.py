@@ -9,6 +9,7 @@ checks are `mmrl.run.folders`'.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -26,6 +27,10 @@ from .schema import ConfigError, apply_overrides, from_dict, load, require, to_d
 REPO = Path(__file__).resolve().parents[2]
 LOG_BACKENDS = ("jsonl", "tensorboard", "wandb")
 FREEZE_PARTS = ("vision", "projector", "language")  # model.freeze: see mmrl.policy.options.part_parameters
+# model.flow_noise_method's choices: mmrl.policy.flow.NOISE_METHODS, repeated because the policy package imports this
+# module (not the other way round); a test holds the two equal.
+FLOW_NOISE_METHODS = ("flow_sde",)
+FLOW_FIELDS = ("flow_noise_level", "flow_noise_method", "flow_steps")  # ModelConfig's flow-policy fields
 # Each policy loss's own clip range and aggregation: what algo.clip_low, algo.clip_high and algo.aggregation left at
 # null resolve to (a loss not listed takes ppo_clip's). PPO's token ratio: DAPO's clip-higher range
 # (https://arxiv.org/abs/2503.14476), room for unlikely tokens to rise, averaged over tokens. GSPO's sequence ratio, the
@@ -77,6 +82,11 @@ class ModelConfig:
     # cache + compiled decoding; GPU), "vllm" (a colocated vLLM engine; needs vllm installed).
     generation_backend: Literal["lean", "hf", "static", "vllm"] = "lean"
     vllm_gpu_memory_utilization: float = 0.3  # share of GPU memory the colocated vLLM engine may take
+    # A flow policy's (π0's) sampling; null keeps the model folder's own (processor_config.json), else the policy's
+    # defaults (flow_sde, 0.5, the config's num_inference_steps). Set for any other model, they are refused.
+    flow_noise_level: float | None = None  # Flow-SDE's noise level a (0: the deterministic ODE; πRL uses 0.5)
+    flow_noise_method: str | None = None  # how a denoising step gets its density: "flow_sde" (Flow-Noise not built)
+    flow_steps: int | None = None  # K denoising steps per action chunk (the rows' "tokens")
 
     def __post_init__(self):
         require(
@@ -108,6 +118,40 @@ class ModelConfig:
             self.lora_r > 0 or set(FREEZE_PARTS) - set(self.freeze),
             "model.freeze",
             f"freezes every part ({self.freeze}) and model.lora_r is 0: nothing would train",
+        )
+        self._check_flow_fields()
+
+    def _check_flow_fields(self) -> None:
+        """The flow policy's sampling fields: their values, and that the model named can be a flow policy (a folder
+        is known only when it loads: `mmrl.policy.options.apply_model_options` refuses them for a VLM there)."""
+        level, method, steps = self.flow_noise_level, self.flow_noise_method, self.flow_steps
+        require(
+            level is None or (math.isfinite(level) and level >= 0),
+            "model.flow_noise_level",
+            f"must be >= 0 (0: the deterministic ODE) or null (the folder's own), got {level}",
+        )
+        require(
+            method is None or method in FLOW_NOISE_METHODS,
+            "model.flow_noise_method",
+            f"must be one of {', '.join(FLOW_NOISE_METHODS)} or null (Flow-Noise is not built), got {method!r}",
+        )
+        require(
+            steps is None or steps >= 1, "model.flow_steps", f"must be >= 1 or null (the folder's own), got {steps}"
+        )
+        require(
+            not (steps == 1 and level is not None and level > 0),
+            "model.flow_steps",
+            f"is 1, but Flow-SDE at model.flow_noise_level {level} needs >= 2 denoising steps (its sigma is infinite "
+            "at t = 1); one step runs only the ODE (model.flow_noise_level=0)",
+        )
+        set_fields = [f"model.{name}" for name in FLOW_FIELDS if getattr(self, name) is not None]
+        tiny = self.path.removeprefix("tiny:") if self.path.startswith("tiny:") else None
+        require(
+            not set_fields or tiny in (None, "pi0"),
+            ", ".join(set_fields),
+            f"set for model.path {self.path!r}, which is no flow policy: only a π0 (tiny:pi0 or a π0 folder) takes "
+            "them",
+            sep=": ",
         )
 
 

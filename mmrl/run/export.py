@@ -9,6 +9,12 @@ read by `VLMPolicy.from_pretrained`; the action tokens themselves are in the tok
 `AutoProcessor` where torchvision is installed (transformers builds Qwen-VL processors with a video processor,
 which needs it).
 
+A flow policy's checkpoint (π0: config.json's model_type "pi0", as `mmrl.run.build.load_policy` tells them apart) is
+written by `FlowPolicy.save_pretrained`: the model, which `PI0ForConditionalGeneration.from_pretrained(OUT)` loads,
+its tokenizer, the image settings (`preprocessor_config.json`) and the normalisation statistics with the Flow-SDE
+settings (`processor_config.json`, in `PI0Processor`'s fields); `model.path=OUT` loads it back as the same policy.
+There is no LoRA to merge (flow policies train every weight).
+
     mmrl export runs/grounding_tiny exported/grounding_tiny [--dtype bfloat16]
 """
 
@@ -20,6 +26,7 @@ from pathlib import Path
 import torch
 
 from ..policy import VLMPolicy
+from ..policy.flow import FlowPolicy, is_flow_folder
 from ..policy.options import is_lora, merge_lora
 from .checkpoint import latest_checkpoint
 
@@ -52,6 +59,12 @@ def export(source: str | Path, out: str | Path, dtype: str = "auto") -> Path:
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty; export writes a fresh folder")
     checkpoint = checkpoint_of(source)
+    if is_flow_folder(checkpoint):
+        flow = FlowPolicy.from_pretrained(checkpoint, dtype=EXPORT_DTYPES[dtype])
+        out.mkdir(parents=True, exist_ok=True)
+        flow.save_pretrained(out)
+        _write_note(out, checkpoint, merged=False, dtype=flow.model.dtype)
+        return out
     policy = VLMPolicy.from_pretrained(checkpoint, dtype=EXPORT_DTYPES[dtype])
     merged = is_lora(policy)
     if merged:
@@ -61,7 +74,11 @@ def export(source: str | Path, out: str | Path, dtype: str = "auto") -> Path:
     policy.processor.save_pretrained(out)
     if policy.action_codec is not None:
         policy.action_codec.save(out)
-    (out / "mmrl_export.json").write_text(
-        json.dumps({"source": str(checkpoint), "lora_merged": merged, "dtype": str(policy.model.dtype)}, indent=2)
-    )
+    _write_note(out, checkpoint, merged, policy.model.dtype)
     return out
+
+
+def _write_note(out: Path, checkpoint: Path, merged: bool, dtype: torch.dtype) -> None:
+    """`mmrl_export.json`: where the folder came from (no loader reads it)."""
+    note = {"source": str(checkpoint), "lora_merged": merged, "dtype": str(dtype)}
+    (out / "mmrl_export.json").write_text(json.dumps(note, indent=2))

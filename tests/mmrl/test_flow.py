@@ -5,6 +5,8 @@ import contextlib
 import io
 import json
 import math
+import re
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -142,6 +144,74 @@ def test_checkpoint_round_trips_bit_identically_and_loads_through_model_path(pol
         loaded.set_generation_backend("hf")
 
 
+# ---------------------------------------------------------------------------------------------- config options
+def test_the_config_sets_what_the_policy_samples_with(tmp_path):
+    from mmrl.policy import apply_model_options, build_tiny
+    from mmrl.run.build import load_policy
+    from mmrl.run.config import REPO, load_config
+
+    obs, seed = _obs(2), torch.Generator().manual_seed
+    # An override from the command line: noise level 0 turns sampling into the ODE (what greedy runs) ...
+    cfg = load_config(REPO / "configs" / "pi0_reach_tiny.yaml", ["model.flow_noise_level=0"])
+    quiet = apply_model_options(load_policy(cfg.model), cfg.model)
+    quiet.set_stats(STATS)
+    assert quiet.noise_level == 0.0
+    greedy = quiet.generate(obs, 1, Sampling(temperature=0.0), generator=seed(1))
+    sampled = quiet.generate(obs, 1, Sampling(temperature=1.0), generator=seed(1))
+    assert torch.equal(sampled.chain, greedy.chain) and not sampled.completion_mask.any()
+    # ... which the preset's own level (null: the policy's 0.5) does not.
+    preset = load_config(REPO / "configs" / "pi0_reach_tiny.yaml").model
+    plain = apply_model_options(load_policy(preset), preset)
+    plain.set_stats(STATS)
+    assert plain.noise_level == 0.5
+    assert not torch.equal(plain.generate(obs, 1, Sampling(), generator=seed(1)).chain, greedy.chain)
+    # Steps and level together: 3 denoising steps a chunk, each scored as sampled; a checkpoint keeps them and a
+    # config leaving them null keeps the folder's.
+    cfg = load_config(REPO / "configs" / "pi0_reach_tiny.yaml", ["model.flow_steps=3", "model.flow_noise_level=0.3"])
+    three = apply_model_options(plain, cfg.model)
+    rollout = three.generate(obs, 1, Sampling(), generator=seed(2))
+    assert rollout.chain.shape[1] == 4 and rollout.logprobs.shape == (2, 3) and rollout.noise_level == 0.3
+    torch.testing.assert_close(three.logprobs(rollout).detach(), rollout.logprobs, rtol=0, atol=1e-4)
+    three.save_pretrained(tmp_path / "three")
+    folder = load_config(None, [f"model.path={tmp_path / 'three'}"]).model
+    again = apply_model_options(load_policy(folder), folder)
+    assert (again.num_steps, again.noise_level, again.noise_method) == (3, 0.3, "flow_sde")
+    # Left null, the level is the folder's (0.3), under which one step is refused when it loads, naming the field.
+    with pytest.raises(ValueError, match="model.flow_steps: 1 denoising step"):
+        apply_model_options(load_policy(folder), replace(folder, flow_steps=1))
+    # A VLM folder with the flow fields set is refused when it loads (the config cannot tell a folder's kind).
+    vlm = build_tiny("qwen2_vl")
+    with pytest.raises(ValueError, match="model.flow_steps: set for a flow policy"):
+        apply_model_options(vlm, replace(folder, flow_steps=3))
+
+
+def test_bad_flow_options_are_config_errors_naming_the_field():
+    from mmrl.policy.flow import NOISE_METHODS
+    from mmrl.run.config import FLOW_NOISE_METHODS, ConfigError, load_config
+
+    assert FLOW_NOISE_METHODS == NOISE_METHODS  # the config's copy of the policy's names
+    pi0 = "model.path=tiny:pi0"
+    cases = {
+        "model.flow_noise_level must be >= 0": [pi0, "model.flow_noise_level=-0.1"],
+        "model.flow_noise_level must be >= 0 (0: the deterministic ODE) or null": [pi0, "model.flow_noise_level=.nan"],
+        "model.flow_noise_method must be one of flow_sde": [pi0, "model.flow_noise_method=flow_noise"],
+        "model.flow_steps must be >= 1": [pi0, "model.flow_steps=0"],
+        "model.flow_steps is 1, but Flow-SDE at model.flow_noise_level 0.5": [
+            pi0, "model.flow_steps=1", "model.flow_noise_level=0.5"
+        ],
+        "model.flow_steps: set for model.path 'tiny:qwen2_vl', which is no flow policy": [
+            "model.path=tiny:qwen2_vl", "model.flow_steps=3"
+        ],
+        "model.flow_noise_level, model.flow_noise_method: set for model.path": [
+            "model.flow_noise_level=0", "model.flow_noise_method=flow_sde", "model.path=tiny:qwen3_vl"
+        ],
+    }  # fmt: skip
+    for message, overrides in cases.items():
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            load_config(None, overrides)
+    assert load_config(None, [pi0, "model.flow_steps=1", "model.flow_noise_level=0"]).model.flow_steps == 1
+
+
 # ---------------------------------------------------------------------------------------------- bad input
 def test_bad_input_is_an_error_naming_the_field(policy, tmp_path):
     from mmrl.policy.tiny import ASSETS
@@ -215,6 +285,36 @@ def test_ppo_epochs_ratios_are_one_at_lr_zero_and_the_clip_binds_at_a_high_lr(ti
     assert abs(step["ratio/max"] - 1) < 1e-4 and abs(step["ratio/min"] - 1) < 1e-4
     moved = _train(tiny_run_config, tmp_path / "moved", *epochs, "trainer.lr=3e-2")
     assert next(m for m in moved if "loss/policy" in m)["clip_fraction"] > 0
+
+
+def test_mmrl_export_writes_a_pi0_folder_transformers_and_model_path_load(tiny_run_config, tmp_path, capsys):
+    from transformers import PI0ForConditionalGeneration
+
+    from mmrl.cli import main
+    from mmrl.run.build import load_policy
+    from mmrl.run.config import ModelConfig
+    from mmrl.run.export import export
+
+    _train(tiny_run_config, tmp_path / "run", "trainer.total_steps=1", "trainer.lr=1e-3", "model.flow_steps=3")
+    assert main(["export", str(tmp_path / "run"), str(tmp_path / "out")]) == 0
+    assert "exported to" in capsys.readouterr().out
+    out, trained = tmp_path / "out", FlowPolicy.from_pretrained(tmp_path / "run" / "checkpoints" / "step_00000001")
+    assert not (out / "training_state.pt").exists() and not (out / "trainer_state.json").exists()
+    assert json.loads((out / "mmrl_export.json").read_text())["lora_merged"] is False
+    # Plain transformers loads the model; model.path loads the policy back: same weights, statistics and sampling.
+    model = PI0ForConditionalGeneration.from_pretrained(out)
+    loaded = load_policy(ModelConfig(path=str(out)))
+    assert isinstance(loaded, FlowPolicy) and loaded.stats == trained.stats and trained.stats is not None
+    assert (loaded.num_steps, loaded.noise_level) == (3, 0.5)  # the run's model.flow_steps travels with it
+    reference = trained.model.state_dict()
+    for states in (model.state_dict(), loaded.model.state_dict()):
+        assert states.keys() == reference.keys()
+        for name, weight in states.items():
+            assert torch.equal(weight, reference[name]), name
+    # A cold start moved the weights off the random initialisation: the comparison above could fail.
+    assert any(not torch.equal(a, b) for a, b in zip(build_tiny_flow(seed=0).model.parameters(), model.parameters()))
+    half = export(tmp_path / "run" / "checkpoints" / "step_00000001", tmp_path / "bf16", dtype="bfloat16")
+    assert PI0ForConditionalGeneration.from_pretrained(half, dtype="auto").dtype == torch.bfloat16
 
 
 def test_flow_rollout_quacks_like_a_rollout_for_the_micro_batches(policy):
