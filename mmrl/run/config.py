@@ -1,7 +1,7 @@
 """Configuration: frozen dataclasses are the schema, YAML files in configs/ are presets, `section.field=value`
 arguments override any field. Unknown keys are errors that name the key and the valid ones.
 
-This module runs a little past the project's 600 lines on purpose: it is the schema, one dataclass per config
+This module runs past the project's 600 lines on purpose: it is the schema, one dataclass per config
 section whose field comments are the fields' documentation and whose `__post_init__` holds their checks; splitting
 the sections apart would scatter one schema. The machinery (YAML, overrides) is `mmrl.run.schema`'s, model-folder
 checks are `mmrl.run.folders`'.
