@@ -69,11 +69,12 @@ def task_corpus(rng: random.Random) -> list[str]:
     return lines
 
 
-def build_tokenizer(out: Path) -> None:
+def train_bpe(special: list[str], vocab_size: int = VOCAB_SIZE):
+    """A byte-level BPE (Qwen's split) on Python's help texts and our tasks' phrases, `special` first (small ids).
+    scripts/make_family_assets.py trains the other families' tokenizers with it too."""
     import pydoc_data.topics
 
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-    from transformers import Qwen2TokenizerFast
 
     rng = random.Random(0)
     corpus = [pydoc_data.topics.topics[k] for k in sorted(pydoc_data.topics.topics)] + task_corpus(rng)
@@ -87,13 +88,20 @@ def build_tokenizer(out: Path) -> None:
     )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
+        vocab_size=vocab_size,
         min_frequency=2,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=special,
         show_progress=False,
     )
     tok.train_from_iterator(corpus, trainer)
+    return tok
+
+
+def build_tokenizer(out: Path) -> None:
+    from transformers import Qwen2TokenizerFast
+
+    tok = train_bpe(SPECIAL_TOKENS)
     hf = Qwen2TokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",

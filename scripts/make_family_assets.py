@@ -24,11 +24,10 @@ same corpus as assets/tokenizer (scripts/make_assets.py), the special tokens add
 from __future__ import annotations
 
 import json
-import random
 import shutil
 from pathlib import Path
 
-from make_assets import QWEN_SPLIT, task_corpus  # scripts/make_assets.py, from this script's folder
+from make_assets import train_bpe  # scripts/make_assets.py, from this script's folder
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "assets" / "tiny_models"
@@ -93,34 +92,6 @@ def qwen3_5_template() -> str:
     return (files("trl") / "chat_templates" / "qwen3_5_nothink.jinja").read_text()
 
 
-def train_bpe(special: list[str]):
-    """A byte-level BPE on Python's help texts and our tasks' phrases (as assets/tokenizer), `special` first."""
-    import pydoc_data.topics
-
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-
-    rng = random.Random(0)
-    corpus = [pydoc_data.topics.topics[k] for k in sorted(pydoc_data.topics.topics)] + task_corpus(rng)
-    tok = Tokenizer(models.BPE())
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(QWEN_SPLIT), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
-        min_frequency=2,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        special_tokens=special,
-        show_progress=False,
-    )
-    tok.train_from_iterator(corpus, trainer)
-    return tok
-
-
 def write(out: Path, tokenizer, model_type: str, config: dict, image_processor, processor: dict) -> None:
     from transformers import AutoConfig
 
@@ -138,7 +109,7 @@ def build_gemma3(out: Path) -> None:
     from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
     tok = PreTrainedTokenizerFast(
-        tokenizer_object=train_bpe(GEMMA3_SPECIAL),
+        tokenizer_object=train_bpe(GEMMA3_SPECIAL, VOCAB_SIZE),
         pad_token="<pad>",
         eos_token="<eos>",
         bos_token="<bos>",
@@ -180,7 +151,7 @@ def build_idefics3(out: Path, model_type: str = "idefics3") -> None:
     from transformers.models.smolvlm.image_processing_pil_smolvlm import SmolVLMImageProcessorPil
 
     tok = PreTrainedTokenizerFast(
-        tokenizer_object=train_bpe(IDEFICS3_SPECIAL),
+        tokenizer_object=train_bpe(IDEFICS3_SPECIAL, VOCAB_SIZE),
         pad_token="<|endoftext|>",
         eos_token="<end_of_utterance>",
         bos_token="<|im_start|>",
@@ -213,7 +184,7 @@ def build_qwen3_5(out: Path) -> None:
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     tok = Qwen2TokenizerFast(
-        tokenizer_object=train_bpe(QWEN3_5_SPECIAL),
+        tokenizer_object=train_bpe(QWEN3_5_SPECIAL, VOCAB_SIZE),
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         unk_token=None,
