@@ -3,7 +3,9 @@
 `algo.advantage: gae` builds one. It reads the final hidden state the policy's language-model head sees (a forward
 hook on `get_output_embeddings()`, so any model class works, sharded or with LoRA) at the last prompt position: the
 state a generation starts from, with its image. One value per row, so one per turn (a text answer, a GUI action, a
-VLA action chunk); `mmrl.algos.critic` turns them into GAE advantages.
+VLA action chunk); `mmrl.algos.critic` turns them into GAE advantages. A model that carries a `value_tap` (a flow
+policy, `mmrl.policy.flow`: it has no language-model head) is read there instead: the tap receives `[r, 1, F]` state
+features on each scoring pass, the same layout.
 
 The head is float32 and small (`algo.critic_hidden` units, or a linear probe with 0), replicated in every process
 (its gradients averaged over processes), with its own AdamW at `algo.critic_lr`. With `algo.critic_time` the head also
@@ -69,7 +71,8 @@ class Critic:
     def __init__(
         self, model: nn.Module, *, width: int, lr: float, trunk_grad: bool, seed: int, device: str, time: bool = False
     ):
-        self.lm_head = model.get_output_embeddings()
+        tap = getattr(model, "value_tap", None)  # a flow policy's state features (it has no language-model head)
+        self.lm_head = tap if tap is not None else model.get_output_embeddings()
         hidden_size = (
             self.lm_head.in_features if hasattr(self.lm_head, "in_features") else self.lm_head.weight.shape[1]
         )

@@ -20,8 +20,20 @@ input, so one number per step is the exact density and keeps the surrogate's tok
 temperature 0, the transition is the ODE step: greedy evaluation uses the deterministic sampler.
 
 The padded action dimensions (π0 pads actions to `max_action_dim`) are sampled with the same transition but never
-executed; they are not scored, so a row's density is that of what the robot does. **Flow-Noise** (a learned noise
-head) is not built yet: `noise_method` accepts `"flow_sde"` only.
+executed; they are not scored, so a row's density is that of what the robot does.
+
+**Flow-Noise** (πRL's other method, `noise_method="flow_noise"`): the transition's mean is the ODE step `x + v dt`
+and its std is learned: a small head (`NoiseHead`, attached to the model as `noise_head`, so the policy's optimiser
+trains it) reads the expert's last hidden state of each action position and gives a std per position and action
+dimension within `NOISE_STD_RANGE` (RLinf's default [0.08, 0.16]). The K steps' densities are exact as Flow-SDE's,
+and the entropy is the head's: it has a gradient, so an entropy bonus moves the noise. The head's weights are saved
+beside the model (`flow_noise_head.safetensors`), so the model folder stays a plain PI0 one.
+
+**Values** (a critic with GAE, `mmrl.methods.critic`): the model carries a parameter-free `value_tap` that each
+scoring pass feeds with the row's state features: the backbone's last hidden state averaged over the prompt (the
+images and the instruction) joined with the normalised proprioceptive state, which π0 gives the expert only. The
+critic's head hooks the tap (as it hooks a VLM's language-model head), so its value is that of the state the chunk
+starts from, independent of the sampled chain (πRL's π0.5 variant, a value "after the VLM", plus the state).
 
 The sampled chain is recorded in the rollout (`FlowRollout.chain` `[R, K+1, C, A]`); `logprobs` recomputes every
 transition's density under the current weights with gradients, in one pass of the action expert over the K steps
@@ -38,13 +50,16 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from sim.base import Observation
 
 from ..types import Sampling
 from .flow_data import STATS_FILE, FlowRollout, FlowStats, cat_flow_rollouts  # noqa: F401  (re-exported)
 
-NOISE_METHODS = ("flow_sde",)
+NOISE_METHODS = ("flow_sde", "flow_noise")
+NOISE_STD_RANGE = (0.08, 0.16)  # Flow-Noise's [min, max] std per action dimension (RLinf's noise_logvar_range)
+NOISE_HEAD_FILE = "flow_noise_head.safetensors"  # the noise head's weights, beside the PI0 model's
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 TINY_PI0 = ASSETS / "tiny_models" / "pi0"
 
@@ -86,6 +101,40 @@ def gaussian_logprob(value: torch.Tensor, mean: torch.Tensor, std: torch.Tensor)
     return per_dim.flatten(1).sum(-1)
 
 
+class NoiseHead(nn.Module):
+    """Flow-Noise's learned noise: the expert's hidden state of each action position `[B, C, H]` -> the std of each
+    action dimension `[B, C, A]`, `exp` of a log-std squashed into `log(std_range)`. The last layer starts at zero,
+    so every std starts at the range's geometric mean; the first draws from `seed`."""
+
+    def __init__(self, hidden_size: int, action_dim: int, width: int = 64, std_range=NOISE_STD_RANGE, seed: int = 0):
+        super().__init__()
+        low, high = std_range
+        if not 0 < low <= high:
+            raise ValueError(f"the noise head's std range must be 0 < min <= max, got {std_range}")
+        self.log_low, self.log_high = math.log(low), math.log(high)
+        first, last = nn.Linear(hidden_size, width), nn.Linear(width, action_dim)
+        with torch.no_grad():
+            first.weight.copy_(torch.randn(width, hidden_size, generator=torch.Generator().manual_seed(seed)))
+            first.weight.div_(hidden_size**0.5)
+            first.bias.zero_()
+        nn.init.zeros_(last.weight)
+        nn.init.zeros_(last.bias)
+        self.net = nn.Sequential(first, nn.Tanh(), last)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        share = (torch.tanh(self.net(hidden.float())) + 1) / 2  # [B, C, A] in (0, 1)
+        return torch.exp(self.log_low + (self.log_high - self.log_low) * share)
+
+
+class ValueTap(nn.Identity):
+    """Where a critic reads a flow policy's state features (`[B, 1, in_features]`, see the module docstring): an
+    identity with no parameters, so it adds nothing to the model's weights."""
+
+    def __init__(self, in_features: int):
+        super().__init__()
+        self.in_features = in_features
+
+
 # ---------------------------------------------------------------------------------------------- the policy
 
 
@@ -101,8 +150,8 @@ class FlowPolicy:
         image: the image processor's settings (`size`, `image_mean`, `image_std`, `image_seq_length`), as in a π0
             folder's `preprocessor_config.json`.
         stats: normalisation statistics, or None until demonstrations provide them (`set_stats`).
-        noise_method: `"flow_sde"`.
-        noise_level: a, the SDE's noise level (πRL uses 0.5 for π0 on LIBERO).
+        noise_method: `"flow_sde"` or `"flow_noise"` (a learned noise head, attached to the model here).
+        noise_level: a, the SDE's noise level (πRL uses 0.5 for π0 on LIBERO); Flow-Noise does not read it.
         num_steps: K denoising steps (default: the config's `num_inference_steps`).
     """
 
@@ -129,9 +178,7 @@ class FlowPolicy:
         num_steps: int | None = None,
     ):
         if noise_method not in NOISE_METHODS:
-            raise ValueError(
-                f"noise_method must be one of {NOISE_METHODS} (Flow-Noise is not built), got {noise_method!r}"
-            )
+            raise ValueError(f"noise_method must be one of {NOISE_METHODS}, got {noise_method!r}")
         if not noise_level >= 0:
             raise ValueError(f"noise_level must be >= 0, got {noise_level}")
         self.model = model
@@ -140,7 +187,7 @@ class FlowPolicy:
         self.noise_method = noise_method
         self.noise_level = float(noise_level)
         self.num_steps = int(num_steps or self.config.num_inference_steps)
-        if self.num_steps < 2 and self.noise_level > 0:
+        if self.num_steps < 2 and self.noise_level > 0 and noise_method == "flow_sde":
             raise ValueError(f"Flow-SDE needs num_steps >= 2 (sigma is infinite at t = 1), got {self.num_steps}")
         self.chunk = int(self.config.chunk_size)
         self.image_size = int(image["size"]["height"])
@@ -155,6 +202,16 @@ class FlowPolicy:
         self.stats: FlowStats | None = None
         if stats is not None:
             self.set_stats(stats)
+        if not hasattr(model, "value_tap"):
+            model.value_tap = ValueTap(self.config.vlm_config.text_config.hidden_size + self.config.max_state_dim)
+        if noise_method == "flow_noise":
+            self.attach_noise_head()
+
+    def attach_noise_head(self, seed: int = 0) -> None:
+        """Give the model Flow-Noise's head (`model.noise_head`, a fresh one drawn from `seed`) unless it has one."""
+        if getattr(self.model, "noise_head", None) is None:
+            head = NoiseHead(self.config.dit_config.hidden_size, self.config.max_action_dim, seed=seed)
+            self.model.noise_head = head.to(self.device)
 
     # ------------------------------------------------------------------------------------------------ loading
     @classmethod
@@ -171,13 +228,28 @@ class FlowPolicy:
         tokenizer = AutoTokenizer.from_pretrained(path)
         saved = json.loads((path / STATS_FILE).read_text()) if (path / STATS_FILE).exists() else {}
         options = {k: saved[k] for k in ("noise_method", "noise_level", "num_steps") if k in saved}
-        return cls(model, tokenizer, read_image_settings(path), FlowStats.read(path), **{**options, **kwargs})
+        policy = cls(model, tokenizer, read_image_settings(path), FlowStats.read(path), **{**options, **kwargs})
+        if (path / NOISE_HEAD_FILE).exists():
+            from safetensors.torch import load_file
+
+            policy.attach_noise_head()
+            policy.model.noise_head.load_state_dict(load_file(path / NOISE_HEAD_FILE, device=str(policy.device)))
+        return policy
 
     def save_pretrained(self, path: str | Path) -> None:
         """Weights, config, tokenizer, image settings, and the statistics and Flow-SDE settings
         (`processor_config.json`, in `PI0Processor`'s fields)."""
         path = Path(path)
-        self.model.save_pretrained(path)
+        head = self.model._modules.pop("noise_head", None)  # the model folder stays a plain PI0 one
+        try:
+            self.model.save_pretrained(path)
+        finally:
+            if head is not None:
+                self.model.noise_head = head
+        if head is not None:
+            from safetensors.torch import save_file
+
+            save_file({k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()}, path / NOISE_HEAD_FILE)
         self.tokenizer.save_pretrained(path)
         (path / "preprocessor_config.json").write_text(json.dumps(self.image_settings, indent=2, sort_keys=True))
         saved = {
@@ -273,8 +345,9 @@ class FlowPolicy:
         return F.pad(x, (0, self.config.max_action_dim - x.shape[-1]))
 
     # ------------------------------------------------------------------------------------------------ the model
-    def prefix_cache(self, inputs: dict[str, torch.Tensor]):
-        """The backbone's key/value cache of the prompts (images + instruction), as `sample_actions` builds it."""
+    def prefix_cache(self, inputs: dict[str, torch.Tensor], with_hidden: bool = False):
+        """The backbone's key/value cache of the prompts (images + instruction), as `sample_actions` builds it; with
+        `with_hidden`, also the backbone's last hidden state `[B, P, H]`."""
         model = self.model
         mask = inputs["attention_mask"]
         embeds = model.model.embed_prefix(inputs["input_ids"], inputs["pixel_values"], inputs["pixel_attention_mask"])
@@ -283,15 +356,41 @@ class FlowPolicy:
             token_type_ids=torch.zeros_like(embeds)[:, :, 0], use_cache=True,
         )  # fmt: skip
         cache = getattr(out, "cache", None)  # `cache` in transformers 5.24, `past_key_values` before
-        return out.past_key_values if cache is None else cache
+        cache = out.past_key_values if cache is None else cache
+        return (cache, out.last_hidden_state) if with_hidden else cache
 
-    def velocity(self, cache, mask: torch.Tensor, state: torch.Tensor, x: torch.Tensor, t: torch.Tensor):
+    def velocity(
+        self, cache, mask: torch.Tensor, state: torch.Tensor, x: torch.Tensor, t: torch.Tensor, with_hidden=False
+    ):
         """The expert's velocity `[B, C, A]` at chains `x` `[B, C, A]` and times `t` `[B]` given the prompts' cache
-        (which it leaves as it found it)."""
+        (which it leaves as it found it); with `with_hidden`, also the expert's last hidden state `[B, C, He]` of
+        the action positions (what the velocity projection reads)."""
+        seen: list[torch.Tensor] = []
+        hook = self.model.action_out_proj.register_forward_hook(lambda m, args, out: seen.append(args[0]))
         length = cache.get_seq_length()
-        out = self.model(state=state, noise=x, timestep=t, attention_mask=mask.long(), **{self._cache_kwarg: cache})
+        try:
+            kwargs = {self._cache_kwarg: cache}
+            out = self.model(state=state, noise=x, timestep=t, attention_mask=mask.long(), **kwargs)
+        finally:
+            hook.remove()
         cache.crop(length - cache.get_seq_length())  # drop the expert's own keys: each step sees the prompt only
-        return out.logits
+        return (out.logits, seen[-1]) if with_hidden else out.logits
+
+    def transition(self, cache, mask, state, x, t, sigma, dt: float, stochastic: bool = True):
+        """Mean `[B, C, A]` and std (`[B, 1, 1]` for Flow-SDE, `[B, C, A]` for Flow-Noise) of one denoising step
+        from `x` at times `t` `[B]`; `sigma` `[B]` is Flow-SDE's noise scale. Not `stochastic`: the ODE step, std 0."""
+        if self.noise_method == "flow_noise" and stochastic:
+            v, hidden = self.velocity(cache, mask, state, x, t, with_hidden=True)
+            return x + v * dt, self.model.noise_head(hidden).to(x.dtype)
+        v = self.velocity(cache, mask, state, x, t)
+        return sde_step(x, v, t, sigma if stochastic else torch.zeros_like(sigma), dt)
+
+    def state_features(self, hidden: torch.Tensor, mask: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        """`[B, 1, H + Smax]` what the critic reads: the backbone's last hidden state `[B, P, H]` averaged over the
+        prompt mask `[B, P]`, joined with the normalised state `[B, Smax]`."""
+        weights = mask.to(hidden.dtype).unsqueeze(-1)
+        pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1)
+        return torch.cat([pooled.float(), state.float()], -1).unsqueeze(1)
 
     # ------------------------------------------------------------------------------------------------ verbs
     @torch.no_grad()
@@ -313,7 +412,7 @@ class FlowPolicy:
             obs: R observations (with `proprio`).
             group_size: G.
             sampling: `temperature` 0 is greedy (the ODE); any other temperature samples the SDE at the policy's
-                noise level (the temperature does not scale it).
+                noise level, or Flow-Noise's learned noise (the temperature does not scale either).
             history: must be None (a flow policy sees the current observation only).
             generator: draws the noise (default: torch's global generator, seeded by the collector).
 
@@ -326,6 +425,8 @@ class FlowPolicy:
             raise ValueError(f"{len(obs)} worlds do not split into groups of {group_size}")
         sampling = sampling or Sampling()
         level = 0.0 if sampling.temperature == 0 else self.noise_level
+        noisy = self.noise_method == "flow_noise" and sampling.temperature != 0
+        stochastic = level > 0 or noisy
         prompts = obs.select(range(0, len(obs), group_size)) if group_size > 1 else obs
         encoded = self.encode(prompts)
         cache = self.prefix_cache(encoded)
@@ -339,12 +440,14 @@ class FlowPolicy:
         times, sigmas, dt = sde_schedule(k, level)
         for step in range(k):
             t = times[step].expand(r).to(device)
-            v = self.velocity(cache, inputs["attention_mask"], inputs["state"], x, t)
-            mean, std = sde_step(x, v, t, sigmas[step].expand(r).to(device), dt)
-            if level > 0:
+            mean, std = self.transition(
+                cache, inputs["attention_mask"], inputs["state"], x, t, sigmas[step].expand(r).to(device), dt,
+                stochastic=stochastic,
+            )  # fmt: skip
+            if stochastic:
                 noise = torch.randn(r, c, a, generator=generator, dtype=torch.float32).to(device, dtype)
                 x = mean + std * noise
-                logprobs[:, step] = gaussian_logprob(x[..., :d], mean[..., :d], std)
+                logprobs[:, step] = gaussian_logprob(x[..., :d], mean[..., :d], _executed(std, d))
             else:
                 x = mean
             chain.append(x)
@@ -358,10 +461,11 @@ class FlowPolicy:
             chain=chain,
             actions=self.unnormalise_actions(chain[:, -1]),
             completion_ids=torch.arange(k, device=device).expand(r, k).clone(),
-            completion_mask=torch.full((r, k), level > 0, dtype=torch.bool, device=device),
+            completion_mask=torch.full((r, k), stochastic, dtype=torch.bool, device=device),
             logprobs=logprobs,
             group_size=group_size,
             noise_level=level,
+            noise_method=self.noise_method,
             texts=[""] * r,
         )
 
@@ -369,23 +473,28 @@ class FlowPolicy:
         self, batch: FlowRollout, temperature: float = 1.0, with_entropy: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Each row's per-step log-densities `[R, K]` of its recorded chain under the current weights, with
-        gradients (0 where masked); with `with_entropy`, also each transition's entropy `[R, K]`, which Flow-SDE
-        fixes by its noise level (no gradient: an entropy bonus does nothing here; Flow-Noise would learn it).
+        gradients (0 where masked); with `with_entropy`, also each transition's entropy `[R, K]` over the executed
+        dimensions, which Flow-SDE fixes by its noise level (no gradient: an entropy bonus does nothing there) and
+        Flow-Noise's head learns.
 
-        The backbone reads each row's prompt once; the expert then runs the K steps of every row in one batch over
-        the prompt cache repeated K times. `temperature` is not used: the rows carry the noise level they were
-        sampled at.
+        The backbone reads each row's prompt once (and feeds the critic's `value_tap`); the expert then runs the K
+        steps of every row in one batch over the prompt cache repeated K times. `temperature` is not used: the rows
+        carry the noise they were sampled with (`noise_method`, `noise_level`).
         """
         r, k = batch.completion_mask.shape
         d = self.action_dim
-        if batch.noise_level == 0:  # greedy rows: a deterministic chain has no density (and nothing trains on it)
-            zeros = torch.zeros(r, k, device=self.device)
-            return (zeros, zeros) if with_entropy else zeros
+        if batch.noise_method != self.noise_method and batch.completion_mask.any():
+            raise ValueError(f"rows sampled with noise_method {batch.noise_method!r} cannot be scored by a policy "
+                             f"whose noise_method is {self.noise_method!r}")  # fmt: skip
         inputs = {
             "input_ids": batch.prompt_ids, "attention_mask": batch.prompt_mask, "pixel_values": batch.pixel_values,
             "pixel_attention_mask": batch.pixel_attention_mask,
         }  # fmt: skip
-        cache = self.prefix_cache(inputs)
+        cache, hidden = self.prefix_cache(inputs, with_hidden=True)
+        self.model.value_tap(self.state_features(hidden, batch.prompt_mask, batch.state))  # a critic's hook reads it
+        if not batch.completion_mask.any():  # greedy rows: a deterministic chain has no density (nothing trains)
+            zeros = torch.zeros(r, k, device=self.device)
+            return (zeros, zeros) if with_entropy else zeros
         cache.batch_repeat_interleave(k)  # row-major: row i's K steps are rows i*K .. i*K+K-1
         times, sigmas, dt = sde_schedule(k, batch.noise_level)
         t = times.to(self.device).repeat(r)  # [R*K]
@@ -393,15 +502,15 @@ class FlowPolicy:
         x = batch.chain[:, :k].flatten(0, 1)  # [R*K, C, A] each step's input
         state = batch.state.repeat_interleave(k, 0)
         mask = batch.prompt_mask.repeat_interleave(k, 0)
-        v = self.velocity(cache, mask, state, x, t)
-        mean, std = sde_step(x, v, t, sigma, dt)
+        mean, std = self.transition(cache, mask, state, x, t, sigma, dt)
         target = batch.chain[:, 1:].flatten(0, 1)  # [R*K, C, A]
+        std = _executed(std, d)
         logprobs = gaussian_logprob(target[..., :d], mean[..., :d], std).view(r, k)
         logprobs = torch.where(batch.completion_mask, logprobs, torch.zeros_like(logprobs))
         if not with_entropy:
             return logprobs
-        per_dim = 0.5 * math.log(2 * math.pi * math.e) + torch.log(std.view(r, k))  # [R, K]
-        return logprobs, per_dim * self.chunk * d
+        per_dim = 0.5 * math.log(2 * math.pi * math.e) + torch.log(std.expand(r * k, self.chunk, d))
+        return logprobs, per_dim.flatten(1).sum(-1).view(r, k)
 
     def masked(self, batch, domain: str, ratio: float, generator: torch.Generator):
         raise ValueError("algo.papo_gamma / papo_monitor: PAPO's masked-image pass is not built for flow policies")
@@ -427,6 +536,11 @@ class FlowPolicy:
         v = self.velocity(cache, inputs["attention_mask"], inputs["state"], x, t)
         d = self.action_dim
         return F.mse_loss(v[..., :d], (noise - target)[..., :d])
+
+
+def _executed(std: torch.Tensor, d: int) -> torch.Tensor:
+    """The std of the executed action dimensions: Flow-SDE's `[B, 1, 1]` as is, Flow-Noise's `[B, C, A]` cut to D."""
+    return std if std.shape[-1] == 1 else std[..., :d]
 
 
 # ---------------------------------------------------------------------------------------------- folders
@@ -515,8 +629,10 @@ def apply_flow_options(policy: FlowPolicy, cfg) -> FlowPolicy:
         raise ValueError(f"model.flow_noise_method must be one of {NOISE_METHODS}, got {method!r}")
     if not (math.isfinite(level) and level >= 0):
         raise ValueError(f"model.flow_noise_level must be >= 0, got {level}")
-    if steps < 2 and level > 0:
+    if steps < 2 and level > 0 and method == "flow_sde":
         raise ValueError(f"model.flow_steps: {steps} denoising step(s) at noise level {level}; Flow-SDE needs >= 2 "
                          "(sigma is infinite at t = 1): set model.flow_steps >= 2 or model.flow_noise_level=0")  # fmt: skip
     policy.noise_method, policy.noise_level, policy.num_steps = method, level, steps
+    if method == "flow_noise":
+        policy.attach_noise_head(seed=cfg.seed)  # before the optimiser is built: it trains the head's weights
     return policy

@@ -33,6 +33,7 @@ class FlowRollout:
     group_size: int
     noise_level: float  # a, the Flow-SDE noise level the chain was drawn with (0: the ODE)
     texts: list[str]  # R empty strings (no text is written; evaluation code reads this field)
+    noise_method: str = "flow_sde"  # how the chain's steps were drawn: "flow_sde" or "flow_noise" (a learned std)
 
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]

@@ -29,7 +29,7 @@ LOG_BACKENDS = ("jsonl", "tensorboard", "wandb")
 FREEZE_PARTS = ("vision", "projector", "language")  # model.freeze: see mmrl.policy.options.part_parameters
 # model.flow_noise_method's choices: mmrl.policy.flow.NOISE_METHODS, repeated because the policy package imports this
 # module (not the other way round); a test holds the two equal.
-FLOW_NOISE_METHODS = ("flow_sde",)
+FLOW_NOISE_METHODS = ("flow_sde", "flow_noise")
 FLOW_FIELDS = ("flow_noise_level", "flow_noise_method", "flow_steps")  # ModelConfig's flow-policy fields
 # Each policy loss's own clip range and aggregation: what algo.clip_low, algo.clip_high and algo.aggregation left at
 # null resolve to (a loss not listed takes ppo_clip's). PPO's token ratio: DAPO's clip-higher range
@@ -85,7 +85,7 @@ class ModelConfig:
     # A flow policy's (π0's) sampling; null keeps the model folder's own (processor_config.json), else the policy's
     # defaults (flow_sde, 0.5, the config's num_inference_steps). Set for any other model, they are refused.
     flow_noise_level: float | None = None  # Flow-SDE's noise level a (0: the deterministic ODE; πRL uses 0.5)
-    flow_noise_method: str | None = None  # how a denoising step gets its density: "flow_sde" (Flow-Noise not built)
+    flow_noise_method: str | None = None  # a denoising step's noise: "flow_sde" (noise level) or "flow_noise" (learned)
     flow_steps: int | None = None  # K denoising steps per action chunk (the rows' "tokens")
 
     def __post_init__(self):
@@ -133,13 +133,13 @@ class ModelConfig:
         require(
             method is None or method in FLOW_NOISE_METHODS,
             "model.flow_noise_method",
-            f"must be one of {', '.join(FLOW_NOISE_METHODS)} or null (Flow-Noise is not built), got {method!r}",
+            f"must be one of {', '.join(FLOW_NOISE_METHODS)} or null (the folder's own), got {method!r}",
         )
         require(
             steps is None or steps >= 1, "model.flow_steps", f"must be >= 1 or null (the folder's own), got {steps}"
         )
         require(
-            not (steps == 1 and level is not None and level > 0),
+            not (steps == 1 and level is not None and level > 0 and method != "flow_noise"),
             "model.flow_steps",
             f"is 1, but Flow-SDE at model.flow_noise_level {level} needs >= 2 denoising steps (its sigma is infinite "
             "at t = 1); one step runs only the ODE (model.flow_noise_level=0)",

@@ -14,21 +14,19 @@ import torch
 from sim.base import Observation
 from sim.seeds import demo_seed_base
 
-from ..algos import CRITIC_ADVANTAGES
 from ..policy.flow import FlowPolicy
 from .sft import episode_noise_seed
 
 
 def check_flow_run(cfg) -> None:
     """Refuse, naming the field, the run options a flow policy does not support yet: the ones that join several
-    batches of episodes (refill, generation shards: `mmrl.types.cat_episodes` joins token rollouts only), a critic
-    (its value head reads a language model's hidden state), PAPO (a masked-image pass) and rollout workers."""
+    batches of episodes (refill, generation shards: `mmrl.types.cat_episodes` joins token rollouts only), PAPO (a
+    masked-image pass) and rollout workers. (A critic reads the flow policy's `value_tap`.)"""
     ac, tc = cfg.algo, cfg.trainer
     refused = {
         "algo.max_sample_batches": ac.max_sample_batches > 1,
         "trainer.generation_shards": tc.generation_shards > 1,
         "trainer.rollout_workers": tc.rollout_workers > 0,
-        "algo.advantage": ac.advantage in CRITIC_ADVANTAGES,
         "algo.papo_gamma": ac.papo_gamma > 0 or ac.papo_monitor,
         "algo.credit": ac.credit == "branch",
         "judge.model": bool(getattr(cfg.judge, "model", None)),

@@ -194,7 +194,7 @@ def test_bad_flow_options_are_config_errors_naming_the_field():
     cases = {
         "model.flow_noise_level must be >= 0": [pi0, "model.flow_noise_level=-0.1"],
         "model.flow_noise_level must be >= 0 (0: the deterministic ODE) or null": [pi0, "model.flow_noise_level=.nan"],
-        "model.flow_noise_method must be one of flow_sde": [pi0, "model.flow_noise_method=flow_noise"],
+        "model.flow_noise_method must be one of flow_sde, flow_noise": [pi0, "model.flow_noise_method=flow_cps"],
         "model.flow_steps must be >= 1": [pi0, "model.flow_steps=0"],
         "model.flow_steps is 1, but Flow-SDE at model.flow_noise_level 0.5": [
             pi0, "model.flow_steps=1", "model.flow_noise_level=0.5"
@@ -231,7 +231,7 @@ def test_bad_input_is_an_error_naming_the_field(policy, tmp_path):
     with pytest.raises(ValueError, match="env.action_dim is 3; the policy's actions_mean has 2"):
         policy.check_env(SimpleNamespace(action_kind="continuous", action_dim=3, max_episode_steps=8))
     with pytest.raises(ValueError, match="noise_method"):
-        build_tiny_flow(noise_method="flow_noise")
+        build_tiny_flow(noise_method="flow_cps")
     with pytest.raises(ValueError, match="actions_mean and actions_std"):
         FlowStats((0.0,), (1.0,), (0.0, 0.0), (1.0,))
 
