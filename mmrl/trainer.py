@@ -84,10 +84,9 @@ def train_step(run: Run, step: int, last: int) -> dict[str, float]:
     t0 = time.perf_counter()
 
     # ---- collect: G worlds per prompt reset with the same seed, episodes run to their end, filters and refill
-    collected = run.collector.collect(run.policy, run.model, step)  # (prefetched during the last step, if pipelined)
+    # (asynchronous, trainer.max_staleness = k: played ahead by the collector thread, which now queues step + k)
+    collected = run.collector.collect(run.policy, run.model, step)
     t_gen = time.perf_counter() - t0
-    if tc.max_staleness and step + 1 < tc.total_steps:  # pipelined: the next step's episodes, while this one updates
-        run.collector.prefetch(run.policy, step + 1)
 
     # ---- shape: overlong penalty and filter, GRPO-CARE, SRPO (a judge and TTRV ran on each batch, before the filters)
     collected, shaping_metrics = run.shaping.collected(collected, run.policy, run.sampling)
@@ -112,6 +111,8 @@ def train_step(run: Run, step: int, last: int) -> dict[str, float]:
     }  # fmt: skip
     if old.values is not None:
         extra.update(critic_metrics(old.values, returns, world, warming))
+    if tc.max_staleness:  # groups of queued steps dropped as more than k updates stale (only after a smaller k)
+        shaping_metrics["pipeline/dropped_groups"] = run.collector.dropped_groups  # one process (torchrun refuses k)
     metrics = step_metrics(cfg, collected, {**losses, **shaping_metrics}, extra, run.curriculum, world)
     logged = run.logger.log(step + 1, metrics)
     if run.curriculum.update(logged.get("env/success_rate", logged["reward/total"])):
@@ -120,6 +121,7 @@ def train_step(run: Run, step: int, last: int) -> dict[str, float]:
 
     # ---- evaluate
     if tc.eval_every and (step + 1) % tc.eval_every == 0 and step + 1 < tc.total_steps:
+        run.collector.wait()  # the evaluation seeds torch's generator, which the collector thread draws from
         run.logger.log(step + 1, {f"eval/{k}": v for k, v in held_out(run.policy, cfg, world).metrics.items()})
 
     # ---- checkpoint (every process gathers, rank 0 writes)
@@ -132,10 +134,11 @@ def train_step(run: Run, step: int, last: int) -> dict[str, float]:
 
 
 def checkpoint_extra(run: Run) -> dict:
-    """What a checkpoint carries beyond weights, optimiser and scheduler: the critic, a finished prefetch."""
+    """What a checkpoint carries beyond weights, optimiser and scheduler: the critic, the steps queued for
+    asynchronous collection (played ones as episodes, the others as their weights, re-queued on resume)."""
     extra = {}
     if run.critic is not None:
         extra["critic"] = run.critic.state_dict()
     if run.cfg.trainer.max_staleness:
-        extra["prefetched"] = run.collector.pending()  # waits for it: the resumed run trains on the same rows
+        extra["prefetched"] = run.collector.in_flight()  # no wait: what is not played yet is played again on resume
     return extra

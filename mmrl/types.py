@@ -270,7 +270,8 @@ class Collected:
     sampled: Episodes  # every episode sampled this step, before any filter (for the step's metrics)
     kept_groups: int  # groups that passed the filters (over every batch sampled)
     sampled_batches: int  # batches of B prompts sampled (more than 1 only with refill)
-    stale: int = 0  # updates between the weights that played these episodes and the ones they train (prefetched: 1)
+    stale: int = 0  # updates between the weights that played these episodes and the ones they train (at most k)
+    version: int = 0  # the weights that played them: trainer steps completed when they were taken
 
 
 def cat_episodes(parts: list[Episodes], pad_token_id: int = 0) -> Episodes:

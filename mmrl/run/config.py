@@ -425,9 +425,10 @@ class TrainerConfig:
     # to them in turn: generation_shards must be a multiple of K. Samples equal the in-process ones for the same
     # generation_shards (on CPUs with the same torch thread count: the workers use max(threads, 1)).
     rollout_workers: int = 0
-    # Pipelined collection: 1 collects step k+1 (env, rendering, generation by a copy of the policy, or the rollout
-    # workers) in a thread while step k updates, so each step trains on rows one update stale (the old log-probs are
-    # then recomputed and the rollout correction applies, see algo.old_logprobs); 0 collects synchronously.
+    # Asynchronous collection with a staleness bound k: k >= 1 plays steps ahead in a thread (env, rendering,
+    # generation by a copy of the policy, the rollout workers, or the vllm_process engine), step s with the weights of
+    # step max(0, s - k), so each step trains on rows min(s, k) updates stale (the old log-probs are then recomputed
+    # and the rollout correction applies, see algo.old_logprobs); 0 collects synchronously (mmrl/stages/collect.py).
     max_staleness: int = 0
     rollout_timeout_s: float = 600.0  # a worker that does not return a shard in this time is replaced, and it reruns
     # Where metrics go: "jsonl" (metrics.jsonl, always; resume and the returned history read it), "tensorboard"
@@ -450,9 +451,9 @@ class TrainerConfig:
         k = self.rollout_workers
         require(k >= 0, "trainer.rollout_workers", f"must be >= 0 (0: generate in this process), got {k}")
         require(
-            self.max_staleness in (0, 1),
+            self.max_staleness >= 0,
             "trainer.max_staleness",
-            f"must be 0 (synchronous) or 1 (collect the next step while this one updates), got {self.max_staleness}",
+            f"must be >= 0 (0: synchronous; k: collect up to k steps ahead), got {self.max_staleness}",
         )
         require(
             not k or self.rollout_timeout_s > 0,

@@ -17,14 +17,30 @@
   judge model's scores, TTRV's votes: `mmrl.stages.shaping.Shaping.sampled`); the rest of the shaping is the loop's next
   stage.
 
+* **Asynchronous collection** (`trainer.max_staleness` = k >= 1). A thread plays the steps ahead of the trainer with a
+  copy of the policy (or, with `model.generation_backend=vllm_process`, through the engine process that copy's
+  backend talks to), on a fixed schedule: step s is played by the weights of version `max(0, s - k)` (the weights
+  after that many trainer steps), so its rows are `min(s, k)` updates stale, the same in every run whatever the
+  machine's timing. When step s starts, steps s..s+k are queued; the one missing (s + k) is queued with a snapshot
+  of the current weights. A checkpoint holds every queued step: the finished ones as their episodes, the others as
+  their weight snapshot, re-queued on resume, so a killed run neither loses nor duplicates a group and the resumed
+  one trains on what the uninterrupted one would. Rows are never more than k updates stale: a queued step older
+  than that (only after resuming with a smaller k) is dropped whole and collected again with the current weights,
+  since the bound is the promise about how off-policy an update may be, and the rollout correction (truncated
+  importance weights on the recomputed old log-probs) is what corrects the staleness within it.
+
 A curriculum step rebuilds the env at the new level (`rebuild`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import dataclasses
+import queue
 import sys
 import threading
+from dataclasses import dataclass, field
 
 import torch
 
@@ -76,6 +92,29 @@ def keep_groups(episodes: Episodes, ac: AlgoConfig) -> torch.Tensor:
     return keep
 
 
+@dataclass
+class Queued:
+    """One step queued for asynchronous collection: the weights that play it, then what they played.
+
+    Attributes:
+        step: the trainer step the episodes are for.
+        version: the weights' version (trainer steps completed when they were snapshot).
+        weights: the snapshot (`name -> tensor` of the policy's parameters) until the step is played; None after.
+        result: the episodes (or the error) once played.
+    """
+
+    step: int
+    version: int
+    weights: dict[str, torch.Tensor] | None
+    result: Collected | BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event, repr=False)
+
+
+def weights_snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A detached copy of every parameter of `model`, by name (what a queued step is played with)."""
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
 class Collector:
     """Collects each step's episodes (see the module docstring).
 
@@ -110,47 +149,92 @@ class Collector:
         self.rows = len(self.my_shards) * self.shard_rows  # this process's R
         self.env = make_env(cfg, self.shard_rows, curriculum)  # the env holds one shard at a time
         self.workers: RolloutWorkers | None = None
-        # Pipelined collection (trainer.max_staleness = 1): the next step's episodes, played by a copy of the policy
-        # in a thread while this step updates.
+        # Asynchronous collection (trainer.max_staleness = k >= 1, see the module docstring): steps queued in order
+        # (`_queued`, by step), played one at a time by a thread with a copy of the policy (`_copy`).
+        self.max_staleness = tc.max_staleness
+        self.dropped_groups = 0  # groups of queued steps dropped as older than k (logged as pipeline/dropped_groups)
         self._copy: VLMPolicy | None = None
+        self._queued: dict[int, Queued] = {}
+        self._lock = threading.Lock()  # over `_queued` and each entry's weights/result (the thread writes them)
+        self._jobs: queue.Queue[Queued | None] = queue.Queue()
         self._thread: threading.Thread | None = None
-        self._pending: tuple[int, Collected | BaseException] | None = None
 
-    def prefetch(self, policy: VLMPolicy, step: int) -> None:
-        """Start collecting step `step`'s episodes now, in a thread, with a copy of `policy`'s current weights (its
-        rows are then one update stale when step `step` trains on them)."""
-        self.wait()
+    # ------------------------------------------------------------------ asynchronous collection
+    def queue_ahead(self, policy: VLMPolicy, step: int) -> None:
+        """Queue steps `step`..`step + k` that are not queued yet (before the last step), with a snapshot of
+        `policy`'s weights as they are now (version `step`): on the fixed schedule only `step + k` is missing."""
+        last = min(step + self.max_staleness, self.cfg.trainer.total_steps - 1)
+        missing = [s for s in range(step, last + 1) if s not in self._queued]
+        if not missing:
+            return
         if self._copy is None:
             self._copy = copy.deepcopy(policy)
             self._copy.model.requires_grad_(False)
-        else:
-            with torch.no_grad():
-                for mine, theirs in zip(self._copy.model.parameters(), policy.model.parameters(), strict=True):
-                    mine.copy_(theirs)
+        weights = weights_snapshot(policy.model)  # shared by the steps queued now (one version)
+        for s in missing:
+            self._submit(Queued(s, step, weights))
 
-        def play() -> None:
+    def _submit(self, job: Queued) -> None:
+        with self._lock:
+            self._queued[job.step] = job
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name="collector", daemon=True)
+            self._thread.start()
+        self._jobs.put(job)
+
+    def _serve(self) -> None:
+        """The collector thread: plays queued steps in order, each with its own weights snapshot."""
+        while (job := self._jobs.get()) is not None:
             try:
-                self._pending = (step, self._collect(self._copy, self._copy.model, step))
+                with torch.no_grad():
+                    for name, p in self._copy.model.named_parameters():
+                        p.copy_(job.weights[name])
+                result: Collected | BaseException = self._collect(self._copy, self._copy.model, job.step)
+                result = dataclasses.replace(result, version=job.version)
             except BaseException as error:  # noqa: BLE001  (re-raised in the trainer's thread by `collect`)
-                self._pending = (step, error)
-
-        self._thread = threading.Thread(target=play, name=f"prefetch-step-{step}", daemon=True)
-        self._thread.start()
+                result = error
+            with self._lock:
+                job.result, job.weights = result, (job.weights if isinstance(result, BaseException) else None)
+            job.done.set()
 
     def wait(self) -> None:
-        """Let a running prefetch finish (before the env is rebuilt, a checkpoint is written, or the run ends)."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        """Let every queued step finish (before the env is rebuilt, a held-out evaluation seeds torch's generator in
+        this thread, or the run ends)."""
+        for job in list(self._queued.values()):
+            job.done.wait()
 
-    def pending(self) -> tuple[int, Collected] | None:
-        """The finished prefetch (its step and episodes), for a checkpoint; None when there is none."""
-        self.wait()
-        return self._pending if self._pending is None or isinstance(self._pending[1], Collected) else None
+    def in_flight(self) -> list[dict]:
+        """Every queued step as a checkpoint keeps it: `{"step", "version", "collected"}` once played, `{"step",
+        "version", "weights"}` before (re-queued on resume). Does not wait for the thread."""
+        with self._lock:
+            kept = []
+            for job in sorted(self._queued.values(), key=lambda j: j.step):
+                entry = {"step": job.step, "version": job.version}
+                if isinstance(job.result, Collected):
+                    entry["collected"] = job.result
+                else:  # not played yet, or failed (the resumed run plays it again)
+                    entry["weights"] = job.weights
+                kept.append(entry)
+            return kept
 
-    def restore(self, pending: tuple[int, Collected] | None) -> None:
-        """Take back a checkpoint's prefetched episodes, so that a resumed run trains on what the killed one would."""
-        self._pending = pending
+    def restore(self, pending: list[dict] | tuple[int, Collected] | None) -> None:
+        """Take back a checkpoint's queued steps (`in_flight`): played ones as they are, the others re-queued with
+        their weights, so that a resumed run trains on what the killed one would. (A checkpoint of the one-step
+        pipeline before it was generalised holds `(step, episodes)`.)"""
+        if pending is None:
+            return
+        if isinstance(pending, tuple):
+            pending = [{"step": pending[0], "version": pending[0] - 1, "collected": pending[1]}]
+        for entry in pending:
+            if "collected" in entry:
+                job = Queued(entry["step"], entry["version"], None, entry["collected"])
+                job.done.set()
+                with self._lock:
+                    self._queued[job.step] = job
+            elif self._copy is None:  # the policy is not loaded yet: copied at the first `collect`
+                self._restored = [*getattr(self, "_restored", []), entry]
+            else:
+                self._submit(Queued(entry["step"], entry["version"], entry["weights"]))
 
     def start_workers(self, policy: VLMPolicy) -> None:
         """Start the rollout workers, copies of `policy` (with `trainer.rollout_workers > 0`; else nothing)."""
@@ -164,16 +248,31 @@ class Collector:
 
     @torch.no_grad()
     def collect(self, policy: VLMPolicy, model: torch.nn.Module, step: int) -> Collected:
-        """Step `step`'s episodes, played by `policy` (whose possibly sharded module is `model`), or the ones a
-        `prefetch` of this step played (`Collected.stale` = 1)."""
-        self.wait()
-        if self._pending is not None:
-            (ready, got), self._pending = self._pending, None
-            if isinstance(got, BaseException):
-                raise got
-            if ready == step:
-                return got
-        return self._collect(policy, model, step)
+        """Step `step`'s episodes, played by `policy` (whose possibly sharded module is `model`) now, or, with
+        `trainer.max_staleness` = k >= 1, by the collector thread on the schedule of the module docstring
+        (`Collected.stale` = the updates since its weights, at most k)."""
+        if not self.max_staleness:
+            return self._collect(policy, model, step)
+        if self._copy is None:
+            self._copy = copy.deepcopy(policy)
+            self._copy.model.requires_grad_(False)
+        for entry in getattr(self, "_restored", []):
+            self._submit(Queued(entry["step"], entry["version"], entry["weights"]))
+        self._restored = []
+        job = self._queued.get(step)
+        if job is not None and step - job.version > self.max_staleness:  # older than k: drop it, play it again
+            job.done.wait()
+            self.dropped_groups += self.cfg.trainer.prompts_per_step
+            with self._lock:
+                del self._queued[step]
+        self.queue_ahead(policy, step)
+        job = self._queued[step]
+        job.done.wait()
+        with self._lock:
+            del self._queued[step]
+        if isinstance(job.result, BaseException):
+            raise job.result
+        return dataclasses.replace(job.result, stale=step - job.version)
 
     def _collect(self, policy: VLMPolicy, model: torch.nn.Module, step: int) -> Collected:
         tc, ac, group_size = self.cfg.trainer, self.cfg.algo, self.cfg.algo.group_size
@@ -201,7 +300,7 @@ class Collector:
         episodes = cat_episodes(kept, pad) if kept else sampled[0]
         if episodes.num_worlds > self.rows:
             episodes = episodes.select_worlds(torch.arange(self.rows))
-        return Collected(episodes, cat_episodes(sampled, pad), kept_groups, len(sampled), int(policy is self._copy))
+        return Collected(episodes, cat_episodes(sampled, pad), kept_groups, len(sampled), version=step)
 
     def _play(self, policy: VLMPolicy, jobs: list) -> list[Episodes]:
         """Each job's episodes: by the rollout workers, or here, one seeded shard at a time."""
@@ -220,8 +319,8 @@ class Collector:
         return parts
 
     def rebuild(self) -> None:
-        """Rebuild the env (and the rollout workers' envs) at the curriculum's current level (a prefetch running
-        finishes first, at the level it started with)."""
+        """Rebuild the env (and the rollout workers' envs) at the curriculum's current level (queued steps finish
+        first, at the level they were queued with: which level plays a step does not depend on timing)."""
         self.wait()
         self.env.close()
         self.env = make_env(self.cfg, self.shard_rows, self.curriculum)
@@ -234,7 +333,13 @@ class Collector:
     def close(self) -> None:
         """Close the env and stop the rollout workers (idempotent). Errors are printed, not raised: the run's own
         error, if any, is the one to see."""
-        self.wait()
+        if self._thread is not None:  # steps not started are dropped; the one in play finishes (it cannot be cut)
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    self._jobs.get_nowait()
+            self._jobs.put(None)
+            self._thread.join()
+            self._thread = None
         for name in ("env", "workers"):
             thing = getattr(self, name, None)
             setattr(self, name, None)

@@ -180,10 +180,10 @@ def test_a_copy_of_the_policy_decodes_with_its_own_weights_not_through_the_origi
     assert clone.generation_backend == policy.generation_backend
 
 
-def test_staleness_beyond_one_is_refused(tmp_path, tiny_run_config):
-    with pytest.raises(ConfigError, match=r"trainer.max_staleness must be 0 \(synchronous\) or 1"):
-        tiny_run_config(tmp_path, "trainer.max_staleness=2")
-    assert tiny_run_config(tmp_path, "trainer.max_staleness=1").correction == "token_truncate"
+def test_a_negative_staleness_is_refused(tmp_path, tiny_run_config):
+    with pytest.raises(ConfigError, match=r"trainer.max_staleness must be >= 0"):
+        tiny_run_config(tmp_path, "trainer.max_staleness=-1")
+    assert tiny_run_config(tmp_path, "trainer.max_staleness=2").correction == "token_truncate"
 
 
 # ---------------------------------------------------------------------------------------------- GiGPO in the trainer
