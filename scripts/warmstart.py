@@ -148,6 +148,8 @@ def make_warm_start(
     iou = validation_iou(policy, image_size)
     torch.set_num_threads(threads)
     policy.model.to(torch.float16)
+    # It answers boxes in pixels, not in Qwen3-VL's 0-1000: the config reads this (mmrl.run.conventions).
+    policy.model.config.grounding_coordinates = "pixels"
     policy.save_pretrained(out_dir)
     print(f"warm start: validation IoU {iou:.3f} after {total} supervised steps -> {out_dir}")
     return iou

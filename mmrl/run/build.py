@@ -271,6 +271,9 @@ def build(cfg: TrainConfig, policy: VLMPolicy | None, generation_shards: int | N
         )
     if resume_from is not None:
         policy = _model_options(load_policy(load_cfg.model, checkpoint=resume_from), cfg.model)
+    if "coordinates" in cfg.env.options and not isinstance(policy, FlowPolicy):
+        # Its checkpoints say which units it answers in, whatever its family's (mmrl.run.conventions reads them).
+        policy.model.config.grounding_coordinates = cfg.env.options["coordinates"]
     if use_masters:
         precision.cast_parameters(policy.model, torch.float32)  # no-op for a float32 load, not for a policy passed in
     # Before the optimiser: it holds the sharded parameters. Under FSDP the float32 shards are the master weights.

@@ -22,6 +22,7 @@ from sim.seeds import TRAIN_SEEDS
 
 from ..algos import ADVANTAGES, CRITIC_ADVANTAGES, POLICY_LOSSES, STEP_ADVANTAGES, Aggregation
 from ..types import Sampling
+from .conventions import resolve_coordinates
 from .schema import ConfigError, apply_overrides, from_dict, load, require, to_dict  # noqa: F401 (re-exported)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -592,6 +593,11 @@ class TrainConfig:
     def __post_init__(self):
         """Checks that read more than one section; each section checks its own fields when it is built."""
         tc, model = self.trainer, self.model
+        # The env's coordinate convention from the model's family unless set (mmrl.run.conventions); frozen: resolved
+        # once, here, so the collector, evaluation, rollout workers and config.json all see the values in force.
+        options = resolve_coordinates(self)
+        if options is not None:
+            object.__setattr__(self.env, "options", options)
         option = self.curriculum.option
         if option is not None and self.env.name in ENVS:  # each level is a value of that env option: check it as one
             cls = ENVS.get(self.env.name)

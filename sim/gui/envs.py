@@ -4,8 +4,10 @@ Screens: `sim.gui.screen` (the model), `sim.gui.layouts`, `sim.gui.paint`; the t
 
 Both envs take text actions in the action grammar of `rewards.actions` (`click(57, 83)`, `type("alice")`,
 `scroll(down)`, `press(back)`, `finish()`, UI-R1's JSON `[{"action": "click", "coordinate": [57, 83]}]`, ...) with
-pixel coordinates of the observed image, and carry a scripted expert (`expert_action`) whose answers are short
-strings in that grammar, for supervised cold starts and as the reference the step rewards compare with.
+coordinates in the model family's units (`coordinates`, chosen from the model by the config: pixels of the image as
+the model saw it, `input_size` on a side, or 0-1000 / 0-1 relative, which the instructions then name; see
+`rewards.coordinates`), and carry a scripted expert (`expert_action`) whose answers are short strings in that grammar
+and those units, for supervised cold starts and as the reference the step rewards compare with.
 
 `gui_click`
 -----------
@@ -85,6 +87,7 @@ noise it succeeds in every episode (the tests run 50 seeds per task).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -101,6 +104,8 @@ from rewards import (
     parse_point,
     point_in_box,
 )
+from rewards.actions import Action
+from rewards.coordinates import HINTS, check_coordinates, format_values, from_pixels, to_pixels
 from sim.base import Observation, SingleStepImageEnv, StepResult, check_text_actions, resolve_env_ids, resolve_seeds
 from sim.gui.apps import TASKS, App, make_app
 from sim.gui.layouts import (
@@ -168,13 +173,25 @@ def _noise(num: int, dims: int, noise: float, generator: torch.Generator | None)
     return torch.randn(num, dims, generator=generator, dtype=torch.float64).numpy()
 
 
-def _click(element: Element, z: np.ndarray, noise: float, size: int) -> str:
-    """`click(x, y)` at the element's centre, moved by `noise * z * (width, height)` and kept in the image."""
+def _click(element: Element, z: np.ndarray, noise: float, size: int, coordinates: str = "pixels", input_size: int = 0
+           ) -> str:  # fmt: skip
+    """`click(x, y)` at the element's centre, moved by `noise * z * (width, height)` and kept in the image, written in
+    `coordinates` units (`rewards.coordinates`)."""
     x, y = element.centre
     x1, y1, x2, y2 = element.box
     x = min(max(round(x + noise * z[0] * (x2 - x1)), 0), size - 1)
     y = min(max(round(y + noise * z[1] * (y2 - y1)), 0), size - 1)
-    return f"click({x}, {y})"
+    point = from_pixels(torch.tensor([x, y], dtype=torch.float64), coordinates, size, size, input_size)
+    return f"click({format_values(point.tolist(), coordinates)})"
+
+
+def _in_pixels(action: Action, coordinates: str, size: int, input_size: int) -> Action:
+    """A parsed click (or long press) with its point brought from `coordinates` units to pixels of the screen."""
+    if action.kind not in ("click", "long_press"):
+        return action
+    point = torch.tensor([float(action.args["x"]), float(action.args["y"])], dtype=torch.float64)
+    x, y = to_pixels(point, coordinates, size, size, input_size).tolist()
+    return dataclasses.replace(action, args={**action.args, "x": x, "y": y})
 
 
 def _draw_rows(screens: list[Screen]) -> torch.Tensor:
@@ -206,6 +223,9 @@ class GUIClickEnv(SingleStepImageEnv):
         format_weight: Weight of the format term (a click action; a parsed box).
         size_weight: Weight of the box-size similarity term (box answers only).
         max_area_ratio: Box answers keep the full hit up to this many times the target's area (>= 1).
+        coordinates: The units of answers (and of the expert's): "pixels", "0-1000" or "0-1" (`rewards.coordinates`).
+        input_size: With "pixels", the side of the screen as the model sees it after its processor's resize; 0:
+            `image_size`.
         device: Where the returned tensors live. Screens are always drawn on the CPU.
     """
 
@@ -220,8 +240,12 @@ class GUIClickEnv(SingleStepImageEnv):
         format_weight: float = 0.1,
         size_weight: float = 0.1,
         max_area_ratio: float = 4.0,
+        coordinates: str = "pixels",
+        input_size: int = 0,
         device: str = "cpu",
     ):
+        check_coordinates(coordinates, input_size)
+        self.coordinates, self.input_size = coordinates, input_size
         super().__init__(_check_num_envs(num_envs), _check_size(image_size), device)
         self.layouts = _check_choices("layouts", layouts, LAYOUTS)
         self.themes = _check_choices("themes", themes, THEME_NAMES)
@@ -251,7 +275,7 @@ class GUIClickEnv(SingleStepImageEnv):
             self.screens[i], self.targets[i] = screen, candidates[int(rng.integers(len(candidates)))]
         images = _draw_rows([self.screens[i] for i in ids])  # [K, H, W, 3]
         boxes = torch.tensor([self.targets[i].box for i in ids], dtype=torch.float32)  # [K, 4]
-        return images, [self.targets[i].instruction for i in ids], boxes
+        return images, [self.targets[i].instruction + HINTS[self.coordinates] for i in ids], boxes
 
     def score(self, texts: list[str]) -> tuple[torch.Tensor, dict]:
         """Score one answer per world (the `SingleStepImageEnv` hook; `step` ends every episode after it).
@@ -285,7 +309,8 @@ class GUIClickEnv(SingleStepImageEnv):
                     reasons.append(f"answer is a {action.kind} action, not a click")
                 else:
                     reasons.append(action.reason)
-            pred_point = torch.tensor(points, dtype=torch.float32).reshape(-1, 2)  # [N, 2]
+            pred_point = torch.tensor(points, dtype=torch.float32).reshape(-1, 2)  # [N, 2] in the answers' units
+            pred_point = self._pixels(pred_point)  # [N, 2] pixels
             pred_box = torch.full((self.num_envs, 4), math.nan)  # [N, 4]
             hit = point_in_box(pred_point, target)  # [N]
             components = {"hit": hit, "format": torch.tensor(fmt, dtype=torch.float32)}
@@ -293,7 +318,7 @@ class GUIClickEnv(SingleStepImageEnv):
             success = hit > 0
         else:
             pred_box, reasons = parse_boxes(texts)
-            pred_box = pred_box.to(torch.float32)  # [N, 4], NaN rows where nothing parsed
+            pred_box = self._pixels(pred_box.to(torch.float32))  # [N, 4] pixels, NaN rows where nothing parsed
             pred_point = (pred_box[:, :2] + pred_box[:, 2:]) / 2  # [N, 2]
             centre_hit = point_in_box(pred_point, target)  # [N]
             hit = centre_hit * box_size_factor(pred_box, target, self.max_area_ratio).to(torch.float32)  # [N]
@@ -313,8 +338,13 @@ class GUIClickEnv(SingleStepImageEnv):
         }
         return reward, info
 
+    def _pixels(self, values: torch.Tensor) -> torch.Tensor:
+        """`[N, 2k]` points or boxes written in the env's `coordinates` as pixels of the screen."""
+        return to_pixels(values, self.coordinates, self.image_size, self.image_size, self.input_size)
+
     def expert_action(self, noise: float = 0.0, generator: torch.Generator | None = None) -> list[str]:
-        """The scripted answer for every world: the target's centre (`click(x, y)`) or its box (`[x1, y1, x2, y2]`).
+        """The scripted answer for every world: the target's centre (`click(x, y)`) or its box (`[x1, y1, x2, y2]`),
+        in the env's `coordinates`.
 
         Args:
             noise: Std of the Gaussian noise on every coordinate, in units of the target's width (x) or height (y).
@@ -330,7 +360,7 @@ class GUIClickEnv(SingleStepImageEnv):
                 answers.append("")
                 continue
             if self.answer == "point":
-                answers.append(_click(target, z[i], noise, self.image_size))
+                answers.append(_click(target, z[i], noise, self.image_size, self.coordinates, self.input_size))
                 continue
             x1, y1, x2, y2 = target.box
             w, h = x2 - x1, y2 - y1
@@ -338,7 +368,10 @@ class GUIClickEnv(SingleStepImageEnv):
             ys = sorted(round(v + noise * d * h) for v, d in ((y1, z[i, 1]), (y2, z[i, 3])))
             xs = [min(max(v, 0), self.image_size) for v in xs]
             ys = [min(max(v, 0), self.image_size) for v in ys]
-            answers.append(f"[{xs[0]}, {ys[0]}, {xs[1]}, {ys[1]}]")
+            size = self.image_size
+            box = from_pixels(torch.tensor([xs[0], ys[0], xs[1], ys[1]], dtype=torch.float64), self.coordinates, size,
+                              size, self.input_size)  # fmt: skip
+            answers.append(f"[{format_values(box.tolist(), self.coordinates)}]")
         return answers
 
 
@@ -367,6 +400,10 @@ class GUITaskEnv:
         type_weight: Weight of the per-step action-type term.
         match_weight: Weight of the per-step action-match term (paid once per step of progress).
         success_weight: Weight of the success term, paid on the step that ends the episode in success.
+        coordinates: The units of click points (and of the expert's): "pixels", "0-1000" or "0-1"
+            (`rewards.coordinates`).
+        input_size: With "pixels", the side of the screen as the model sees it after its processor's resize; 0:
+            `image_size`.
         device: Where the returned tensors live. Screens are always drawn on the CPU.
     """
 
@@ -382,8 +419,12 @@ class GUITaskEnv:
         type_weight: float = 0.1,
         match_weight: float = 0.2,
         success_weight: float = 1.0,
+        coordinates: str = "pixels",
+        input_size: int = 0,
         device: str = "cpu",
     ):
+        check_coordinates(coordinates, input_size)
+        self.coordinates, self.input_size = coordinates, input_size
         self.num_envs = _check_num_envs(num_envs)
         self.image_size = _check_size(image_size)
         self.tasks = _check_choices("tasks", tasks, TASKS)
@@ -429,7 +470,7 @@ class GUITaskEnv:
             theme = THEMES[self.themes[int(rng.integers(len(self.themes)))]]
             app = self.apps[i] = make_app(task, rng, self.image_size, theme)
             self.task_names[i] = task
-            self._instructions[i] = app.instruction
+            self._instructions[i] = app.instruction + HINTS[self.coordinates]
             self._steps[i], self._best[i] = 0, app.remaining()
             self._ended[i] = self._terminated[i] = self._truncated[i] = self._success[i] = False
         index = torch.tensor(ids, dtype=torch.long, device=self.device)
@@ -461,13 +502,15 @@ class GUITaskEnv:
         live = [not ended for ended in self._ended]
         n = self.num_envs
         expected: list[str | None] = [None] * n
-        boxes = torch.full((n, 4), math.nan, dtype=torch.float64)  # [N, 4] the box a click must hit
+        boxes = torch.full((n, 4), math.nan, dtype=torch.float64)  # [N, 4] the box a click must hit, in answer units
+        size, units = self.image_size, (self.coordinates, self.input_size)
         for i in range(n):
             if live[i]:
                 text, element = self.apps[i].expert()
-                expected[i] = text if element is None else _click(element, np.zeros(2), 0.0, self.image_size)
+                expected[i] = text if element is None else _click(element, np.zeros(2), 0.0, size, *units)
                 if element is not None:
-                    boxes[i] = torch.tensor(element.box, dtype=torch.float64)
+                    box = torch.tensor(element.box, dtype=torch.float64)
+                    boxes[i] = from_pixels(box, self.coordinates, size, size, self.input_size)
         # NaN rows are frozen worlds: nothing to score.
         type_ok = action_type_reward(texts, expected).nan_to_num(0.0)  # [N]
         match_ok = action_match_reward(texts, expected, target_box=boxes).nan_to_num(0.0)  # [N]
@@ -481,7 +524,7 @@ class GUITaskEnv:
                 continue
             app = self.apps[i]
             before = app.screen
-            outcome = app.act(action)
+            outcome = app.act(_in_pixels(action, self.coordinates, size, self.input_size))
             self._steps[i] += 1
             remaining = 0 if outcome else app.remaining()
             if match_ok[i] > 0 and remaining < self._best[i]:
@@ -549,7 +592,9 @@ class GUITaskEnv:
                 answers.append("finish()")
                 continue
             text, element = app.expert()
-            answers.append(text if element is None else _click(element, z[i], noise, self.image_size))
+            if element is not None:
+                text = _click(element, z[i], noise, self.image_size, self.coordinates, self.input_size)
+            answers.append(text)
         return answers
 
     def close(self) -> None:

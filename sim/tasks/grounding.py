@@ -1,9 +1,11 @@
 """Synthetic visual grounding: find "the red circle" among a few coloured shapes and answer with its box.
 
 **Task.** Each world is an image of 2-4 flat shapes on a light background and the instruction
-`"Find the {colour} {kind}."`. The policy answers with text, ideally `<answer>[x1, y1, x2, y2]</answer>` in pixel
-coordinates of the image (or in the model family's units, `coordinates`: 0-1000 or 0-1 relative, converted to
-pixels before scoring). Episodes last one step.
+`"Find the {colour} {kind}."`. The policy answers with text, ideally `<answer>[x1, y1, x2, y2]</answer>` in the
+model family's units (`coordinates`, chosen from the model by the config, `mmrl.policy.families`): pixels of the image
+as the model saw it (`input_size` on a side after its processor's resize; the image's own size by default), or 0-1000
+or 0-1 relative, which the instruction then names ("Coordinates are relative, 0 to 1000."). Answers are converted to
+pixels of the drawn image before scoring. Episodes last one step.
 
 **Randomizations** (per world, from that world's seed only): background tone; number of shapes; each shape's
 kind (circle, square, triangle, diamond), colour (red, green, blue, yellow), size and position; which shape is
@@ -29,7 +31,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from rewards import box_giou, box_iou, format_reward, parse_boxes
-from rewards.coordinates import COORDINATES, boxes_to_pixels
+from rewards.coordinates import HINTS, check_coordinates, to_pixels
 from sim.base import SingleStepImageEnv
 from sim.registry import ENVS
 
@@ -90,7 +92,9 @@ class GroundingEnv(SingleStepImageEnv):
         format_weight: Weight of the exact-format term of the reward.
         giou_weight: Weight of the shaping term `(GIoU + 1) / 2` in [0, 1] (0: off); unparsed answers score 0.
         coordinates: The units answers are read in: "pixels", "0-1000" or "0-1" (relative to the image side), as
-            the model family writes boxes (`mmrl.policy.families`).
+            the model family writes boxes (`mmrl.policy.families`); relative units are named in the instruction.
+        input_size: With "pixels", the side of the image the model sees after its processor resizes it (Qwen-VL
+            rounds sides to its patch grid); 0: `image_size`.
         device: Where the returned tensors live. Scenes are always drawn on the CPU.
     """
 
@@ -106,16 +110,17 @@ class GroundingEnv(SingleStepImageEnv):
         format_weight: float = 0.1,
         giou_weight: float = 0.0,
         coordinates: str = "pixels",
+        input_size: int = 0,
         device: str = "cpu",
     ):
         if not 1 <= min_shapes <= max_shapes:
             raise ValueError(f"need 1 <= min_shapes <= max_shapes, got {min_shapes}, {max_shapes}")
         if not 3 <= min_size <= max_size <= image_size:
             raise ValueError(f"need 3 <= min_size <= max_size <= image_size, got {min_size}, {max_size}, {image_size}")
-        if coordinates not in COORDINATES:
-            raise ValueError(f"coordinates must be one of {', '.join(COORDINATES)}, got {coordinates!r}")
+        check_coordinates(coordinates, input_size)
         super().__init__(num_envs, image_size, device)
         self.coordinates = coordinates
+        self.input_size = input_size
         self.min_shapes = min_shapes
         self.max_shapes = max_shapes
         self.min_size = min_size
@@ -134,7 +139,8 @@ class GroundingEnv(SingleStepImageEnv):
             images[row], scene = self._draw_world(world_seed)
             boxes[row] = scene.target_shape.box
             self.scenes[i] = scene
-            instructions.append(f"Find the {scene.target_shape.colour} {scene.target_shape.kind}.")
+            target = scene.target_shape
+            instructions.append(f"Find the {target.colour} {target.kind}.{HINTS[self.coordinates]}")
         return images, instructions, boxes
 
     def score(self, texts: list[str]) -> tuple[torch.Tensor, dict]:
@@ -150,7 +156,8 @@ class GroundingEnv(SingleStepImageEnv):
         """
         pred, reasons = parse_boxes(texts)
         pred = pred.to(torch.float32)  # [N, 4], NaN rows where unparsed
-        pred = boxes_to_pixels(pred, self.coordinates, self.image_size, self.image_size)  # [N, 4] pixels
+        size = self.image_size
+        pred = to_pixels(pred, self.coordinates, size, size, self.input_size)  # [N, 4] pixels of the drawn image
         target = self._target_boxes.clone()  # [N, 4]
         iou = box_iou(pred, target).to(torch.float32)  # [N]
         fmt = format_reward(texts).to(torch.float32)  # [N]

@@ -1,0 +1,107 @@
+"""The config side of model families: coordinate conventions chosen from the model (and overridden), a system prompt
+rendered by each family's chat template, the R1-style think/answer preset, and LoRA on the vision tower."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import sim
+import sim.gui  # registers gui_click and gui_task
+from mmrl.run.config import ConfigError, load_config
+
+
+def _env(cfg, num_envs=2):
+    return sim.make(cfg.env.name, num_envs=num_envs, **cfg.env.make_options())
+
+
+def _box(values) -> str:
+    return f"<answer>[{', '.join(f'{v:.6f}' for v in values)}]</answer>"
+
+
+# ---------------------------------------------------------------------------------------------- coordinates
+# Per convention, through the config as a user sets it: (overrides, convention, the side the model sees the 128 px
+# image at, the instruction's hint). Qwen2.5-VL's tiny processor (14 px patches, merge 2) rounds 128 px to 5 x 28 =
+# 140 px (its smart_resize), so its pixel answers are read in a 140 px frame; Qwen3-VL's 16 px patches keep 128.
+CONVENTIONS = [
+    (["model.path=tiny:qwen3_vl"], "0-1000", 1000.0, " Coordinates are relative, 0 to 1000."),
+    (["model.path=tiny:idefics3"], "0-1", 1.0, " Coordinates are relative, 0 to 1."),
+    (["model.path=tiny:qwen2_5_vl"], "pixels", 140.0, ""),
+    # The override: a Qwen3-VL asked for pixels; the warm start, whose folder says it learned pixels.
+    (["model.path=tiny:qwen3_vl", "env.options.coordinates=pixels"], "pixels", 128.0, ""),
+    ([], "pixels", 128.0, ""),
+]
+
+
+@pytest.mark.parametrize(("overrides", "convention", "full", "hint"), CONVENTIONS,
+                         ids=["qwen3_vl", "idefics3", "qwen2_5_vl", "override", "warm_start"])  # fmt: skip
+def test_grounding_reads_answers_in_the_models_convention_from_the_config(overrides, convention, full, hint):
+    cfg = load_config(None, ["env.options.image_size=128", *overrides])
+    assert cfg.env.options["coordinates"] == convention
+    assert cfg.env.options.get("input_size", 0) == (140 if full == 140.0 else 0)
+    env = _env(cfg)
+    obs = env.reset(seed=[0, 1])
+    assert all(text.endswith("." + hint) for text in obs.instruction)
+    target = env.target_boxes  # [2, 4] pixels of the drawn 128 px image
+    right = env.step([_box(box) for box in (target * full / 128).tolist()])
+    torch.testing.assert_close(right.info["reward_components"]["iou"], torch.ones(2), atol=1e-4, rtol=0)
+    if full != 128.0:  # the drawn image's pixel numbers, read in the model's units, miss (140 px: fall short)
+        env.reset(seed=[0, 1])
+        wrong = env.step([_box(box) for box in target.tolist()])
+        assert (wrong.info["reward_components"]["iou"] < (0.95 if convention == "pixels" else 0.5)).all()
+
+
+def test_a_convention_not_known_is_an_error_naming_the_field():
+    with pytest.raises(ConfigError, match=r"env\.options\.coordinates must be one of pixels, 0-1000, 0-1"):
+        load_config(None, ["env.options.coordinates=0-100"])
+    with pytest.raises(ConfigError, match=r"env\.options\.input_size must be an int >= 0"):
+        load_config(None, ["env.options.input_size=-1"])
+    # Pixels for a family whose processor tiles (Idefics3): the resized side is not known, so the user must say it.
+    with pytest.raises(ConfigError, match=r"env\.options\.coordinates is 'pixels' for a idefics3 model.*input_size"):
+        load_config(None, ["model.path=tiny:idefics3", "env.options.coordinates=pixels"])
+    cfg = load_config(
+        None, ["model.path=tiny:idefics3", "env.options.coordinates=pixels", "env.options.input_size=96"]
+    )
+    assert cfg.env.options["input_size"] == 96
+    assert "coordinates" not in load_config(None, ["env.name=maze"]).env.options  # an env without coordinates
+
+
+def test_a_model_folder_that_says_its_units_wins_over_its_family(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_vl", "grounding_coordinates": "0-1"}))
+    assert load_config(None, [f"model.path={tmp_path}"]).env.options["coordinates"] == "0-1"
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_vl"}))
+    assert load_config(None, [f"model.path={tmp_path}"]).env.options["coordinates"] == "0-1000"
+
+
+def test_gui_click_points_and_boxes_follow_the_convention():
+    cfg = load_config(None, ["model.path=tiny:qwen3_vl", "env.name=gui_click"])
+    assert cfg.env.options["coordinates"] == "0-1000"
+    env = _env(cfg)
+    obs = env.reset(seed=[3, 4])
+    assert all(text.endswith(" Coordinates are relative, 0 to 1000.") for text in obs.instruction)
+    # By hand: the expert clicks each target's centre, written on the 0-1000 grid of the 128 px screen.
+    hand = [f"click({round(t.centre[0] * 1000 / 128)}, {round(t.centre[1] * 1000 / 128)})" for t in env.targets]
+    assert env.expert_action() == hand
+    torch.testing.assert_close(env.step(hand).reward, torch.full((2,), 1.1))
+    env.reset(seed=[3, 4])  # the centre in pixels, read on the 0-1000 grid, lands near the top-left corner
+    pixels = [f"click({t.centre[0]}, {t.centre[1]})" for t in env.targets]
+    assert (env.step(pixels).info["reward_components"]["hit"] == 0).all()
+
+    boxes = load_config(None, ["model.path=tiny:idefics3", "env.name=gui_click", "env.options.answer=box"])
+    env = _env(boxes)
+    env.reset(seed=[3, 4])
+    answers = env.expert_action()
+    assert all(0 <= float(v) <= 1 for a in answers for v in a.strip("[]").split(","))
+    assert (env.step(answers).info["reward_components"]["hit"] == 1).all()
+
+
+def test_gui_task_clicks_act_where_the_convention_points():
+    cfg = load_config(None, ["model.path=tiny:qwen2_5_vl", "env.name=gui_task", "env.options.tasks=[menu]"])
+    assert cfg.env.options["input_size"] == 140  # the 128 px screen as Qwen2.5-VL's processor resizes it
+    env = _env(cfg, num_envs=3)
+    env.reset(seed=[0, 1, 2])
+    for _ in range(2):  # open the menu, pick the item: clicks in the 140 px frame act on the right elements
+        result = env.step(env.expert_action())
+    assert result.info["success"].all() and result.terminated.all()
