@@ -11,9 +11,11 @@ On a GPU, the real size (BENCHMARKS.md, "GPU figures"; peak GPU memory of each r
 
     python bench/grpo_step.py --model random:qwen2_5_vl_3b --device cuda --dtype bfloat16 --repeats 3 --variants matched
 
-`--model` is `tiny:qwen2_vl` (default), `tiny:qwen2_5_vl`, or `random:qwen2_5_vl_3b`: the real Qwen2.5-VL-3B
-architecture with random weights and the tiny tokenizer (bench/generation.py; nothing is downloaded), the same
-weights on both sides.
+`--model` is `tiny:<arch>` for any tiny model of `mmrl.policy.tiny` (default `tiny:qwen2_vl`; `tiny:qwen3_5`,
+`tiny:gemma3`, `tiny:idefics3` (SmolVLM), `tiny:smolvlm` (SmolVLM2), ...), each family through its own processor
+and chat template on both sides, or `random:qwen2_5_vl_3b`: the real Qwen2.5-VL-3B architecture with random weights
+and the tiny tokenizer (bench/generation.py; nothing is downloaded), the same weights on both sides. Where TRL
+cannot run a family on this machine (its processor cannot be built), the output says why and times mmrl alone.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ import torch  # noqa: E402
 
 import sim  # noqa: E402
 from mmrl.policy import build_tiny  # noqa: E402
-from mmrl.policy.tiny import tiny_processor  # noqa: E402
+from mmrl.policy.tiny import ALL_TINY_ARCHS, ASSETS, FAMILY_ARCHS, tiny_processor  # noqa: E402
 from mmrl.policy.vision import to_pil  # noqa: E402
 from mmrl.run.config import AlgoConfig, EnvConfig, ModelConfig, SamplingConfig, TrainConfig, TrainerConfig  # noqa: E402
 from mmrl.trainer import train  # noqa: E402
@@ -66,7 +68,8 @@ class ModelSpec:
 
     @property
     def arch(self) -> str:
-        return "qwen2_5_vl" if "qwen2_5_vl" in self.name else "qwen2_vl"
+        """The tiny architecture (`tiny:<arch>`), or Qwen2.5-VL's for the random 3B (whose tokenizer is the tiny one)."""
+        return self.name.split(":", 1)[1] if self.name.startswith("tiny:") else "qwen2_5_vl"
 
 
 SPEC = ModelSpec()  # set by main()
@@ -80,8 +83,10 @@ def make_policy(**policy_kwargs):
         with torch.random.fork_rng(devices=[torch.cuda.current_device()] if SPEC.device.startswith("cuda") else []):
             torch.manual_seed(0)
             return random_qwen2_5_vl_3b(SPEC.device, DTYPES[SPEC.dtype], **policy_kwargs)
-    if not SPEC.name.startswith("tiny:"):
-        raise SystemExit(f"unknown --model {SPEC.name!r}: tiny:qwen2_vl, tiny:qwen2_5_vl or random:qwen2_5_vl_3b")
+    if not SPEC.name.startswith("tiny:") or SPEC.arch not in ALL_TINY_ARCHS:
+        raise SystemExit(
+            f"unknown --model {SPEC.name!r}: tiny:<arch> ({', '.join(ALL_TINY_ARCHS)}) or random:qwen2_5_vl_3b"
+        )
     policy = build_tiny(SPEC.arch, seed=0, **policy_kwargs)
     policy.model.to(device=SPEC.device, dtype=DTYPES[SPEC.dtype])
     return policy
@@ -157,32 +162,50 @@ def grounding_reward(completions, target_box, **kwargs) -> list[float]:
     return reward.tolist()
 
 
-def image_only_processor():
-    """A real `transformers.Qwen2VLProcessor` (a `ProcessorMixin`, which TRL requires for VLMs) without a video processor.
+class NoTRL(Exception):
+    """Why TRL's `GRPOTrainer` cannot run the benchmarked family here; `main` prints it and times mmrl alone."""
 
-    Workaround, local to this benchmark: transformers 5 builds a Qwen2-VL processor only with a video processor, and
-    the video processors need torchvision, which has no CPU build on the package index; even
+
+def image_only_processor():
+    """The family's real `transformers` processor (a `ProcessorMixin`, which TRL requires for VLMs), image-only where
+    the family's processor also takes a video processor.
+
+    Workaround, local to this benchmark: transformers 5 builds the Qwen-VL, Qwen3.5 and SmolVLM2 processors only with
+    a video processor, and the video processors need torchvision, which has no CPU build on the package index; even
     `video_processor=None` fails the class check. `ProcessorMixin` takes its sub-processors from the names in
     `__init__`'s signature, so a subclass whose `__init__` names only `image_processor` and `tokenizer` builds an
-    image-only processor. It sets the attributes `Qwen2VLProcessor.__init__` would and skips that `__init__` (which
-    passes a video processor on). `main` checks that it tokenises prompts to exactly the ids mmrl's policy uses.
+    image-only processor: it runs the family's own `__init__` (which sets the image tokens) with no video processor,
+    which `ProcessorMixin.__init__` then drops. `main` checks that it tokenises prompts to exactly the ids and
+    pixels mmrl's policy uses.
+
+    Raises:
+        NoTRL: where the family's processor cannot be built on this machine (the reason names what is missing).
     """
-    from transformers import Qwen2_5_VLProcessor, Qwen2VLProcessor
-    from transformers.processing_utils import ProcessorMixin
+    import inspect
 
-    base = Qwen2_5_VLProcessor if SPEC.arch == "qwen2_5_vl" else Qwen2VLProcessor
+    import transformers
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
 
-    class ImageOnlyQwen2VLProcessor(base):
-        def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
-            self.image_token, self.video_token = "<|image_pad|>", "<|video_pad|>"
-            self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
-            self.video_token_id = tokenizer.convert_tokens_to_ids(self.video_token)
-            ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template)
+    name = PROCESSOR_MAPPING_NAMES.get(SPEC.arch)
+    base = getattr(transformers, name, None) if isinstance(name, str) else None
+    if base is None:
+        raise NoTRL(f"transformers {transformers.__version__} has no processor class for {SPEC.arch}")
+    cls = base
+    if "video_processor" in inspect.signature(base.__init__).parameters:
 
+        class ImageOnly(base):
+            def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+                base.__init__(self, image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
+
+        cls = ImageOnly
     parts = tiny_processor(SPEC.arch)  # left padding, as TRL pads prompts
-    return ImageOnlyQwen2VLProcessor(
-        parts.image_processor, parts.tokenizer, chat_template=parts.tokenizer.chat_template
-    )
+    settings = {}  # processor_config.json: the image-token counts (Gemma 3's image_seq_length, Idefics3's image_seq_len)
+    if SPEC.arch in FAMILY_ARCHS and (ASSETS / "tiny_models" / SPEC.arch / "processor_config.json").is_file():
+        settings = json.loads((ASSETS / "tiny_models" / SPEC.arch / "processor_config.json").read_text())
+    try:
+        return cls(parts.image_processor, parts.tokenizer, chat_template=parts.tokenizer.chat_template, **settings)
+    except ImportError as err:  # e.g. SmolVLMProcessor.__init__ requires num2words, not installed here
+        raise NoTRL(f"{name} cannot be built here: {' '.join(str(err).split())[:160]}") from err
 
 
 def build_dataset(steps: int):
@@ -322,7 +345,7 @@ def run_trl(run: Run, steps: int, warmup: int, workdir: Path, dataset, model_dir
         reward_funcs=grounding_reward,
         args=args,
         train_dataset=dataset.select(range(steps * PROMPTS)),
-        processing_class=image_only_processor(),
+        processing_class=image_only_processor(),  # built once in main already: NoTRL is not raised here
         callbacks=[timer],
     )
     trainer.remove_callback(PrinterCallback)  # with disable_tqdm it would print every step's logs
@@ -338,16 +361,18 @@ def replace_peak(sample: dict) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------- CHECKS
-def check_same_inputs(dataset) -> int:
-    """Fail unless both sides see the same prompt token ids and pixels and score completions the same. Returns P."""
+def check_same_inputs(dataset, processor) -> int:
+    """Fail unless both sides see the same prompt token ids and pixels and score completions the same. Returns P,
+    mmrl's mean prompt length (the only thing done without TRL, `processor` None)."""
     from trl.data_utils import prepare_multimodal_messages
 
     policy = build_tiny(SPEC.arch, seed=0, prompt_template=TEMPLATE)  # encoding only: the processor is the same
-    processor = image_only_processor()
     seeds = world_seeds(1)[0]
     env = sim.make("grounding", num_envs=PROMPTS, image_size=IMAGE_SIZE)
     obs = env.reset(seed=seeds)
     ours = policy.encode(obs)
+    if processor is None:
+        return int(ours["attention_mask"].sum(-1).float().mean())
     rows = [dataset[i] for i in range(PROMPTS)]
     convs = [prepare_multimodal_messages(r["prompt"], images=[r["image"]]) for r in rows]  # as GRPOTrainer does
     theirs = processor.apply_chat_template(convs, add_generation_prompt=True, tokenize=True, return_dict=True)
@@ -355,7 +380,12 @@ def check_same_inputs(dataset) -> int:
         mine = ours["input_ids"][i][ours["attention_mask"][i].bool()].tolist()
         if mine != list(theirs["input_ids"][i]):
             raise RuntimeError(f"prompt {i}: mmrl and TRL tokenise differently")
-    if not torch.equal(torch.as_tensor(theirs["pixel_values"]), ours["pixel_values"]):
+    # mmrl stacks every image's units (Qwen patch rows, Gemma images, Idefics3 tiles) along one dimension; a
+    # processor batching per prompt (Idefics3's [B, tiles, 3, H, W]) holds the same units, tile counts equal here.
+    pixels = torch.as_tensor(theirs["pixel_values"])
+    if pixels.numel() != ours["pixel_values"].numel() or not torch.equal(
+        pixels.reshape(ours["pixel_values"].shape), ours["pixel_values"]
+    ):
         raise RuntimeError("mmrl and TRL preprocess the images differently")
     boxes = env.target_boxes
     texts = [f"<answer>[{', '.join(str(int(v) + k) for v in b)}]</answer>" for k, b in enumerate(boxes.tolist())]
@@ -457,7 +487,9 @@ def main() -> None:
     )
     parser.add_argument("--json", type=Path, default=None, help="also write every sample and the summary here")
     parser.add_argument(
-        "--model", default=SPEC.name, help="tiny:qwen2_vl (default), tiny:qwen2_5_vl, random:qwen2_5_vl_3b"
+        "--model",
+        default=SPEC.name,
+        help=f"tiny:<{'|'.join(ALL_TINY_ARCHS)}> (default tiny:qwen2_vl), random:qwen2_5_vl_3b",
     )
     parser.add_argument("--device", default=SPEC.device, help="cpu (default) or cuda")
     parser.add_argument("--dtype", default=SPEC.dtype, choices=sorted(DTYPES), help="model dtype (default float32)")
@@ -475,6 +507,10 @@ def main() -> None:
     transformers.logging.set_verbosity_error()
     total = opts.warmup + opts.steps
 
+    try:
+        processor, no_trl = image_only_processor(), None
+    except NoTRL as why:
+        processor, no_trl = None, str(why)
     runs = [Run("mmrl", "mmrl"), Run("trl", "trl")]  # matched: always measured, the headline
     if "trl_defaults" in variants:
         runs.append(Run(TRL_DEFAULTS, "trl", gradient_checkpointing=True, optim="adamw_torch_fused"))
@@ -482,6 +518,8 @@ def main() -> None:
         runs.append(Run(MMRL_HF, "mmrl", backend="hf"))
     if "kl" in variants:
         runs += [Run(f"mmrl kl {KL_BETA}", "mmrl", beta=KL_BETA), Run(f"trl kl {KL_BETA}", "trl", beta=KL_BETA)]
+    if no_trl is not None:
+        runs = [run for run in runs if run.side == "mmrl"]
 
     info = machine()
     print(
@@ -493,8 +531,10 @@ def main() -> None:
         f"load avg {' '.join(f'{x:.2f}' for x in info['loadavg_start'])}"
     )
 
+    if no_trl is not None:
+        print(f"# TRL cannot run {SPEC.name} here, so mmrl is timed alone: {no_trl}")
     dataset = build_dataset(total)
-    prompt_len = check_same_inputs(dataset)
+    prompt_len = check_same_inputs(dataset, processor)
     model = make_policy().model
     params = sum(p.numel() for p in model.parameters())
     print(
@@ -532,12 +572,12 @@ def main() -> None:
 
     summary = {run.name: summarise(run) for run in runs}
     by_name = {run.name: run for run in runs}
-    ratios = {"matched": ratio(by_name["trl"], by_name["mmrl"])}
-    if "trl_defaults" in variants:
+    ratios = {"matched": ratio(by_name["trl"], by_name["mmrl"])} if no_trl is None else {}
+    if "trl_defaults" in variants and no_trl is None:
         ratios["trl_defaults"] = ratio(by_name[TRL_DEFAULTS], by_name["mmrl"])
-    if "hf_generate" in variants:
+    if "hf_generate" in variants and no_trl is None:
         ratios["hf_generate"] = ratio(by_name["trl"], by_name[MMRL_HF])
-    if "kl" in variants:
+    if "kl" in variants and no_trl is None:
         ratios["kl"] = ratio(by_name[f"trl kl {KL_BETA}"], by_name[f"mmrl kl {KL_BETA}"])
     info["loadavg_end"] = list(os.getloadavg())
 
@@ -563,6 +603,8 @@ def main() -> None:
             + (f"  peak {s['peak_gb']:.1f} GB" if s["peak_gb"] is not None else "")
         )
     print()
+    if no_trl is not None:
+        print(f"TRL/mmrl: not measured, TRL cannot run {SPEC.name} here: {no_trl}")
     for name, rt in ratios.items():
         rounds = rt["per_round"]
         period = f", loop period {rt['period']:.2f}x" if rt["period"] else ""
@@ -596,6 +638,7 @@ def main() -> None:
             ],
             "summary": summary,
             "ratios": ratios,
+            "no_trl": no_trl,
         }
         opts.json.parent.mkdir(parents=True, exist_ok=True)
         opts.json.write_text(json.dumps(payload, indent=2))
