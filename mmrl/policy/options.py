@@ -2,7 +2,8 @@
 
 `apply_model_options(policy, cfg.model)` applies what a `ModelConfig` asks for to a loaded policy, in this order:
 
-1. the generation backend (`generation_backend`, `vllm_gpu_memory_utilization`);
+1. the generation backend (`generation_backend`, `vllm_gpu_memory_utilization`), the conversation length
+   (`history_turns`) and the system prompt (`system_prompt`, a system turn the chat template renders);
 2. gradient checkpointing: every decoder and vision block recomputes its activations in the backward pass
    (non-reentrant `torch.utils.checkpoint`), so a micro-batch keeps one activation per block boundary instead
    of every intermediate;
@@ -286,6 +287,9 @@ def apply_model_options(policy: ModelHolder, cfg: ModelConfig) -> ModelHolder:
         raise ValueError(f"{', '.join(flow_fields)}: set for a flow policy (π0) only; this model is a "
                          f"{policy.model.config.model_type} VLM")  # fmt: skip
     policy.history_turns = cfg.history_turns
+    if cfg.system_prompt and getattr(policy.family, "prompt", None) is not None:
+        raise ValueError(f"model.system_prompt: a {policy.family.name} model has no chat template to put it in")
+    policy.processor.system_prompt = cfg.system_prompt  # a system turn before every prompt (processing.chat)
     options = {"gpu_memory_utilization": cfg.vllm_gpu_memory_utilization} if cfg.generation_backend == "vllm" else {}
     if cfg.generation_backend != policy.generation_backend or options:
         policy.set_generation_backend(cfg.generation_backend, **options)

@@ -85,6 +85,7 @@ class VisionTextProcessor:
         self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
         if self.image_token_id is None or self.image_token_id == tokenizer.unk_token_id:
             raise ValueError(f"the tokenizer has no {self.image_token} token, the image token of {self.family.name}")
+        self.system_prompt = ""  # model.system_prompt: a system turn before every prompt (`chat`)
         # Left padding: generation appends to the right end of every row.
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token is None:
@@ -174,6 +175,13 @@ class VisionTextProcessor:
             out += image_text + part
         return out
 
+    def chat(self, messages: list[dict], **kwargs) -> str:
+        """The chat template's text of `messages`, after a system turn holding `system_prompt` where one is set (the
+        template renders it its own way: Qwen's `<|im_start|>system`, Gemma 3's prefix to the first user turn)."""
+        if self.system_prompt:
+            messages = [{"role": "system", "content": [{"type": "text", "text": self.system_prompt}]}, *messages]
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
+
     def prompt_text(self, instruction: str, num_images: int = 1, template: str = "{instruction}") -> str:
         """The chat-formatted prompt for one user turn.
 
@@ -181,7 +189,7 @@ class VisionTextProcessor:
         `{image}` mark the images come first, as in Qwen-VL's own examples.
         """
         messages = [{"role": "user", "content": user_content(instruction, num_images, template)}]
-        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return self.chat(messages, add_generation_prompt=True)
 
     def conversation_ids(
         self,
@@ -215,7 +223,7 @@ class VisionTextProcessor:
             messages.append({"role": "user", "content": user_content(said, images, template)})
             messages.append({"role": "assistant", "content": [{"type": "text", "text": mark}]})
         messages.append({"role": "user", "content": user_content(instruction, num_images, template)})
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        text = self.chat(messages, add_generation_prompt=True)
         counts = iter(image_texts)
         ids: list[int] = []
         rest = text

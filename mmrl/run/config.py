@@ -56,6 +56,10 @@ class ModelConfig:
     device: str = "cpu"
     # How an env instruction becomes the user turn of the chat; `{instruction}` is replaced.
     prompt_template: str = "{instruction}"
+    # A system turn before every prompt (and conversation), rendered by the model's own chat template (Gemma 3 folds it
+    # into the first user turn); TRL and verl users put it in each dataset row's messages, here it is one field.
+    # "": no system turn (a template's own default stays: Qwen2-VL's "You are a helpful assistant.").
+    system_prompt: str = ""
     # Multi-turn episodes as conversations: each turn's prompt keeps the world's last K turns (their images, the
     # instructions and the exact tokens the policy sampled as answers) before the current observation; 0: none.
     history_turns: int = 0

@@ -105,3 +105,36 @@ def test_gui_task_clicks_act_where_the_convention_points():
     for _ in range(2):  # open the menu, pick the item: clicks in the 140 px frame act on the right elements
         result = env.step(env.expert_action())
     assert result.info["success"].all() and result.terminated.all()
+
+
+# ---------------------------------------------------------------------------------------------- system prompt
+SYSTEM = "You are a careful annotator."
+
+
+@pytest.mark.parametrize("arch", ["qwen3_vl", "gemma3"])  # its own system turn; folded into Gemma 3's first user turn
+def test_the_system_prompt_reaches_the_prompt_ids_as_the_familys_template_renders_it(arch):
+    from mmrl.policy import apply_model_options
+    from mmrl.policy.vision import to_pil
+    from mmrl.run.build import load_policy
+    from mmrl.types import Sampling
+
+    cfg = load_config(None, [f"model.path=tiny:{arch}", f"model.system_prompt={SYSTEM}", "env.options.image_size=64"])
+    assert cfg.model.system_prompt == SYSTEM
+    policy = apply_model_options(load_policy(cfg.model), cfg.model)
+    env = _env(cfg, num_envs=1)
+    obs = env.reset(seed=[0])
+    rollout = policy.generate(obs, 1, Sampling(max_new_tokens=1, temperature=0.0))
+    # By hand: the family's chat template over a system message and the user turn, images expanded as its processor.
+    processor = policy.processor
+    messages = [
+        {"role": "system", "content": [{"type": "text", "text": SYSTEM}]},
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": obs.instruction[0]}]},
+    ]
+    text = processor.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert SYSTEM in text and text.index(SYSTEM) < text.index(obs.instruction[0])
+    expected, _ = processor.encode([text], [to_pil(obs.image[0])])
+    assert rollout.prompt_ids.tolist() == expected["input_ids"].tolist()
+    # And without the field, the prompt has no system text.
+    policy.processor.system_prompt = ""
+    plain = policy.generate(obs, 1, Sampling(max_new_tokens=1, temperature=0.0))
+    assert SYSTEM not in processor.tokenizer.decode(plain.prompt_ids[0])
