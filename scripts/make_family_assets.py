@@ -83,6 +83,61 @@ QWEN3_5_SPECIAL = [
     "</think>",
 ]  # fmt: skip
 
+# google/paligemma-3b-pt-224's special tokens (its Gemma tokenizer's, plus the `<image>` placeholder); the 1024
+# `<locYYYY>` and 128 `<segSSS>` tokens follow as ordinary tokens (as `PaliGemmaProcessor` adds them: `EXTRA_TOKENS`).
+PALIGEMMA_SPECIAL = ["<pad>", "<eos>", "<bos>", "<unk>", "<image>"]
+
+# OpenGVLab/InternVL3-1B-hf's tokenizer: Qwen2.5-VL's special tokens plus InternVL's image and grounding tokens
+# (transformers' src/transformers/models/internvl/convert_internvl_weights_to_hf.py, `write_tokenizer`).
+INTERNVL_SPECIAL = [
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
+    "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
+    "<|image_pad|>", "<|video_pad|>", "<img>", "</img>", "<IMG_CONTEXT>", "<quad>", "</quad>", "<ref>", "</ref>",
+    "<box>", "</box>", "<video>",
+]  # fmt: skip
+# The chat template that convert_internvl_weights_to_hf.py writes into the released OpenGVLab/InternVL3-*-hf
+# folders (its `chat_template`), verbatim: one `<IMG_CONTEXT>` line per image where the message puts it, which
+# `InternVLProcessor` expands to `<img>` + `<IMG_CONTEXT>` x (image_seq_length x tiles) + `</img>`.
+INTERNVL_TEMPLATE = (
+    "{% for message in messages %}"
+        "{{'<|im_start|>' + message['role'] + '\\n'}}"
+        "{% if message['content'] is string %}"
+            "{{ message['content'] }}"
+        "{% else %}"
+            "{% for content in message['content'] %}"
+                "{% if content['type'] == 'image' %}"
+                    "{{ '<IMG_CONTEXT>\\n' }}"
+                "{% elif content['type'] == 'video' %}"
+                    "{{ '<video>\\n' }}"
+                "{% elif content['type'] == 'text' %}"
+                    "{{ content['text'] }}"
+                "{% endif %}"
+            "{% endfor %}"
+        "{% endif %}"
+        "{{'<|im_end|>\\n'}}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}"
+        "{{'<|im_start|>assistant\\n' }}"
+    "{% endif %}"
+)  # fmt: skip
+
+# llava-hf/llava-onevision-qwen2-0.5b-ov-hf: Qwen2's tokenizer plus `<image>` and `<video>`, and the chat template
+# that transformers' src/transformers/models/llava_onevision/convert_llava_onevision_weights_to_hf.py writes into
+# the released folders (its `chat_template`), verbatim: every image of a message first (`<image>\n` each), then its
+# text.
+LLAVA_ONEVISION_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<image>", "<video>"]
+LLAVA_ONEVISION_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n'}}{# Render all images first #}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}{{ '<image>\\n' }}{% endfor %}"
+    "{# Render all video then #}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'video') %}{{ '<video>\\n' }}{% endfor %}"
+    "{# Render all text next #}{% if message['role'] != 'assistant' %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}{{ content['text'] }}{% endfor %}"
+    "{% else %}{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}{% generation %}"
+    "{{ content['text'] }}{% endgeneration %}{% endfor %}{% endif %}{{'<|im_end|>' + '\\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
 
 def qwen3_5_template() -> str:
     """Qwen3.5-2B's chat template (thinking off by default), as TRL ships it (trl/chat_templates/, a copy of the
@@ -219,12 +274,152 @@ def build_qwen3_5(out: Path) -> None:
     write(out, tok, "qwen3_5", config, image_processor, {})
 
 
+def build_paligemma(out: Path) -> None:
+    """PaliGemma (`PaliGemmaForConditionalGeneration`): a SigLIP tower on 32 px images (8 px patches: 16 image
+    tokens an image, `image_seq_length`; 256 in paligemma-3b-pt-224), a 2-layer Gemma, no chat template (the
+    processor writes the prompt: `<image>` x tokens + `<bos>` + prefix + `\\n`)."""
+    from transformers import PreTrainedTokenizerFast
+    from transformers.models.paligemma.processing_paligemma import EXTRA_TOKENS
+    from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
+
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=train_bpe(PALIGEMMA_SPECIAL, VOCAB_SIZE),
+        pad_token="<pad>",
+        eos_token="<eos>",
+        bos_token="<bos>",
+        unk_token="<unk>",
+        additional_special_tokens=["<image>"],
+        extra_special_tokens={"image_token": "<image>"},
+        model_max_length=4096,
+    )
+    tok.add_tokens(EXTRA_TOKENS)  # as the released tokenizer holds them (the processor adds any that are missing)
+    ids = {t: tok.convert_tokens_to_ids(t) for t in PALIGEMMA_SPECIAL}
+    config = dict(
+        text_config=dict(
+            model_type="gemma", vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=4096,
+            pad_token_id=ids["<pad>"], eos_token_id=ids["<eos>"], bos_token_id=ids["<bos>"],
+        ),
+        vision_config=dict(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=32,
+            patch_size=8, projection_dim=64, vision_use_head=False,
+        ),
+        projection_dim=64,
+        image_token_id=ids["<image>"],
+        pad_token_id=ids["<pad>"],
+    )  # fmt: skip
+    image_processor = SiglipImageProcessorPil(size={"height": 32, "width": 32}, image_seq_length=16)
+    write(out, tok, "paligemma", config, image_processor, {})
+
+
+def build_internvl(out: Path) -> None:
+    """InternVL 3 (`InternVLForConditionalGeneration`): an InternViT tower on 32 px tiles (8 px patches, pixel
+    shuffle 0.5: 4 `<IMG_CONTEXT>` tokens a tile, `image_seq_length`; 256 in InternVL3-1B-hf), each image cropped
+    to at most 4 tiles plus a thumbnail (`crop_to_patches`, as `InternVLProcessor` asks; 12 in the release), a
+    2-layer Qwen2, Qwen's `<|im_start|>` / `<|im_end|>` turns."""
+    from transformers import Qwen2TokenizerFast
+    from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
+
+    tok = Qwen2TokenizerFast(
+        tokenizer_object=train_bpe(INTERNVL_SPECIAL, VOCAB_SIZE),
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+        bos_token=None,
+        additional_special_tokens=INTERNVL_SPECIAL[1:],
+        extra_special_tokens={
+            "start_image_token": "<img>",
+            "end_image_token": "</img>",
+            "context_image_token": "<IMG_CONTEXT>",
+            "video_token": "<video>",
+        },  # fmt: skip
+        chat_template=INTERNVL_TEMPLATE,
+        model_max_length=4096,
+    )
+    ids = {t: tok.convert_tokens_to_ids(t) for t in INTERNVL_SPECIAL}
+    config = dict(
+        text_config=dict(
+            model_type="qwen2", vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096,
+            pad_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], bos_token_id=None,
+        ),
+        vision_config=dict(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=[32, 32],
+            patch_size=[8, 8], use_absolute_position_embeddings=True,
+        ),
+        image_token_id=ids["<IMG_CONTEXT>"],
+        image_seq_length=4,
+        downsample_ratio=0.5,
+    )  # fmt: skip
+    image_processor = GotOcr2ImageProcessorPil(
+        size={"height": 32, "width": 32}, max_patches=4, image_mean=[0.485, 0.456, 0.406],
+        image_std=[0.229, 0.224, 0.225],
+    )  # fmt: skip
+    write(out, tok, "internvl", config, image_processor, {"image_seq_length": 4})
+
+
+def build_llava_onevision(out: Path) -> None:
+    """LLaVA-OneVision (`LlavaOnevisionForConditionalGeneration`): a SigLIP tower on 32 px tiles (8 px patches: 16
+    features a tile, `num_image_tokens`; 729 in the release), "anyres" tiling of a lone image over the grid
+    pinpoints 32-64 px (384-2304 in the release) plus a base view and one newline feature per feature row, a
+    single unpadded tile an image when a prompt holds several; a 2-layer Qwen2, `<|im_start|>` / `<|im_end|>`
+    turns."""
+    from transformers import Qwen2TokenizerFast
+    from transformers.models.llava_onevision.image_processing_pil_llava_onevision import (
+        LlavaOnevisionImageProcessorPil,
+    )
+
+    tok = Qwen2TokenizerFast(
+        tokenizer_object=train_bpe(LLAVA_ONEVISION_SPECIAL, VOCAB_SIZE),
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+        bos_token=None,
+        additional_special_tokens=LLAVA_ONEVISION_SPECIAL[1:],
+        extra_special_tokens={"image_token": "<image>", "video_token": "<video>"},
+        chat_template=LLAVA_ONEVISION_TEMPLATE,
+        model_max_length=4096,
+    )
+    ids = {t: tok.convert_tokens_to_ids(t) for t in LLAVA_ONEVISION_SPECIAL}
+    pinpoints = [[32, 32], [32, 64], [64, 32], [64, 64]]
+    config = dict(
+        text_config=dict(
+            model_type="qwen2", vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096,
+            pad_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], bos_token_id=None,
+        ),
+        vision_config=dict(
+            model_type="siglip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+            num_attention_heads=2, image_size=32, patch_size=8, vision_use_head=False,
+        ),
+        image_token_id=ids["<image>"],
+        video_token_id=ids["<video>"],
+        image_grid_pinpoints=pinpoints,
+        vision_feature_select_strategy="full",
+        vision_feature_layer=-1,
+        vision_aspect_ratio="anyres_max_9",
+    )  # fmt: skip
+    image_processor = LlavaOnevisionImageProcessorPil(
+        size={"height": 32, "width": 32}, image_grid_pinpoints=pinpoints,
+    )  # fmt: skip
+    processor = {
+        "num_image_tokens": 16,
+        "vision_feature_select_strategy": "full",
+        "vision_aspect_ratio": "anyres_max_9",
+    }
+    write(out, tok, "llava_onevision", config, image_processor, processor)
+
+
 def main() -> None:
     build_gemma3(OUT / "gemma3")
     build_idefics3(OUT / "idefics3")
     build_idefics3(OUT / "smolvlm", model_type="smolvlm")
     build_qwen3_5(OUT / "qwen3_5")
-    print(f"wrote {', '.join(str(OUT / name) for name in ('gemma3', 'idefics3', 'smolvlm', 'qwen3_5'))}")
+    build_paligemma(OUT / "paligemma")
+    build_internvl(OUT / "internvl")
+    build_llava_onevision(OUT / "llava_onevision")
+    names = ("gemma3", "idefics3", "smolvlm", "qwen3_5", "paligemma", "internvl", "llava_onevision")
+    print(f"wrote {', '.join(str(OUT / name) for name in names)}")
 
 
 if __name__ == "__main__":

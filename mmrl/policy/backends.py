@@ -368,8 +368,8 @@ class LeanBackend:
                 deltas = deltas.repeat_interleave(copies, dim=0) if deltas is not None else None
             rows, prompt_len = mask.shape
             # Position of the first new token: after the real prompt tokens (M-RoPE), or after the padded prompt.
-            if positions is not None:
-                start = mask.sum(-1, keepdim=True)
+            if positions is not None:  # (PaliGemma numbers its positions from 1)
+                start = mask.sum(-1, keepdim=True) + getattr(getattr(policy, "family", None), "first_position", 0)
             elif deltas is not None:
                 start = mask.sum(-1, keepdim=True) + deltas.to(device)
             else:

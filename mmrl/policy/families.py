@@ -17,6 +17,7 @@ those processors' output token for token.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,9 +57,11 @@ class Family:
         name: the `model_type` of its checkpoints' config.json.
         image_token: the placeholder token the vision features replace, one per feature vector.
         template_image: what the chat template writes for one image; each occurrence becomes one image's text.
-        vision: `(image_processor, images, processor_settings) -> Vision`.
-        features: `(units [I], per_image, settings) -> [I]` the feature vectors each image gives (the placeholders
-            it needs), from the stored layout alone (a training batch re-checks its prompts against it).
+        vision: `(image_processor, images, processor_settings, per_row) -> Vision`; `per_row` the images of each
+            prompt, in order (None: one prompt holds them all; LLaVA-OneVision lays out a lone image differently).
+        features: `(units [I], per_image, settings, image_processor) -> [I]` the feature vectors each image gives
+            (the placeholders it needs), from the stored layout alone (a training batch re-checks its prompts
+            against it).
         batched_pixels: the forward takes `pixel_values` (and per-unit tensors) with a leading batch dimension
             `[1, U, ...]` (Idefics3 reads `[B, N, ...]` and drops all-zero padding tiles).
         mrope: positions are Qwen's 3-axis multimodal RoPE, offset by the model's `rope_deltas`; otherwise 1-D
@@ -70,13 +73,22 @@ class Family:
         coordinates: the grounding coordinate convention of its checkpoints: "pixels" (absolute, in the resized
             image the model sees), "0-1000" or "0-1" (relative).
         suppress: further special tokens never to sample (structure tokens of the image placeholders).
+        prompt: for a family without a chat template (PaliGemma), `(tokenizer, content) -> text`: the prompt its
+            processor writes for one user turn's content (chat-template content items); such a family holds no
+            conversation (a multi-turn prompt is refused, naming the family).
+        prefix_lm: `token_type_ids` mark the prompt 0 (attended bidirectionally) and the completion 1 (causal), as
+            PaliGemma's prefix-LM takes them; otherwise they mark image tokens 1 (Gemma 3's bidirectional images).
+        first_position: the position id of a row's first real token (PaliGemma numbers positions from 1).
+        forward_inputs: `(per_image) -> forward keyword arguments` where the stored per-image tensors are not the
+            forward's own (LLaVA-OneVision's per-image count of its prompt's images becomes the forward's
+            `batch_num_images`); None passes them as they are.
     """
 
     name: str
     image_token: str
     template_image: str
-    vision: Callable[[Any, list[Image.Image], dict], Vision]
-    features: Callable[[torch.Tensor, dict[str, torch.Tensor], dict], torch.Tensor]
+    vision: Callable[[Any, list[Image.Image], dict, list[int] | None], Vision]
+    features: Callable[[torch.Tensor, dict[str, torch.Tensor], dict, Any], torch.Tensor]
     turn_start: str
     turn_end: str
     coordinates: str
@@ -85,12 +97,26 @@ class Family:
     patch_rows: bool = False
     pixel_bounds: bool = False
     suppress: tuple[str, ...] = field(default=())
+    prompt: Callable[[Any, list[dict]], str] | None = None
+    prefix_lm: bool = False
+    first_position: int = 0
+    forward_inputs: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None
+
+    def token_types(self, input_ids: torch.Tensor, image_token_id: int, prompt_length: int | None) -> torch.Tensor:
+        """`[B, T]` int `token_type_ids` for a forward over `input_ids` whose first `prompt_length` columns are the
+        prompt (None: all of them)."""
+        if not self.prefix_lm:
+            return (input_ids == image_token_id).int()
+        types = torch.zeros_like(input_ids, dtype=torch.int)
+        if prompt_length is not None:
+            types[:, prompt_length:] = 1
+        return types
 
 
 # ---------------------------------------------------------------------------------------------- Qwen-VL
 
 
-def _qwen_vision(image_processor, images: list[Image.Image], settings: dict) -> Vision:
+def _qwen_vision(image_processor, images: list[Image.Image], settings: dict, per_row=None) -> Vision:
     """Qwen2-VL / 2.5-VL / 3-VL: `pixel_values` `[patches, C*T*p*p]`, `image_grid_thw` `[I, 3]`; an image is
     `t*h*w / merge**2` `<|image_pad|>` tokens (the template writes one between `<|vision_start|>`/`<|vision_end|>`)."""
     out = image_processor(images=images, return_tensors="pt")
@@ -107,7 +133,7 @@ def _qwen_vision(image_processor, images: list[Image.Image], settings: dict) -> 
     )
 
 
-def _qwen_features(units: torch.Tensor, per_image: dict, settings: dict) -> torch.Tensor:
+def _qwen_features(units: torch.Tensor, per_image: dict, settings: dict, image_processor=None) -> torch.Tensor:
     return per_image["image_grid_thw"].prod(-1) // int(settings.get("merge_size", 2)) ** 2
 
 
@@ -130,7 +156,7 @@ def _qwen(name: str, coordinates: str) -> Family:
 # ---------------------------------------------------------------------------------------------- Gemma 3
 
 
-def _gemma3_vision(image_processor, images: list[Image.Image], settings: dict) -> Vision:
+def _gemma3_vision(image_processor, images: list[Image.Image], settings: dict, per_row=None) -> Vision:
     """Gemma 3: `pixel_values` `[I, 3, H, W]` (one unit an image, no pan-and-scan), each image a fixed
     `image_seq_length` soft tokens (`mm_tokens_per_image` of the config; 256 in the released checkpoints), written
     `\\n\\n<start_of_image>` + soft tokens + `<end_of_image>\\n\\n` in place of the template's `<start_of_image>`."""
@@ -151,7 +177,7 @@ def _gemma3_vision(image_processor, images: list[Image.Image], settings: dict) -
 # ---------------------------------------------------------------------------------------------- Idefics3 / SmolVLM
 
 
-def _idefics3_vision(image_processor, images: list[Image.Image], settings: dict) -> Vision:
+def _idefics3_vision(image_processor, images: list[Image.Image], settings: dict, per_row=None) -> Vision:
     """Idefics3 (SmolVLM v1): each image is split into rows x cols tiles plus a global view (one tile when not
     split); `pixel_values` `[tiles, 3, H, W]` with `pixel_attention_mask` `[tiles, H, W]`; each tile is
     `image_seq_len` `<image>` tokens, framed by `<fake_token_around_image>` and `<row_r_col_c>`/`<global-img>` tags
@@ -185,11 +211,11 @@ def _idefics3_vision(image_processor, images: list[Image.Image], settings: dict)
     )
 
 
-def _gemma3_features(units: torch.Tensor, per_image: dict, settings: dict) -> torch.Tensor:
+def _gemma3_features(units: torch.Tensor, per_image: dict, settings: dict, image_processor=None) -> torch.Tensor:
     return units * int(settings["image_seq_length"])
 
 
-def _idefics3_features(units: torch.Tensor, per_image: dict, settings: dict) -> torch.Tensor:
+def _idefics3_features(units: torch.Tensor, per_image: dict, settings: dict, image_processor=None) -> torch.Tensor:
     return units * int(settings["image_seq_len"])
 
 
@@ -206,6 +232,154 @@ def _idefics3_like(name: str) -> Family:
         batched_pixels=True,
         suppress=("<fake_token_around_image>", "<global-img>"),
     )
+
+
+# ---------------------------------------------------------------------------------------------- PaliGemma
+
+
+def _paligemma_prompt(tokenizer, content: list[dict]) -> str:
+    """What `PaliGemmaProcessor` writes for a prefix with images: every image's `<image>` first, then `<bos>`, the
+    prefix's text and a newline (`prepare_inputs_layout`); the model continues with the suffix."""
+    images = sum(1 for item in content if item["type"] == "image")
+    text = "".join(item["text"] for item in content if item["type"] == "text")
+    return "<image>" * images + tokenizer.bos_token + text + "\n"
+
+
+def _paligemma_vision(image_processor, images: list[Image.Image], settings: dict, per_row=None) -> Vision:
+    """PaliGemma: `pixel_values` `[I, 3, H, W]`, each image `image_seq_length` `<image>` tokens (the image
+    processor's attribute, as `PaliGemmaProcessor` reads it; 256 at 224 px)."""
+    out = image_processor(images=images, return_tensors="pt")
+    n = int(image_processor.image_seq_length)
+    count = len(images)
+    return Vision(
+        pixel_values=out["pixel_values"],
+        units=torch.ones(count, dtype=torch.long),
+        per_image={},
+        per_unit={},
+        tokens=torch.full((count,), n, dtype=torch.long),
+        texts=["<image>" * n] * count,
+    )
+
+
+def _paligemma_features(units: torch.Tensor, per_image: dict, settings: dict, image_processor=None) -> torch.Tensor:
+    return units * int(image_processor.image_seq_length)
+
+
+# ---------------------------------------------------------------------------------------------- InternVL
+
+
+def _internvl_vision(image_processor, images: list[Image.Image], settings: dict, per_row=None) -> Vision:
+    """InternVL: each image cropped to tiles plus a thumbnail (`crop_to_patches`, which `InternVLProcessor` turns
+    on), `pixel_values` `[tiles, 3, H, W]`; an image is `<img>` + `<IMG_CONTEXT>` x (image_seq_length x tiles) +
+    `</img>` in place of the template's `<IMG_CONTEXT>` (`InternVLProcessor.replace_image_token`)."""
+    out = image_processor(images=images, crop_to_patches=True, return_tensors="pt")
+    units = torch.as_tensor(out["num_patches"], dtype=torch.long).reshape(-1)
+    seq = int(settings["image_seq_length"])
+    return Vision(
+        pixel_values=out["pixel_values"],
+        units=units,
+        per_image={},
+        per_unit={},
+        tokens=units * seq,
+        texts=["<img>" + "<IMG_CONTEXT>" * (seq * int(n)) + "</img>" for n in units],
+    )
+
+
+def _internvl_features(units: torch.Tensor, per_image: dict, settings: dict, image_processor=None) -> torch.Tensor:
+    return units * int(settings["image_seq_length"])
+
+
+# ---------------------------------------------------------------------------------------------- LLaVA-OneVision
+
+
+def _onevision_tiles(size: tuple[int, int], image_processor) -> int:
+    """Tiles of a lone image: its anyres grid (the best of the grid pinpoints for its size) plus the base view."""
+    from transformers.image_processing_utils import select_best_resolution
+
+    tile = int(image_processor.size["height"])
+    height, width = select_best_resolution(list(size), image_processor.image_grid_pinpoints)
+    return (height // tile) * (width // tile) + 1
+
+
+def _onevision_tokens(size: tuple[int, int], multi: bool, settings: dict, image_processor) -> int:
+    """`LlavaOnevisionProcessor.replace_image_token`'s count: base features, then (a lone image) the unpadded grid
+    features with one newline per row, pooled down past `anyres_max_N` tiles; (several images) base + 1 newline."""
+    from transformers.image_processing_utils import select_best_resolution
+
+    base = int(settings["num_image_tokens"])
+    drop = 1 if settings.get("vision_feature_select_strategy") == "default" else 0
+    if multi:
+        return base + 1 - drop
+    height, width = (int(v) for v in size)
+    tile = int(image_processor.size["height"])
+    best_height, best_width = select_best_resolution([height, width], image_processor.image_grid_pinpoints)
+    side = int(math.sqrt(base))
+    current_height, current_width = side * (best_height // tile), side * (best_width // tile)
+    if width / height > current_width / current_height:
+        new_height = int(round(height * (current_width / width), 7))
+        current_height -= (current_height - new_height) // 2 * 2
+    else:
+        new_width = int(round(width * (current_height / height), 7))
+        current_width -= (current_width - new_width) // 2 * 2
+    unpadded, newlines = current_height * current_width, current_height
+    most = int(settings.get("vision_aspect_ratio", "anyres_max_9").removeprefix("anyres_max_"))
+    ratio = math.sqrt(current_height * current_width / (most * side**2))
+    if ratio > 1.1:
+        unpadded = int(current_height // ratio) * int(current_width // ratio)
+        newlines = int(current_height // ratio)
+    return unpadded + newlines + base - drop
+
+
+def _onevision_vision(image_processor, images: list[Image.Image], settings: dict, per_row=None) -> Vision:
+    """LLaVA-OneVision: a prompt's lone image is tiled "anyres" (its grid's tiles after a base view), each image of
+    a prompt with several is one padded-square tile; `pixel_values` `[tiles, 3, H, W]` (the real tiles, padding
+    dropped), `image_sizes` `[I, 2]` (original sizes) and `prompt_images` `[I]` (the images of its prompt)."""
+    per_row = list(per_row) if per_row is not None else [len(images)]
+    groups, start = [], 0
+    for n in per_row:
+        groups.append(images[start : start + n])
+        start += n
+    out = image_processor(images=[g for g in groups if g], return_tensors="pt")
+    prompt_images = torch.tensor([n for n in per_row for _ in range(n)], dtype=torch.long)
+    multi = prompt_images != 1
+    sizes = out["image_sizes"].long()
+    units = torch.tensor(
+        [1 if m else _onevision_tiles(tuple(s.tolist()), image_processor) for s, m in zip(sizes, multi)],
+        dtype=torch.long,
+    )
+    keep = torch.arange(out["pixel_values"].shape[1]).unsqueeze(0) < units.unsqueeze(1)  # [I, Pmax] real tiles
+    tokens = torch.tensor(
+        [_onevision_tokens(tuple(s.tolist()), bool(m), settings, image_processor) for s, m in zip(sizes, multi)],
+        dtype=torch.long,
+    )
+    return Vision(
+        pixel_values=out["pixel_values"][keep],
+        units=units,
+        per_image={"image_sizes": sizes, "prompt_images": prompt_images},
+        per_unit={},
+        tokens=tokens,
+        texts=["<image>" * int(n) for n in tokens],
+    )
+
+
+def _onevision_features(units: torch.Tensor, per_image: dict, settings: dict, image_processor=None) -> torch.Tensor:
+    sizes, counts = per_image["image_sizes"].tolist(), per_image["prompt_images"].tolist()
+    return torch.tensor(
+        [_onevision_tokens(tuple(s), n != 1, settings, image_processor) for s, n in zip(sizes, counts)],
+        dtype=torch.long,
+    )
+
+
+def _onevision_forward_inputs(per_image: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`image_sizes` as stored, and `batch_num_images` (the images of each prompt, which the forward reads to tell a
+    lone, tiled image from one of several) from each image's `prompt_images`."""
+    counts, images = [], per_image["prompt_images"].tolist()
+    first = 0
+    while first < len(images):
+        counts.append(images[first])
+        first += max(images[first], 1)
+    sizes = per_image["image_sizes"]
+    return {"image_sizes": sizes, "batch_num_images": torch.tensor(counts, dtype=torch.long, device=sizes.device)}
 
 
 FAMILIES: dict[str, Family] = {
@@ -238,6 +412,60 @@ FAMILIES: dict[str, Family] = {
     # SmolVLM2 (SmolVLMForConditionalGeneration): Idefics3's image layout and prompt strings
     # (`SmolVLMProcessor.replace_image_token` writes the same tiles and tags), its own model classes.
     "smolvlm": _idefics3_like("smolvlm"),
+    # PaliGemma (google/paligemma-3b-pt-224; transformers' PaliGemmaProcessor): no chat template; the processor
+    # writes `<image>` x N + <bos> + prefix + "\n" and the model answers with the suffix, the prefix (images and
+    # text) attended bidirectionally, positions from 1. A single-turn model: a conversation is refused. Its boxes
+    # are <locYYYY> tokens (1024 bins of y0 x0 y1 x1, big_vision's README), a format our grounding parsers do not
+    # read; "0-1000" is the nearest relative convention and is what the demo's prompts ask for.
+    "paligemma": Family(
+        name="paligemma",
+        image_token="<image>",
+        template_image="<image>",
+        vision=_paligemma_vision,
+        features=_paligemma_features,
+        turn_start="<bos>",
+        turn_end="<eos>",
+        coordinates="0-1000",
+        prompt=_paligemma_prompt,
+        prefix_lm=True,
+        first_position=1,
+    ),
+    # InternVL 3 (OpenGVLab/InternVL3-1B-hf: Qwen2.5's <|im_start|> / <|im_end|> turns). InternVL writes boxes as
+    # <box>[[x1, y1, x2, y2]]</box> normalised to 0-1000 (InternVL2 / 3 model cards, "grounding").
+    "internvl": Family(
+        name="internvl",
+        image_token="<IMG_CONTEXT>",
+        template_image="<IMG_CONTEXT>",
+        vision=_internvl_vision,
+        features=_internvl_features,
+        turn_start="<|im_start|>",
+        turn_end="<|im_end|>",
+        coordinates="0-1000",
+        suppress=("<img>", "</img>"),
+    ),
+    # LLaVA-OneVision (llava-hf/llava-onevision-qwen2-0.5b-ov-hf: Qwen2's <|im_start|> / <|im_end|> turns, images
+    # before a message's text). Its grounding data (LLaVA-OneVision's, from LLaVA-1.5) writes boxes relative, 0-1.
+    "llava_onevision": Family(
+        name="llava_onevision",
+        image_token="<image>",
+        template_image="<image>",
+        vision=_onevision_vision,
+        features=_onevision_features,
+        turn_start="<|im_start|>",
+        turn_end="<|im_end|>",
+        coordinates="0-1",
+        forward_inputs=_onevision_forward_inputs,
+    ),
+}
+
+# Families transformers has that no tiny model here covers yet, and why (named by `family_for`).
+UNAVAILABLE: dict[str, str] = {
+    "lfm2_vl": (
+        "LFM2-VL is not supported yet: its only image processor in transformers (Lfm2VlImageProcessorFast) needs "
+        "torchvision, which the project's CPU install lacks (the registry has no CPU torchvision build for torch "
+        "2.13), so its image layout could not be built and tested against its processor"
+    ),
+    "glm4v": "GLM-4.xV is not built and tested here yet",
 }
 
 
@@ -248,6 +476,10 @@ def family_for(model_type: str) -> Family:
         ValueError: naming the model type and the supported ones, or the installed transformers when it lacks the
             family's classes (Qwen3.5 came in transformers 5.2x; the project's floor is older).
     """
+    if model_type in UNAVAILABLE:
+        raise ValueError(
+            f"model family {model_type!r} (config.json's model_type) cannot be used here: {UNAVAILABLE[model_type]}"
+        )
     if model_type not in FAMILIES:
         raise ValueError(
             f"model family {model_type!r} (config.json's model_type) is not supported yet; supported: "

@@ -111,7 +111,7 @@ class VisionTextProcessor:
         if tokenizer.chat_template is None and (path / "chat_template.json").is_file():
             # Some checkpoints keep the template only with the processor (chat_template.json), not the tokenizer.
             tokenizer.chat_template = json.loads((path / "chat_template.json").read_text())["chat_template"]
-        if tokenizer.chat_template is None:
+        if tokenizer.chat_template is None and family_for(family).prompt is None:
             raise ValueError(
                 f"{path} has no chat template (chat_template.jinja, chat_template.json or the tokenizer's)"
             )
@@ -147,18 +147,21 @@ class VisionTextProcessor:
         if extra:
             (Path(path) / "processor_config.json").write_text(json.dumps(extra, indent=2, sort_keys=True) + "\n")
 
-    def vision(self, images: list[Image.Image]) -> Vision:
-        """The images in the generic layout (`mmrl.policy.families.Vision`), with each one's placeholder text."""
-        return self.family.vision(self.image_processor, images, self.settings)
+    def vision(self, images: list[Image.Image], per_row: list[int] | None = None) -> Vision:
+        """The images in the generic layout (`mmrl.policy.families.Vision`), with each one's placeholder text;
+        `per_row` the images of each prompt in order (None: one prompt holds them all)."""
+        return self.family.vision(self.image_processor, images, self.settings, per_row)
 
     def features(self, units: torch.Tensor, per_image: dict[str, torch.Tensor]) -> torch.Tensor:
         """`[I]` the feature vectors (image tokens) of images stored as `units` / `per_image` (a `Rollout`'s)."""
-        return self.family.features(units, per_image, self.settings)
+        return self.family.features(units, per_image, self.settings, self.image_processor)
 
     def model_inputs(
         self, pixel_values: torch.Tensor, per_image: dict[str, torch.Tensor], per_unit: dict[str, torch.Tensor]
     ) -> dict[str, torch.Tensor]:
         """The vision keyword arguments of the model's forward, from the generic layout."""
+        if self.family.forward_inputs is not None:
+            per_image = self.family.forward_inputs(per_image)
         if self.family.batched_pixels:  # [1, U, ...]: one sample holding every tile; the model keeps their order
             pixel_values = pixel_values.unsqueeze(0)
             per_unit = {k: v.unsqueeze(0) for k, v in per_unit.items()}
@@ -188,7 +191,10 @@ class VisionTextProcessor:
         `template` places the instruction (`{instruction}`) and, optionally, the images (`{image}`); without an
         `{image}` mark the images come first, as in Qwen-VL's own examples.
         """
-        messages = [{"role": "user", "content": user_content(instruction, num_images, template)}]
+        content = user_content(instruction, num_images, template)
+        if self.family.prompt is not None:  # a family whose processor writes the prompt (PaliGemma)
+            return self.family.prompt(self.tokenizer, content)
+        messages = [{"role": "user", "content": content}]
         return self.chat(messages, add_generation_prompt=True)
 
     def conversation_ids(
@@ -216,6 +222,11 @@ class VisionTextProcessor:
         Qwen3.5: no `<think>\n\n</think>\n\n` in the history), the answer follows the generation prompt, which is
         what the model saw when it sampled those tokens.
         """
+        if self.family.prompt is not None:
+            raise ValueError(
+                f"a {self.family.name} model has no chat template (its processor writes one prefix per prompt, and it "
+                "answers once): it cannot hold a conversation; set model.history_turns to 0"
+            )
         opened, generation_prompt = self._answer_openings()
         marks = [f"\x00mmrl-answer-{k}\x00" for k in range(len(turns))]
         messages: list[dict] = []
@@ -277,7 +288,7 @@ class VisionTextProcessor:
         placeholders = [text.count(self.family.template_image) for text in texts]
         if sum(placeholders) != len(images):
             raise ValueError(f"the prompts hold {sum(placeholders)} image placeholders for {len(images)} images")
-        vision = self.vision(images)
+        vision = self.vision(images, placeholders)
         image_texts = iter(vision.texts)
         expanded = [self.expand(text, image_texts) for text in texts]
         enc = self.tokenizer(expanded, return_tensors="pt", padding=True, add_special_tokens=False)

@@ -19,7 +19,15 @@ from .vlm import VLMPolicy
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 TINY_ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")  # the Qwen-VL family, sharing assets/tokenizer
-FAMILY_ARCHS = ("gemma3", "idefics3", "smolvlm", "qwen3_5")  # one self-contained folder each
+FAMILY_ARCHS = (
+    "gemma3",
+    "idefics3",
+    "smolvlm",
+    "qwen3_5",
+    "paligemma",
+    "internvl",
+    "llava_onevision",
+)  # one self-contained folder each
 ALL_TINY_ARCHS = TINY_ARCHS + FAMILY_ARCHS
 
 

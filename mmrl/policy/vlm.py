@@ -229,7 +229,8 @@ class VLMPolicy:
         them; None for M-RoPE families, whose model computes its own from the image grid."""
         if self.family.mrope:
             return None
-        return (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)
+        first = self.family.first_position  # PaliGemma numbers from 1
+        return (attention_mask.long().cumsum(-1) - 1 + first).masked_fill(attention_mask == 0, 1)
 
     def _check_length(self, length: int, images: int) -> None:
         """Prompts are never truncated (a cut through an image's placeholder tokens would make the model read
@@ -248,9 +249,11 @@ class VLMPolicy:
         config = self.model.config
         return getattr(getattr(config, "text_config", config), "max_position_embeddings", None)
 
-    def _with_token_types(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def _with_token_types(self, inputs: dict[str, torch.Tensor], prompt_length: int | None = None) -> dict:
+        """`inputs` with the token types the forward takes (`Family.token_types`; `prompt_length`: the prompt's
+        columns when completions follow)."""
         for key in self._token_type_keys:
-            inputs[key] = (inputs["input_ids"] == self.processor.image_token_id).int()
+            inputs[key] = self.family.token_types(inputs["input_ids"], self.processor.image_token_id, prompt_length)
         return inputs
 
     # ------------------------------------------------------------------ generation
@@ -266,7 +269,7 @@ class VLMPolicy:
             row = [img for turn in turns for img in turn.views] + list(views[i])
             images += [to_pil(img) for img in row]
             counts.append(len(row))
-        vision = self.processor.vision(images)
+        vision = self.processor.vision(images, counts)
         rows, start = [], 0
         for i, turns in enumerate(history):
             past = [(t.instruction, len(t.views), t.answer_ids) for t in turns]
@@ -371,7 +374,8 @@ class VLMPolicy:
         length = batch.completion_ids.shape[1]
         self.check_image_tokens(batch.prompt_ids, batch)
         inputs = self._with_token_types(
-            {"input_ids": input_ids, "attention_mask": attention_mask, **self.vision_inputs(batch)}
+            {"input_ids": input_ids, "attention_mask": attention_mask, **self.vision_inputs(batch)},
+            batch.prompt_ids.shape[1],
         )
         positions = self.positions(attention_mask)
         if positions is not None:

@@ -1,9 +1,10 @@
 """The same contract for every model family (`mmrl.policy.families`), on tiny real models of each.
 
 Qwen3-VL stands for the Qwen-VL family here (tests/mmrl/test_policy.py, test_backends.py and test_conversations.py
-cover Qwen2-VL, Qwen2.5-VL and Qwen3-VL in depth); Qwen3.5, Gemma 3, Idefics3 (SmolVLM) and SmolVLM2 are built
-from their real transformers classes with a tokenizer carrying their real special tokens and chat template
-(assets/tiny_models/, scripts/make_family_assets.py).
+cover Qwen2-VL, Qwen2.5-VL and Qwen3-VL in depth); Qwen3.5, Gemma 3, Idefics3 (SmolVLM), SmolVLM2, PaliGemma,
+InternVL and LLaVA-OneVision are built from their real transformers classes with a tokenizer carrying their real
+special tokens and chat template (PaliGemma has none: its processor writes the prompt) (assets/tiny_models/,
+scripts/make_family_assets.py).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from mmrl.policy.vision import to_pil
 from mmrl.types import Sampling, Turn
 from sim.base import Observation
 
-FAMILIES = ("qwen3_vl", "gemma3", "idefics3", "smolvlm", "qwen3_5")
+FAMILIES = ("qwen3_vl", "gemma3", "idefics3", "smolvlm", "qwen3_5", "paligemma", "internvl", "llava_onevision")
 IMAGE_SIZE = dict.fromkeys(FAMILIES, 64)
 TEMPLATE = "{instruction} {image} Answer as <answer>[x1,y1,x2,y2]</answer>."
 # Sampled log-probs against the training forward's: the same float32 computation in another order (cached keys and
@@ -98,19 +99,29 @@ def test_a_two_turn_conversation_is_the_template_turn_for_turn_with_the_sampled_
     arch = arch_of(policy)
     first, second = observations(arch, [0]), observations(arch, [1])
     tok = policy.processor.tokenizer
+    processor = policy.processor
     answer_text = "<answer>[1,2,3,4]</answer>"
     answer_ids = tok(answer_text, add_special_tokens=False)["input_ids"] + [policy.eos_token_ids[-1]]
     history = [[Turn(views=first.views[0], instruction=first.instruction[0], answer_ids=answer_ids)]]
+    if processor.family.prompt is not None:  # PaliGemma: no chat template, one prefix and one answer
+        with pytest.raises(ValueError, match=rf"a {arch} model has no chat template .* set model.history_turns to 0"):
+            policy.encode_conversations(second, history)
+        return
     inputs, _ = policy.encode_conversations(second, history)
     ids = inputs["input_ids"][0].tolist()
 
     # What the model saw when it sampled the answer: the first turn's own prompt, then the answer's tokens verbatim.
-    alone = policy.encode(first)["input_ids"][0].tolist()
+    # (Its image is written as in a prompt of two images: LLaVA-OneVision tiles a lone image, not one of several.)
+    images = [to_pil(first.views[0, 0]), to_pil(second.views[0, 0])]
+    image_texts = processor.vision(images, [2]).texts
+    alone_text = processor.expand(processor.prompt_text(first.instruction[0], 1, TEMPLATE), iter(image_texts[:1]))
+    alone = tok(alone_text, add_special_tokens=False)["input_ids"]
+    if arch != "llava_onevision":
+        assert alone == policy.encode(first)["input_ids"][0].tolist()
     assert ids[: len(alone)] == alone
     assert ids[len(alone) : len(alone) + len(answer_ids)] == answer_ids
 
     # The rest is the chat template's rendering of what follows the answer, its turn closed exactly once.
-    processor = policy.processor
     messages = [
         {"role": "user", "content": user_content(first.instruction[0], 1, TEMPLATE)},
         {"role": "assistant", "content": [{"type": "text", "text": answer_text}]},
@@ -118,8 +129,7 @@ def test_a_two_turn_conversation_is_the_template_turn_for_turn_with_the_sampled_
     ]
     rendered = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     tail = rendered.split(answer_text, 1)[1]
-    image_text = processor.vision([to_pil(second.views[0, 0])]).texts
-    want_tail = tok(processor.expand(tail, iter(image_text)), add_special_tokens=False)["input_ids"]
+    want_tail = tok(processor.expand(tail, iter(image_texts[1:])), add_special_tokens=False)["input_ids"]
     assert want_tail[0] == answer_ids[-1]  # the template closes the turn with the token the answer ended with
     assert ids[len(alone) + len(answer_ids) :] == want_tail[1:]
     turn_end = tok.convert_tokens_to_ids(processor.family.turn_end)
@@ -143,23 +153,52 @@ def test_a_prompt_whose_image_tokens_do_not_match_its_images_is_refused_before_t
     assert not calls
 
 
-@pytest.mark.parametrize("arch", ["gemma3", "idefics3"])
-def test_prompts_equal_the_families_own_transformers_processor(arch):
-    import transformers
+@pytest.mark.parametrize(
+    ("arch", "views"),
+    [
+        ("gemma3", 2),
+        ("idefics3", 2),
+        ("paligemma", 2),
+        ("internvl", 2),
+        ("llava_onevision", 1),
+        ("llava_onevision", 2),
+    ],
+)
+def test_prompts_equal_the_families_own_transformers_processor(arch, views, monkeypatch):
+    import copy
 
+    import transformers
+    from transformers.processing_utils import ProcessorMixin
+
+    # InternVL's and LLaVA-OneVision's processors check for their video processors, which need torchvision (absent
+    # on CPU installs); images alone do not use them.
+    monkeypatch.setattr(ProcessorMixin, "check_argument_for_proper_class", lambda self, name, value: None)
     policy = build_tiny(arch, prompt_template=TEMPLATE)
-    obs = observations(arch, [0, 1], views=2)
+    obs = observations(arch, [0, 1], views=views)
+    if views == 1:  # a lone image of another shape than the tiles: LLaVA-OneVision's anyres grid and unpadding
+        obs = Observation(image=obs.image[:, :, :40], instruction=obs.instruction)
     ours = policy.encode(obs)
     settings = {k: v for k, v in policy.processor.settings.items() if k != "merge_size"}
-    parts = (policy.processor.image_processor, policy.processor.tokenizer)
+    # Their processors may add tokens to the tokenizer (PaliGemma's <loc>/<seg>, already there): a copy keeps ours.
+    parts = (policy.processor.image_processor, copy.deepcopy(policy.processor.tokenizer))
     theirs_processor = {
         "gemma3": lambda: transformers.Gemma3Processor(*parts, **settings),
         "idefics3": lambda: transformers.Idefics3Processor(*parts, **settings),
+        "paligemma": lambda: transformers.PaliGemmaProcessor(*parts),
+        "internvl": lambda: transformers.InternVLProcessor(*parts, **settings),
+        "llava_onevision": lambda: transformers.LlavaOnevisionProcessor(*parts, **settings),
     }[arch]()
-    texts = [policy.processor.prompt_text(s, 2, TEMPLATE) for s in obs.instruction]
+    texts = [policy.processor.prompt_text(s, views, TEMPLATE) for s in obs.instruction]
+    if arch == "paligemma":  # its processor writes <bos> after the images and the closing newline itself
+        bos = policy.processor.tokenizer.bos_token
+        assert all(t.startswith("<image>" * views + bos) and t.endswith("\n") for t in texts)
+        texts = [t.replace(bos, "", 1)[:-1] for t in texts]
     images = [[to_pil(image) for image in row] for row in obs.views]
     theirs = theirs_processor(text=texts, images=images, return_tensors="pt", padding=True, add_special_tokens=False)
     assert torch.equal(ours["input_ids"], theirs["input_ids"])
+    for key, value in policy.processor.model_inputs(ours.vision.pixel_values, ours.vision.per_image, {}).items():
+        if key != "pixel_values":  # LLaVA-OneVision's image_sizes and batch_num_images
+            assert torch.equal(value, torch.as_tensor(theirs[key]).reshape(value.shape)), key
     real = theirs["pixel_values"].flatten(0, 1) if theirs["pixel_values"].dim() == 5 else theirs["pixel_values"]
     if theirs["pixel_values"].dim() == 5:  # Idefics3 pads each row's tiles with zero images
         real = real[real.flatten(1).abs().sum(-1) > 0]
@@ -181,14 +220,18 @@ def test_smolvlm2_images_are_written_as_its_processor_writes_them():
     assert vision.texts == want and vision.units.tolist() == [5, 3, 5]
 
 
-@pytest.mark.parametrize("arch", ["gemma3", "idefics3", "smolvlm", "qwen3_5"])
+@pytest.mark.parametrize(
+    "arch", ["gemma3", "idefics3", "smolvlm", "qwen3_5", "paligemma", "internvl", "llava_onevision"]
+)
 def test_a_folder_laid_out_as_the_hubs_loads_with_identical_logprobs(arch, tmp_path):
     policy = build_tiny(arch, prompt_template=TEMPLATE)
     rollout = policy.generate(observations(arch, [0]), sampling=Sampling(max_new_tokens=4, temperature=0))
     policy.save_pretrained(tmp_path)
-    for name in ("config.json", "preprocessor_config.json", "tokenizer.json", "chat_template.jinja"):
+    for name in ("config.json", "preprocessor_config.json", "tokenizer.json"):
         assert (tmp_path / name).is_file()
-    assert (tmp_path / "processor_config.json").is_file() == (arch != "qwen3_5")  # Gemma 3's, Idefics3's numbers
+    # PaliGemma has no chat template; Qwen3.5 and PaliGemma no processor numbers beyond the image processor's.
+    assert (tmp_path / "chat_template.jinja").is_file() == (arch != "paligemma")
+    assert (tmp_path / "processor_config.json").is_file() == (arch not in ("qwen3_5", "paligemma"))
     from mmrl.run.build import load_policy
     from mmrl.run.config import ModelConfig
 
@@ -196,6 +239,8 @@ def test_a_folder_laid_out_as_the_hubs_loads_with_identical_logprobs(arch, tmp_p
     assert isinstance(loaded, VLMPolicy) and loaded.family.name == arch
     with torch.no_grad():
         torch.testing.assert_close(loaded.logprobs(rollout), policy.logprobs(rollout), atol=0, rtol=0)
+    if arch == "paligemma":
+        return
     # A checkpoint that keeps its template only with the processor (chat_template.json) gives the same prompts.
     template = (tmp_path / "chat_template.jinja").read_text()
     (tmp_path / "chat_template.jinja").unlink()
@@ -238,6 +283,10 @@ def test_a_family_this_transformers_lacks_is_named_before_anything_loads(tmp_pat
         VLMPolicy.from_pretrained(tmp_path)
     (tmp_path / "config.json").write_text('{"model_type": "llava"}')
     with pytest.raises(ValueError, match=r"model family 'llava' .* not supported yet; supported: qwen2_vl, "):
+        VLMPolicy.from_pretrained(tmp_path)
+    # LFM2-VL: transformers' only image processor for it needs torchvision, which the CPU install lacks.
+    (tmp_path / "config.json").write_text('{"model_type": "lfm2_vl"}')
+    with pytest.raises(ValueError, match=r"'lfm2_vl' .* cannot be used here: .*needs torchvision"):
         VLMPolicy.from_pretrained(tmp_path)
 
 
