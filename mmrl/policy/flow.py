@@ -35,6 +35,11 @@ images and the instruction) joined with the normalised proprioceptive state, whi
 critic's head hooks the tap (as it hooks a VLM's language-model head), so its value is that of the state the chunk
 starts from, independent of the sampled chain (πRL's π0.5 variant, a value "after the VLM", plus the state).
 
+**LoRA** (`model.lora_r > 0`): PEFT adapters on the linear layers of the parts `model.lora_target_modules` names,
+`backbone` (PaliGemma's language model; never its vision tower, as for VLMs), `expert` (the action expert), or
+both (`all-linear`, or `backbone,expert`); everything else is frozen but Flow-Noise's head, which starts untrained.
+Checkpoints hold the base weights plus `lora/`, as a VLM's; `mmrl export` merges them.
+
 The sampled chain is recorded in the rollout (`FlowRollout.chain` `[R, K+1, C, A]`); `logprobs` recomputes every
 transition's density under the current weights with gradients, in one pass of the action expert over the K steps
 (the prompt's key/value cache repeated K times). Action and state normalisation statistics (`FlowStats`) belong to
@@ -60,6 +65,8 @@ from .flow_data import STATS_FILE, FlowRollout, FlowStats, cat_flow_rollouts  # 
 NOISE_METHODS = ("flow_sde", "flow_noise")
 NOISE_STD_RANGE = (0.08, 0.16)  # Flow-Noise's [min, max] std per action dimension (RLinf's noise_logvar_range)
 NOISE_HEAD_FILE = "flow_noise_head.safetensors"  # the noise head's weights, beside the PI0 model's
+# LoRA's parts of a PI0 model (`model.lora_target_modules`): where each part's linear layers live.
+LORA_PARTS = {"backbone": "model.vlm.language_model.", "expert": "model.dit."}
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 TINY_PI0 = ASSETS / "tiny_models" / "pi0"
 
@@ -209,9 +216,9 @@ class FlowPolicy:
 
     def attach_noise_head(self, seed: int = 0) -> None:
         """Give the model Flow-Noise's head (`model.noise_head`, a fresh one drawn from `seed`) unless it has one."""
-        if getattr(self.model, "noise_head", None) is None:
+        if getattr(self.net, "noise_head", None) is None:
             head = NoiseHead(self.config.dit_config.hidden_size, self.config.max_action_dim, seed=seed)
-            self.model.noise_head = head.to(self.device)
+            self.net.noise_head = head.to(self.device)
 
     # ------------------------------------------------------------------------------------------------ loading
     @classmethod
@@ -233,19 +240,33 @@ class FlowPolicy:
             from safetensors.torch import load_file
 
             policy.attach_noise_head()
-            policy.model.noise_head.load_state_dict(load_file(path / NOISE_HEAD_FILE, device=str(policy.device)))
+            policy.net.noise_head.load_state_dict(load_file(path / NOISE_HEAD_FILE, device=str(policy.device)))
+        if (path / "lora").is_dir():
+            from .options import load_lora
+
+            load_lora(policy, path / "lora")
+            _train_noise_head(policy)
         return policy
 
     def save_pretrained(self, path: str | Path) -> None:
         """Weights, config, tokenizer, image settings, and the statistics and Flow-SDE settings
         (`processor_config.json`, in `PI0Processor`'s fields)."""
         path = Path(path)
-        head = self.model._modules.pop("noise_head", None)  # the model folder stays a plain PI0 one
+        lora = self.model is not self.net
+        if lora:  # base weights as a plain PI0 folder, adapters in lora/ (as `mmrl.policy.options.save_lora`)
+            from .options import base_state_dict
+
+            weights = {k: v for k, v in base_state_dict(self.model).items() if not k.startswith("noise_head.")}
+        head = self.net._modules.pop("noise_head", None)  # the model folder stays a plain PI0 one
         try:
-            self.model.save_pretrained(path)
+            if lora:
+                self.net.save_pretrained(path, state_dict=weights)
+                self.model.save_pretrained(path / "lora")
+            else:
+                self.net.save_pretrained(path)
         finally:
             if head is not None:
-                self.model.noise_head = head
+                self.net.noise_head = head
         if head is not None:
             from safetensors.torch import save_file
 
@@ -268,6 +289,11 @@ class FlowPolicy:
             raise ValueError(f"actions_mean has {stats.action_dim} dimensions; the model's max_action_dim is "
                              f"{self.config.max_action_dim}")  # fmt: skip
         self.stats = stats
+
+    @property
+    def net(self):
+        """The `PI0ForConditionalGeneration` (under LoRA's PEFT wrapper, which injects its adapters into it)."""
+        return self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
 
     @property
     def device(self) -> torch.device:
@@ -322,9 +348,9 @@ class FlowPolicy:
         return {
             "input_ids": tok["input_ids"].to(device),
             "attention_mask": tok["attention_mask"].to(device).bool(),
-            "pixel_values": pixel_values.to(self.model.dtype),
+            "pixel_values": pixel_values.to(self.net.dtype),
             "pixel_attention_mask": torch.ones(n, v, dtype=torch.bool, device=device),
-            "state": state.to(self.model.dtype),
+            "state": state.to(self.net.dtype),
         }
 
     @staticmethod
@@ -348,7 +374,7 @@ class FlowPolicy:
     def prefix_cache(self, inputs: dict[str, torch.Tensor], with_hidden: bool = False):
         """The backbone's key/value cache of the prompts (images + instruction), as `sample_actions` builds it; with
         `with_hidden`, also the backbone's last hidden state `[B, P, H]`."""
-        model = self.model
+        model = self.net
         mask = inputs["attention_mask"]
         embeds = model.model.embed_prefix(inputs["input_ids"], inputs["pixel_values"], inputs["pixel_attention_mask"])
         out = model.model.vlm(
@@ -366,11 +392,11 @@ class FlowPolicy:
         (which it leaves as it found it); with `with_hidden`, also the expert's last hidden state `[B, C, He]` of
         the action positions (what the velocity projection reads)."""
         seen: list[torch.Tensor] = []
-        hook = self.model.action_out_proj.register_forward_hook(lambda m, args, out: seen.append(args[0]))
+        hook = self.net.action_out_proj.register_forward_hook(lambda m, args, out: seen.append(args[0]))
         length = cache.get_seq_length()
         try:
             kwargs = {self._cache_kwarg: cache}
-            out = self.model(state=state, noise=x, timestep=t, attention_mask=mask.long(), **kwargs)
+            out = self.net(state=state, noise=x, timestep=t, attention_mask=mask.long(), **kwargs)
         finally:
             hook.remove()
         cache.crop(length - cache.get_seq_length())  # drop the expert's own keys: each step sees the prompt only
@@ -381,7 +407,7 @@ class FlowPolicy:
         from `x` at times `t` `[B]`; `sigma` `[B]` is Flow-SDE's noise scale. Not `stochastic`: the ODE step, std 0."""
         if self.noise_method == "flow_noise" and stochastic:
             v, hidden = self.velocity(cache, mask, state, x, t, with_hidden=True)
-            return x + v * dt, self.model.noise_head(hidden).to(x.dtype)
+            return x + v * dt, self.net.noise_head(hidden).to(x.dtype)
         v = self.velocity(cache, mask, state, x, t)
         return sde_step(x, v, t, sigma if stochastic else torch.zeros_like(sigma), dt)
 
@@ -434,7 +460,7 @@ class FlowPolicy:
         inputs = {k: v.repeat_interleave(group_size, 0) for k, v in encoded.items()}
         r, k, c, a = inputs["state"].shape[0], self.num_steps, self.chunk, self.config.max_action_dim
         d = self.action_dim
-        dtype, device = self.model.dtype, self.device
+        dtype, device = self.net.dtype, self.device
         x = torch.randn(r, c, a, generator=generator, dtype=torch.float32).to(device, dtype)  # [R, C, A] x_K
         chain, logprobs = [x], torch.zeros(r, k, device=device)
         times, sigmas, dt = sde_schedule(k, level)
@@ -491,7 +517,7 @@ class FlowPolicy:
             "pixel_attention_mask": batch.pixel_attention_mask,
         }  # fmt: skip
         cache, hidden = self.prefix_cache(inputs, with_hidden=True)
-        self.model.value_tap(self.state_features(hidden, batch.prompt_mask, batch.state))  # a critic's hook reads it
+        self.net.value_tap(self.state_features(hidden, batch.prompt_mask, batch.state))  # a critic's hook reads it
         if not batch.completion_mask.any():  # greedy rows: a deterministic chain has no density (nothing trains)
             zeros = torch.zeros(r, k, device=self.device)
             return (zeros, zeros) if with_entropy else zeros
@@ -522,20 +548,53 @@ class FlowPolicy:
         """π0's flow-matching loss on expert chunks `actions` `[N, C, D]` (env units): the mean squared error of
         the predicted velocity against `noise - action` at a Beta-drawn time, over the executed dimensions."""
         inputs = self.encode(obs)
-        target = self.normalise_actions(actions.to(self.device)).to(self.model.dtype)  # [N, C, A]
+        target = self.normalise_actions(actions.to(self.device)).to(self.net.dtype)  # [N, C, A]
         n, cfg = target.shape[0], self.config
         beta = torch.distributions.Beta(cfg.time_sampling_beta_alpha, cfg.time_sampling_beta_beta)
         # Drawn with the generator (Beta has none): the inverse CDF would need scipy, so sample by the ratio of Gammas.
         u = torch._standard_gamma(torch.full((n,), float(beta.concentration1)), generator=generator)
         w = torch._standard_gamma(torch.full((n,), float(beta.concentration0)), generator=generator)
         t = (u / (u + w)) * cfg.time_sampling_scale + cfg.time_sampling_offset
-        t = t.to(self.device, self.model.dtype)
-        noise = torch.randn(target.shape, generator=generator).to(self.device, self.model.dtype)
+        t = t.to(self.device, self.net.dtype)
+        noise = torch.randn(target.shape, generator=generator).to(self.device, self.net.dtype)
         cache = self.prefix_cache(inputs)
         x = t.view(-1, 1, 1) * noise + (1 - t.view(-1, 1, 1)) * target
         v = self.velocity(cache, inputs["attention_mask"], inputs["state"], x, t)
         d = self.action_dim
         return F.mse_loss(v[..., :d], (noise - target)[..., :d])
+
+
+def apply_flow_lora(
+    policy: FlowPolicy, r: int, alpha: int = 32, dropout: float = 0.0, parts: str = "all-linear", seed: int = 0
+) -> FlowPolicy:
+    """Wrap the policy's model in PEFT LoRA adapters on the linear layers of `parts` (`model.lora_target_modules`:
+    "backbone", "expert", "backbone,expert" or "all-linear" for both); everything else is frozen but Flow-Noise's
+    head. `lora_A` draws from `seed` (PEFT draws it from the global generator)."""
+    from .options import require_peft
+
+    peft = require_peft()
+    names = ["backbone", "expert"] if parts == "all-linear" else [p.strip() for p in parts.split(",") if p.strip()]
+    bad = [name for name in names if name not in LORA_PARTS]
+    if bad or not names:
+        raise ValueError(f"model.lora_target_modules {parts!r}: a flow policy (π0) takes LoRA on its parts "
+                         f"{', '.join(LORA_PARTS)} (comma-separated) or all-linear for both")  # fmt: skip
+    prefixes = tuple(LORA_PARTS[name] for name in names)
+    targets = [
+        name for name, module in policy.net.named_modules() if isinstance(module, nn.Linear) and name.startswith(prefixes)
+    ]  # fmt: skip
+    config = peft.LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        policy.model = peft.get_peft_model(policy.model, config)
+    _train_noise_head(policy)
+    return policy
+
+
+def _train_noise_head(policy: FlowPolicy) -> None:
+    # PEFT freezes every base weight; Flow-Noise's head starts untrained, so it trains beside the adapters.
+    head = getattr(policy.net, "noise_head", None)
+    if head is not None:
+        head.requires_grad_(True)
 
 
 def _executed(std: torch.Tensor, d: int) -> torch.Tensor:
@@ -606,7 +665,6 @@ def apply_flow_options(policy: FlowPolicy, cfg) -> FlowPolicy:
     is enough; a checkpoint saved afterwards carries them.
     """
     refused = {
-        "model.lora_r": cfg.lora_r > 0,
         "model.freeze_vision": cfg.freeze_vision,
         "model.freeze": bool(cfg.freeze),
         "model.gradient_checkpointing": cfg.gradient_checkpointing,
@@ -635,4 +693,6 @@ def apply_flow_options(policy: FlowPolicy, cfg) -> FlowPolicy:
     policy.noise_method, policy.noise_level, policy.num_steps = method, level, steps
     if method == "flow_noise":
         policy.attach_noise_head(seed=cfg.seed)  # before the optimiser is built: it trains the head's weights
+    if cfg.lora_r > 0 and policy.model is policy.net:  # a policy loaded from a LoRA checkpoint has its adapters
+        apply_flow_lora(policy, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules, cfg.seed)
     return policy

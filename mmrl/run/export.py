@@ -12,8 +12,9 @@ which needs it).
 A flow policy's checkpoint (π0: config.json's model_type "pi0", as `mmrl.run.build.load_policy` tells them apart) is
 written by `FlowPolicy.save_pretrained`: the model, which `PI0ForConditionalGeneration.from_pretrained(OUT)` loads,
 its tokenizer, the image settings (`preprocessor_config.json`) and the normalisation statistics with the Flow-SDE
-settings (`processor_config.json`, in `PI0Processor`'s fields); `model.path=OUT` loads it back as the same policy.
-There is no LoRA to merge (flow policies train every weight).
+settings (`processor_config.json`, in `PI0Processor`'s fields), and Flow-Noise's head where it has one;
+`model.path=OUT` loads it back as the same policy. LoRA adapters (on the backbone, the action expert or both) are
+merged first, as a VLM's.
 
     mmrl export runs/grounding_tiny exported/grounding_tiny [--dtype bfloat16]
 """
@@ -61,9 +62,12 @@ def export(source: str | Path, out: str | Path, dtype: str = "auto") -> Path:
     checkpoint = checkpoint_of(source)
     if is_flow_folder(checkpoint):
         flow = FlowPolicy.from_pretrained(checkpoint, dtype=EXPORT_DTYPES[dtype])
+        merged = is_lora(flow)
+        if merged:
+            merge_lora(flow)
         out.mkdir(parents=True, exist_ok=True)
         flow.save_pretrained(out)
-        _write_note(out, checkpoint, merged=False, dtype=flow.model.dtype)
+        _write_note(out, checkpoint, merged=merged, dtype=flow.model.dtype)
         return out
     policy = VLMPolicy.from_pretrained(checkpoint, dtype=EXPORT_DTYPES[dtype])
     merged = is_lora(policy)

@@ -192,3 +192,107 @@ def test_a_critic_reads_flow_values_its_loss_falls_on_a_fixed_batch_and_it_round
     with torch.no_grad(), fresh.reading():
         policy.logprobs(rollout)
         torch.testing.assert_close(fresh.values(), again, rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------------------------- LoRA
+@pytest.mark.parametrize("part", ["expert", "backbone"])
+def test_lora_on_one_part_trains_its_adapters_and_freezes_the_other(part):
+    from mmrl.policy import apply_model_options
+    from mmrl.policy.flow import FlowStats
+    from mmrl.run.config import ModelConfig
+
+    pytest.importorskip("peft")
+    policy = build_tiny_flow(seed=0, stats=FlowStats(*STATS), noise_method="flow_noise")
+    apply_model_options(policy, ModelConfig(path="tiny:pi0", lora_r=4, lora_target_modules=part))
+    chosen, other = ("model.dit.", "model.vlm.") if part == "expert" else ("model.vlm.language_model.", "model.dit.")
+    named = dict(policy.net.named_parameters())
+    adapters = {k: v for k, v in named.items() if "lora_" in k}
+    assert adapters and all(k.startswith(chosen) and v.requires_grad for k, v in adapters.items())
+    trainable = {k for k, v in named.items() if v.requires_grad}
+    assert trainable == set(adapters) | {k for k in named if k.startswith("noise_head.")}
+    rollout = policy.generate(_obs(2), 1, Sampling(), generator=torch.Generator().manual_seed(0))
+    policy.logprobs(rollout).sum().backward()
+    # lora_B starts at 0, so lora_A's gradient is 0 at first; lora_B's is not, in the chosen part only.
+    assert any(v.grad is not None and v.grad.abs().sum() > 0 for k, v in adapters.items() if "lora_B" in k)
+    assert all(v.grad is None for k, v in named.items() if k.startswith(other))
+    assert policy.net.noise_head.net[2].weight.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="model.lora_target_modules 'vision'"):
+        apply_model_options(build_tiny_flow(), ModelConfig(path="tiny:pi0", lora_r=4, lora_target_modules="vision"))
+
+
+def test_lora_checkpoint_round_trips_and_export_writes_the_merged_weights(tmp_path):
+    from transformers import PI0ForConditionalGeneration
+
+    from mmrl.policy import apply_model_options
+    from mmrl.policy.flow import FlowStats
+    from mmrl.policy.options import is_lora
+    from mmrl.run.build import load_policy
+    from mmrl.run.config import ModelConfig
+    from mmrl.run.export import export
+
+    pytest.importorskip("peft")
+    policy = build_tiny_flow(seed=0, stats=FlowStats(*STATS))
+    base = {k: v.clone() for k, v in policy.net.state_dict().items()}
+    apply_model_options(policy, ModelConfig(path="tiny:pi0", lora_r=4, lora_target_modules="expert"))
+    with torch.no_grad():  # adapters away from B = 0, so merging changes the expert's weights
+        for name, param in policy.net.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.1, generator=torch.Generator().manual_seed(len(name)))
+    policy.save_pretrained(tmp_path / "ckpt")
+    assert (tmp_path / "ckpt" / "lora").is_dir()
+    loaded = load_policy(ModelConfig(path=str(tmp_path / "ckpt")))
+    assert is_lora(loaded)
+    obs, greedy = _obs(2), Sampling(temperature=0.0)
+    a = policy.generate(obs, 1, Sampling(), generator=torch.Generator().manual_seed(1))
+    b = loaded.generate(obs, 1, Sampling(), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(a.chain, b.chain) and torch.equal(a.logprobs, b.logprobs)
+    # Export merges: plain transformers loads a PI0 whose ODE samples are the adapted policy's.
+    export(tmp_path / "ckpt", tmp_path / "out")
+    assert json.loads((tmp_path / "out" / "mmrl_export.json").read_text())["lora_merged"] is True
+    assert not (tmp_path / "out" / "lora").exists()
+    merged = PI0ForConditionalGeneration.from_pretrained(tmp_path / "out")
+    weights = merged.state_dict()
+    assert weights.keys() == base.keys() - {k for k in base if k.startswith("noise_head")}
+    assert all(torch.equal(weights[k], base[k]) for k in weights if not k.startswith("model.dit."))
+    assert any(not torch.equal(weights[k], base[k]) for k in weights if k.startswith("model.dit."))
+    exported = load_policy(ModelConfig(path=str(tmp_path / "out")))
+    assert not is_lora(exported)
+    ref = policy.generate(obs, 1, greedy, generator=torch.Generator().manual_seed(2))
+    out = exported.generate(obs, 1, greedy, generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(out.actions, ref.actions, rtol=0, atol=1e-5)
+
+
+def test_a_lora_run_on_the_expert_moves_only_its_adapters_and_mmrl_export_merges_them(tiny_run_config, tmp_path):
+    from mmrl.cli import main
+    from mmrl.policy.options import is_lora
+
+    pytest.importorskip("peft")
+    overrides = ("trainer.total_steps=1", "trainer.lr=1e-2", "model.lora_r=4", "model.lora_target_modules=expert",
+                 "model.flow_noise_method=flow_noise")  # fmt: skip
+    _train(tiny_run_config, tmp_path / "run", *overrides)
+    start = FlowPolicy.from_pretrained(tmp_path / "run" / "cold_start")
+    last = FlowPolicy.from_pretrained(sorted((tmp_path / "run" / "checkpoints").iterdir())[-1])
+    # The cold start and RL both train the adapters (and the noise head); the base weights stay the random init's.
+    assert is_lora(last) and is_lora(start)
+    init = build_tiny_flow(seed=0).net.state_dict()
+    begun, ended = start.net.state_dict(), last.net.state_dict()
+    adapters = {k for k in ended if "lora_" in k}
+    assert adapters and all(k.startswith("model.dit.") for k in adapters)
+    assert any(not torch.equal(ended[k], begun[k]) for k in adapters if "lora_B" in k)  # RL moved them
+    for name, weight in ended.items():
+        if name not in adapters and not name.startswith("noise_head."):
+            assert torch.equal(weight, init[name.replace(".base_layer.", ".")]), name
+    assert any(not torch.equal(ended[k], begun[k]) for k in ended if k.startswith("noise_head."))
+    assert main(["export", str(tmp_path / "run"), str(tmp_path / "out")]) == 0
+    exported = FlowPolicy.from_pretrained(tmp_path / "out")
+    assert not is_lora(exported) and exported.noise_method == "flow_noise"
+    for name, weight in exported.net.state_dict().items():
+        if name.startswith("model.vlm."):
+            assert torch.equal(weight, init[name]), name  # the backbone had no adapters
+    obs, greedy = _obs(2), Sampling(temperature=0.0)
+    ref = last.generate(obs, 1, greedy, generator=torch.Generator().manual_seed(2))
+    out = exported.generate(obs, 1, greedy, generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(out.actions, ref.actions, rtol=0, atol=1e-5)
+    assert not torch.equal(
+        out.actions, start.generate(obs, 1, greedy, generator=torch.Generator().manual_seed(2)).actions
+    )
