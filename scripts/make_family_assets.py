@@ -19,6 +19,14 @@ same corpus as assets/tokenizer (scripts/make_assets.py), the special tokens add
   split into 32 px tiles plus a global view, 4 `<image>` tokens a tile (pixel shuffle by 2), a 2-layer Llama, the
   `User:` / `Assistant:` turns closed by `<end_of_utterance>`.
 - smolvlm: SmolVLM2 (`SmolVLMForConditionalGeneration`), the same sizes, tokens and template as idefics3.
+- paligemma: PaliGemma (`PaliGemmaForConditionalGeneration`): a SigLIP tower on 32 px images (16 `<image>` tokens an
+  image), a 2-layer Gemma, the `<locYYYY>`/`<segSSS>` tokens, and no chat template (its processor writes the prompt).
+- internvl: InternVL 3 (`InternVLForConditionalGeneration`): 32 px tiles (at most 4 plus a thumbnail), 4
+  `<IMG_CONTEXT>` tokens a tile, a 2-layer Qwen2, the released -hf folders' chat template.
+- llava_onevision: LLaVA-OneVision (`LlavaOnevisionForConditionalGeneration`): a SigLIP tower on 32 px tiles, anyres
+  grid pinpoints of 32-64 px, a 2-layer Qwen2, the released -hf folders' chat template.
+
+The three last folders carry a README.md naming the file each template and token list was copied from.
 """
 
 from __future__ import annotations
@@ -138,6 +146,45 @@ LLAVA_ONEVISION_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
+BUILT = "Built by `python scripts/make_family_assets.py` ({fn}); the weights are drawn from a seed by\n`mmrl.policy.tiny.build_tiny` (`model.path=tiny:{name}`), so the folder holds none.\n\n"
+PALIGEMMA_README = (
+    """# Tiny PaliGemma
+
+"""
+    + BUILT.format(fn="build_paligemma", name="paligemma")
+    + """Special tokens: google/paligemma-3b-pt-224's (`<pad>`, `<eos>`, `<bos>`, `<unk>`, `<image>`), then the 1024
+`<locYYYY>` and 128 `<segSSS>` tokens, which transformers' `PaliGemmaProcessor` adds (`EXTRA_TOKENS` in
+src/transformers/models/paligemma/processing_paligemma.py).
+
+No chat template: PaliGemma has none. Its processor writes the prompt (`PaliGemmaProcessor.prepare_inputs_layout`):
+`<image>` x images + `<bos>` + prefix + `\\n`, each `<image>` then `image_seq_length` tokens; the model answers with
+the suffix. mmrl writes the same (`mmrl.policy.families`, "paligemma") and refuses a conversation for it.
+"""
+)
+INTERNVL_README = (
+    """# Tiny InternVL 3
+
+"""
+    + BUILT.format(fn="build_internvl", name="internvl")
+    + """Chat template (chat_template.jinja): verbatim the `chat_template` of transformers'
+src/transformers/models/internvl/convert_internvl_weights_to_hf.py, the script that wrote the released
+OpenGVLab/InternVL3-*-hf folders. Special tokens: that script's `write_tokenizer` (Qwen2.5-VL's tokens plus `<img>`,
+`</img>`, `<IMG_CONTEXT>`, `<quad>`, `</quad>`, `<ref>`, `</ref>`, `<box>`, `</box>`, and `<video>`).
+"""
+)
+LLAVA_ONEVISION_README = (
+    """# Tiny LLaVA-OneVision
+
+"""
+    + BUILT.format(fn="build_llava_onevision", name="llava_onevision")
+    + """Chat template (chat_template.jinja): verbatim the `chat_template` of transformers'
+src/transformers/models/llava_onevision/convert_llava_onevision_weights_to_hf.py, the script that wrote the released
+llava-hf/llava-onevision-qwen2-*-ov-hf folders. Special tokens: Qwen2's, plus the `<image>` and `<video>` that script
+adds. processor_config.json: that script's `vision_feature_select_strategy="full"`, with `num_image_tokens` the
+tiny tower's (729 in the release).
+"""
+)
+
 
 def qwen3_5_template() -> str:
     """Qwen3.5-2B's chat template (thinking off by default), as TRL ships it (trl/chat_templates/, a copy of the
@@ -147,11 +194,15 @@ def qwen3_5_template() -> str:
     return (files("trl") / "chat_templates" / "qwen3_5_nothink.jinja").read_text()
 
 
-def write(out: Path, tokenizer, model_type: str, config: dict, image_processor, processor: dict) -> None:
+def write(
+    out: Path, tokenizer, model_type: str, config: dict, image_processor, processor: dict, readme: str = ""
+) -> None:
     from transformers import AutoConfig
 
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
+    if readme:  # where the folder's conventions come from
+        (out / "README.md").write_text(readme.strip() + "\n")
     tokenizer.save_pretrained(out)
     AutoConfig.for_model(model_type, **config).save_pretrained(out)
     image_processor.save_pretrained(out)
@@ -309,7 +360,7 @@ def build_paligemma(out: Path) -> None:
         pad_token_id=ids["<pad>"],
     )  # fmt: skip
     image_processor = SiglipImageProcessorPil(size={"height": 32, "width": 32}, image_seq_length=16)
-    write(out, tok, "paligemma", config, image_processor, {})
+    write(out, tok, "paligemma", config, image_processor, {}, PALIGEMMA_README)
 
 
 def build_internvl(out: Path) -> None:
@@ -355,7 +406,7 @@ def build_internvl(out: Path) -> None:
         size={"height": 32, "width": 32}, max_patches=4, image_mean=[0.485, 0.456, 0.406],
         image_std=[0.229, 0.224, 0.225],
     )  # fmt: skip
-    write(out, tok, "internvl", config, image_processor, {"image_seq_length": 4})
+    write(out, tok, "internvl", config, image_processor, {"image_seq_length": 4}, INTERNVL_README)
 
 
 def build_llava_onevision(out: Path) -> None:
@@ -407,7 +458,7 @@ def build_llava_onevision(out: Path) -> None:
         "vision_feature_select_strategy": "full",
         "vision_aspect_ratio": "anyres_max_9",
     }
-    write(out, tok, "llava_onevision", config, image_processor, processor)
+    write(out, tok, "llava_onevision", config, image_processor, processor, LLAVA_ONEVISION_README)
 
 
 def main() -> None:

@@ -2,7 +2,8 @@
 
 The architectures are the real `transformers` classes at about 0.2-1 M parameters: Qwen2-VL, Qwen2.5-VL and Qwen3-VL
 with the locally trained tokenizer in assets/tokenizer (`TINY_ARCHS`, written by `scripts/make_assets.py`), and the
-other families (`FAMILY_ARCHS`: Gemma 3, Idefics3 / SmolVLM, SmolVLM2, Qwen3.5), each a folder laid out as the hub's less the weights,
+other families (`FAMILY_ARCHS`: Gemma 3, Idefics3 / SmolVLM, SmolVLM2, Qwen3.5, PaliGemma, InternVL,
+LLaVA-OneVision), each a folder laid out as the hub's less the weights,
 with its own tokenizer, special tokens and chat template (`scripts/make_family_assets.py`).
 """
 

@@ -249,6 +249,31 @@ def test_a_folder_laid_out_as_the_hubs_loads_with_identical_logprobs(arch, tmp_p
     assert torch.equal(again.encode(observations(arch, [0]))["input_ids"], rollout.prompt_ids)
 
 
+def test_paligemma_reads_its_prefix_bidirectionally_with_positions_from_one():
+    policy = build_tiny("paligemma", prompt_template=TEMPLATE)
+    mask = torch.tensor([[0, 1, 1], [1, 1, 1]])  # left padded
+    assert policy.positions(mask).tolist() == [[1, 1, 2], [1, 2, 3]]  # pads at 1, real tokens from 1
+    types = policy.family.token_types(torch.zeros(1, 5, dtype=torch.long), policy.processor.image_token_id, 3)
+    assert types.tolist() == [[0, 0, 0, 1, 1]]  # prefix (images and text) 0, the answer 1
+    rollout = policy.generate(observations("paligemma", [0]), sampling=Sampling(max_new_tokens=6, temperature=0))
+    ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
+    prompt = rollout.prompt_ids.shape[1]
+
+    def scored(**kwargs):  # the model's own forward (positions 1..T), as PaliGemmaProcessor's inputs feed it
+        logits = policy.model(input_ids=ids, pixel_values=rollout.pixel_values, **kwargs).logits[0, prompt - 1 : -1]
+        logp = torch.log_softmax(logits.float(), -1)
+        return logp.gather(-1, rollout.completion_ids[0].unsqueeze(-1)).squeeze(-1)
+
+    with torch.no_grad():
+        ours = policy.logprobs(rollout)[0]
+        prefix_lm = scored(token_type_ids=(torch.arange(ids.shape[1]) >= prompt).int().unsqueeze(0))
+        causal = scored()
+    torch.testing.assert_close(ours, prefix_lm, atol=LOGPROB_ATOL, rtol=0)
+    # A causal prefix reads the prompt otherwise: far outside the tolerance (a random tiny model's log-probs are
+    # near uniform, so the gap is small in absolute terms: 3e-4 here).
+    assert (ours - causal).abs().max() > 10 * LOGPROB_ATOL
+
+
 def train_demo(arch: str, steps: int, tiny_run_config, out, letters_env) -> list[dict]:
     """`steps` GRPO steps of the grounding demo (plus a dense letter-share reward, so an untrained model's samples
     differ in reward) from a random tiny model of `arch`; checks finite losses and moved parameters."""
