@@ -290,8 +290,10 @@ def cat_episodes(parts: list[Episodes], pad_token_id: int = 0) -> Episodes:
             info[k] = torch.cat(values)
         elif all(isinstance(v, list) for v in values):
             info[k] = [x for v in values for x in v]
+    rollouts = [p.rollout for p in parts]
+    join = getattr(rollouts[0], "cat_rows", None)  # a rollout of another kind joins its own (a flow policy's chains)
     return Episodes(
-        rollout=cat_rollouts([p.rollout for p in parts], pad_token_id),
+        rollout=join(rollouts, pad_token_id) if join is not None else cat_rollouts(rollouts, pad_token_id),
         world=torch.cat([p.world + offsets[i] for i, p in enumerate(parts)]),
         turn=torch.cat([p.turn for p in parts]),
         step_rewards=torch.cat([pad_t(p.step_rewards) for p in parts]),

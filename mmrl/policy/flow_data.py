@@ -38,6 +38,11 @@ class FlowRollout:
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]
 
+    @staticmethod
+    def cat_rows(parts: list[FlowRollout], pad_token_id: int = 0) -> FlowRollout:
+        """`cat_flow_rollouts`, where `mmrl.types.cat_episodes` looks for it (refill and shards join episodes)."""
+        return cat_flow_rollouts(parts, pad_token_id)
+
     def select(self, rows: torch.Tensor) -> FlowRollout:
         """The rows `rows` (a `[r]` long tensor)."""
         rows = rows.to(torch.long).cpu()

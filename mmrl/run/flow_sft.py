@@ -19,13 +19,11 @@ from .sft import episode_noise_seed
 
 
 def check_flow_run(cfg) -> None:
-    """Refuse, naming the field, the run options a flow policy does not support yet: the ones that join several
-    batches of episodes (refill, generation shards: `mmrl.types.cat_episodes` joins token rollouts only), PAPO (a
-    masked-image pass) and rollout workers. (A critic reads the flow policy's `value_tap`.)"""
+    """Refuse, naming the field, the run options a flow policy does not support yet: PAPO (a masked-image pass),
+    rollout workers, branching and a judge. (A critic reads the flow policy's `value_tap`; refill and generation
+    shards join flow rollouts through `FlowRollout.cat_rows`.)"""
     ac, tc = cfg.algo, cfg.trainer
     refused = {
-        "algo.max_sample_batches": ac.max_sample_batches > 1,
-        "trainer.generation_shards": tc.generation_shards > 1,
         "trainer.rollout_workers": tc.rollout_workers > 0,
         "algo.papo_gamma": ac.papo_gamma > 0 or ac.papo_monitor,
         "algo.credit": ac.credit == "branch",

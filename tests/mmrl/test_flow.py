@@ -243,9 +243,9 @@ def test_an_env_without_proprio_is_refused_before_anything_trains(tiny_run_confi
     with pytest.raises(ValueError, match="obs.proprio is None"):
         train(cfg)
     assert not (tmp_path / "cold_start").exists()
-    refill = tiny_run_config(tmp_path, "model.path=tiny:pi0", f"env.name={point_env}", "algo.max_sample_batches=2")
-    with pytest.raises(ValueError, match="algo.max_sample_batches: not built for flow policies"):
-        train(refill)
+    papo = tiny_run_config(tmp_path, "model.path=tiny:pi0", f"env.name={point_env}", "algo.papo_monitor=true")
+    with pytest.raises(ValueError, match="algo.papo_gamma: not built for flow policies"):
+        train(papo)
 
 
 # ---------------------------------------------------------------------------------------------- the trainer
