@@ -315,7 +315,7 @@ def test_a_family_this_transformers_lacks_is_named_before_anything_loads(tmp_pat
         VLMPolicy.from_pretrained(tmp_path)
 
 
-@pytest.mark.parametrize("arch", ["gemma3", "idefics3"])
+@pytest.mark.parametrize("arch", ["gemma3", "idefics3", "paligemma", "internvl", "llava_onevision"])
 def test_papo_masks_pixels_of_every_family_and_patches_only_where_rows_are_patches(arch):
     policy = build_tiny(arch, prompt_template=TEMPLATE)
     rollout = policy.generate(observations(arch, [0]), sampling=Sampling(max_new_tokens=2, temperature=0))
@@ -328,7 +328,7 @@ def test_papo_masks_pixels_of_every_family_and_patches_only_where_rows_are_patch
         policy.masked(rollout, "patches", 0.5, torch.Generator().manual_seed(0))
 
 
-@pytest.mark.parametrize("arch", ["gemma3", "idefics3", "qwen3_5"])
+@pytest.mark.parametrize("arch", ["gemma3", "idefics3", "qwen3_5", "paligemma", "internvl", "llava_onevision"])
 def test_a_judge_of_any_family_scores_a_padded_batch_as_each_prompt_alone(arch):
     from mmrl.methods.judge import Judge
     from mmrl.run.config import JudgeConfig
@@ -348,7 +348,7 @@ def test_a_judge_of_any_family_scores_a_padded_batch_as_each_prompt_alone(arch):
     torch.testing.assert_close(got.scores, torch.tensor(want), atol=2e-5, rtol=0)
 
 
-@pytest.mark.parametrize("arch", ["gemma3", "idefics3", "qwen3_5"])
+@pytest.mark.parametrize("arch", ["gemma3", "idefics3", "qwen3_5", "paligemma", "internvl", "llava_onevision"])
 def test_progress_embeddings_come_from_every_familys_vision_tower(arch):
     from mmrl.methods.progress import trajectory_embeddings
     from mmrl.stages.rollout import collect_episodes
