@@ -54,18 +54,32 @@ def think_answer_format_reward(texts: list[str]) -> torch.Tensor:
     >>> think_answer_format_reward(["<think>left of it</think> <answer>[1,2,3,4]</answer>", "<answer>1</answer>"])
     tensor([1., 0.])
     """
-    scores = []
-    for text in texts:
-        match = _THINK_ANSWER.fullmatch(text) if isinstance(text, str) else None
-        ok = (
-            match is not None
-            and match["think"].strip() != ""
-            and match["answer"].strip() != ""
-            and "<think>" not in match["think"] + match["answer"]
-            and "<answer>" not in match["answer"]
-        )
-        scores.append(float(ok))
-    return torch.tensor(scores, dtype=torch.float32)  # [R]
+    return torch.tensor([float(think_answer_problem(text) == "") for text in texts], dtype=torch.float32)  # [R]
+
+
+def think_answer_problem(text: str) -> str:
+    """Why a completion is not DeepSeek-R1's `<think>...</think><answer>...</answer>` ("" when it is): the reason
+    `think_answer_format_reward` scores 0.
+
+    >>> think_answer_problem("<answer>[1, 2, 3, 4]</answer>")
+    'no <think>...</think> block before the answer'
+    """
+    if not isinstance(text, str):
+        return "input is not a string"
+    match = _THINK_ANSWER.fullmatch(text)
+    if match is None:
+        if "<think>" not in text:
+            return "no <think>...</think> block before the answer"
+        if "</think>" not in text:
+            return "the <think> block is never closed"
+        if "<answer>" not in text.rsplit("</think>", 1)[-1] or "</answer>" not in text.rsplit("</think>", 1)[-1]:
+            return "no <answer>...</answer> after the think block"
+        return "text outside <think>...</think><answer>...</answer>"
+    if match["think"].strip() == "" or match["answer"].strip() == "":
+        return f"the <{'think' if match['think'].strip() == '' else 'answer'}> block is empty"
+    if "<think>" in match["think"] + match["answer"] or "<answer>" in match["answer"]:
+        return "a tag opened twice"
+    return ""
 
 
 def _is_tagged_box(text: str) -> bool:

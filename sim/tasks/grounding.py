@@ -13,7 +13,9 @@ the target. Shapes never overlap, and every distractor differs from the target i
 instruction names exactly one shape.
 
 **Reward.** `iou_weight * IoU(answer box, target box) + format_weight * [text is exactly <answer>[box]</answer>]`
-`+ giou_weight * (GIoU + 1) / 2`. The optional GIoU term (https://arxiv.org/abs/1902.09630) is dense: a box that
+`+ giou_weight * (GIoU + 1) / 2`. With `answer_format="think_answer"` (DeepSeek-R1's, https://arxiv.org/abs/2501.12948)
+the format term is `think_answer_format_reward` (exactly `<think>...</think><answer>...</answer>`), the box is read
+only from the `<answer>` tag after the think block, and `info["reasons"]` says what is malformed. The optional GIoU term (https://arxiv.org/abs/1902.09630) is dense: a box that
 misses still scores more the closer it is, which gives RL a signal where IoU is zero for almost every sample.
 **Success** is IoU >= 0.5.
 
@@ -30,12 +32,14 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from rewards import box_giou, box_iou, format_reward, parse_boxes
+from rewards import box_giou, box_iou, extract_answer, format_reward, parse_boxes, strip_think
 from rewards.coordinates import HINTS, check_coordinates, to_pixels
+from rewards.text import think_answer_format_reward, think_answer_problem
 from sim.base import SingleStepImageEnv
 from sim.registry import ENVS
 
 KINDS = ("circle", "square", "triangle", "diamond")
+ANSWER_FORMATS = ("answer", "think_answer")
 # Saturated and far apart in RGB, and each has a channel below 60 while backgrounds have all channels >= 185,
 # so no shape colour can be confused with the background, even by exact pixel matching.
 COLOURS = {
@@ -95,6 +99,8 @@ class GroundingEnv(SingleStepImageEnv):
             the model family writes boxes (`mmrl.policy.families`); relative units are named in the instruction.
         input_size: With "pixels", the side of the image the model sees after its processor resizes it (Qwen-VL
             rounds sides to its patch grid); 0: `image_size`.
+        answer_format: "answer" (`<answer>[box]</answer>`, or a bare box without the format term) or "think_answer"
+            (DeepSeek-R1's `<think>...</think><answer>[box]</answer>`; the box only from the answer tag).
         device: Where the returned tensors live. Scenes are always drawn on the CPU.
     """
 
@@ -111,6 +117,7 @@ class GroundingEnv(SingleStepImageEnv):
         giou_weight: float = 0.0,
         coordinates: str = "pixels",
         input_size: int = 0,
+        answer_format: str = "answer",
         device: str = "cpu",
     ):
         if not 1 <= min_shapes <= max_shapes:
@@ -118,6 +125,9 @@ class GroundingEnv(SingleStepImageEnv):
         if not 3 <= min_size <= max_size <= image_size:
             raise ValueError(f"need 3 <= min_size <= max_size <= image_size, got {min_size}, {max_size}, {image_size}")
         check_coordinates(coordinates, input_size)
+        if answer_format not in ANSWER_FORMATS:
+            raise ValueError(f"answer_format must be one of {', '.join(ANSWER_FORMATS)}, got {answer_format!r}")
+        self.answer_format = answer_format
         super().__init__(num_envs, image_size, device)
         self.coordinates = coordinates
         self.input_size = input_size
@@ -154,13 +164,20 @@ class GroundingEnv(SingleStepImageEnv):
             answer parsed), `target_box` and `pred_box` (`[N, 4]` float32, NaN rows where nothing parsed) and
             `success` (`[N]` bool, IoU >= 0.5).
         """
-        pred, reasons = parse_boxes(texts)
+        if self.answer_format == "think_answer":  # R1: the box only from the answer tag after the think block
+            answers = [extract_answer(strip_think(t)) if isinstance(t, str) else None for t in texts]
+            pred, reasons = parse_boxes([f"<answer>{a}</answer>" if a is not None else "" for a in answers])
+            problems = [think_answer_problem(t) for t in texts]
+            reasons = ["; ".join(r for r in pair if r) for pair in zip(problems, reasons)]
+            fmt = think_answer_format_reward(texts)  # [N]
+        else:
+            pred, reasons = parse_boxes(texts)
+            fmt = format_reward(texts).to(torch.float32)  # [N]
         pred = pred.to(torch.float32)  # [N, 4], NaN rows where unparsed
         size = self.image_size
         pred = to_pixels(pred, self.coordinates, size, size, self.input_size)  # [N, 4] pixels of the drawn image
         target = self._target_boxes.clone()  # [N, 4]
         iou = box_iou(pred, target).to(torch.float32)  # [N]
-        fmt = format_reward(texts).to(torch.float32)  # [N]
         reward = self.iou_weight * iou + self.format_weight * fmt  # [N]
         components = {"iou": iou, "format": fmt}
         if self.giou_weight:

@@ -10,7 +10,7 @@ import torch
 
 import sim
 import sim.gui  # registers gui_click and gui_task
-from mmrl.run.config import ConfigError, load_config
+from mmrl.run.config import REPO, ConfigError, load_config
 
 
 def _env(cfg, num_envs=2):
@@ -138,3 +138,52 @@ def test_the_system_prompt_reaches_the_prompt_ids_as_the_familys_template_render
     policy.processor.system_prompt = ""
     plain = policy.generate(obs, 1, Sampling(max_new_tokens=1, temperature=0.0))
     assert SYSTEM not in processor.tokenizer.decode(plain.prompt_ids[0])
+
+
+# ---------------------------------------------------------------------------------------------- R1 preset
+R1 = REPO / "configs" / "r1_grounding_tiny.yaml"
+
+
+def test_r1_preset_scores_think_then_answer_and_gives_malformed_answers_a_low_reward_and_a_reason():
+    cfg = load_config(R1)
+    assert "<think> reasoning process here </think><answer> answer here </answer>" in cfg.model.system_prompt
+    env = _env(cfg, num_envs=5)
+    env.reset(seed=[7] * 5)
+    box = "[" + ", ".join(str(int(v)) for v in env.target_boxes[0].tolist()) + "]"
+    texts = [
+        f"<think>the red one is left</think> <answer>{box}</answer>",  # R1's format: IoU 1 + 0.5 format
+        f"<answer>{box}</answer>",  # no think block: the box counts, the format does not
+        f"<think>it is at {box}</think>",  # the box only inside the think block: nothing answered
+        f"<think>hm <answer>{box}</answer>",  # never closed: the think block swallows the answer
+        box,  # no tags at all
+    ]
+    result = env.step(texts)
+    torch.testing.assert_close(result.reward, torch.tensor([1.5, 1.0, 0.0, 0.0, 0.0]))
+    assert result.info["reasons"] == [
+        "",
+        "no <think>...</think> block before the answer",
+        "no <answer>...</answer> after the think block; no box found",
+        "the <think> block is never closed; no box found",
+        "no <think>...</think> block before the answer; no box found",
+    ]
+
+
+def test_r1_preset_trains_two_steps(tmp_path):
+    import contextlib
+    import io
+    import math
+
+    from mmrl.trainer import train
+
+    shrink = [
+        "algo.group_size=2", "trainer.prompts_per_step=2", "trainer.total_steps=2", "trainer.eval_episodes=2",
+        "trainer.eval_batch_size=2", "trainer.eval_every=0", "trainer.threads=1", "sampling.max_new_tokens=12",
+    ]  # fmt: skip
+    cfg = load_config(R1, [*shrink, f"output_dir={tmp_path}"])
+    with contextlib.redirect_stdout(io.StringIO()):
+        metrics = train(cfg)
+    rows = [m for m in metrics if "loss/policy" in m]
+    assert len(rows) == 2
+    for row in rows:
+        assert math.isfinite(row["loss/policy"]) and 0.0 <= row["reward/format"] <= 1.0
+        assert math.isclose(row["reward/total"], row["reward/iou"] + 0.5 * row["reward/format"], abs_tol=1e-6)
