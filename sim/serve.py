@@ -13,7 +13,7 @@ wire format (`encode`, `decode`).
 
 * `reset(seeds, env_ids) -> obs`: `seeds` and `env_ids` are lists (already resolved by the parent), `obs` a dict with
   `image` (`[n, H, W, 3]` or `[n, V, H, W, 3]` uint8 of ALL n worlds of the block), `instruction` (n strings) and
-  optionally `state` (`[n, S]` float);
+  optionally `state` (`[n, S]` float) and `proprio` (`[n, P]` float);
 * `step(actions) -> dict(obs, reward, terminated, truncated, info)`: `actions` `[n, D]` float64 or n strings; `info`
   holds per-world arrays or lists of n entries (and dicts of them);
 * `describe() -> dict`: the constants the parent serves (`action_kind`, `max_episode_steps`, `action_dim`, ...);

@@ -391,11 +391,12 @@ class SubprocVecEnv:
 
 
 def _observation(answer: dict[str, Any]) -> Observation:
-    state = answer.get("state")
+    state, proprio = answer.get("state"), answer.get("proprio")
     return Observation(
         image=torch.from_numpy(np.asarray(answer["image"], dtype=np.uint8)),
         instruction=list(answer["instruction"]),
         state=None if state is None else torch.as_tensor(state, dtype=torch.float32),
+        proprio=None if proprio is None else torch.as_tensor(proprio, dtype=torch.float32),
     )
 
 
@@ -404,6 +405,7 @@ def _blank(template: Observation, n: int) -> Observation:
         image=torch.zeros((n, *template.image.shape[1:]), dtype=torch.uint8),
         instruction=[""] * n,
         state=None if template.state is None else torch.zeros((n, *template.state.shape[1:])),
+        proprio=None if template.proprio is None else torch.zeros((n, *template.proprio.shape[1:])),
     )
 
 
@@ -449,4 +451,5 @@ class EnvWorlds:
 
 
 def _numpy_obs(obs: Observation) -> dict[str, Any]:
-    return {"image": to_numpy(obs.image), "instruction": list(obs.instruction), "state": to_numpy(obs.state)}
+    return {"image": to_numpy(obs.image), "instruction": list(obs.instruction), "state": to_numpy(obs.state),
+            "proprio": to_numpy(obs.proprio)}  # fmt: skip

@@ -20,6 +20,16 @@ evaluate on; `holdout=h` keeps the last h states of every task for evaluation on
 the others), for a held-out figure that no training episode has seen. The episode limit is the papers' (220 steps for
 spatial, 280 object, 300 goal, 520 LIBERO-10, 400 LIBERO-90, after 10 settling steps), divided by `action_repeat`.
 
+**The papers' evaluation protocol** (openpi's LIBERO example, RLinf's πRL, OpenVLA-OFT): the fixed initial states
+above; 10 settling steps with a no-op action (zero motion, gripper open) before the policy acts (`settle_steps`); the
+suite's step budget; and action chunks executed open-loop for a fixed horizon before the policy replans:
+`replan_steps` r makes the collector execute the first r actions of every chunk a policy emits (a π0 chunk, a VLA's
+`model.action_chunk`), then ask again (None: the whole chunk; openpi runs π0 with r = 5 of a 50-action chunk). Any
+policy acting in this env plays by it; `protocol` says it in words, and `mmrl eval` writes that next to its result.
+`obs.proprio` `[N, 8]` is the proprioceptive state π0's LIBERO checkpoints read (end-effector position, axis-angle,
+finger joints; sim/robotics/libero_worlds.py), and `image_transform="rot180"` shows the cameras as those checkpoints
+were trained to see them (openpi's `img[::-1, ::-1]`; the default `upright` is the scene as the camera sees it).
+
 **Reward** is LIBERO's: 1 on the step that completes the task's goal predicates (success), which terminates the
 episode; `reward="shaped"` adds a privileged progress potential's change (sim/robotics/libero_worlds.py). Every step's
 info has `success`, `reward_components` (`success`, `progress`) and `task` (`<suite>/<id>`: evaluation reports
@@ -96,6 +106,9 @@ class LiberoEnv:
         reward: `success` (LIBERO's) or `shaped` (plus a privileged progress potential's change).
         shaping_coef: Weight of the progress term of `shaped`.
         holdout: The last `holdout` initial states of every task are used by held-out seeds only.
+        replan_steps: Actions of each emitted chunk executed before the policy acts again (None: the whole chunk).
+        image_transform: `upright` (the scene as the camera sees it) or `rot180` (the raw frame turned by 180 degrees,
+            as the LIBERO datasets of OpenVLA and π0 checkpoints store it).
         processes: Worker processes the worlds are spread over (None: one per world).
         timeout_s: Seconds one call may take before its worker is taken for hung.
         device: Where returned tensors live.
@@ -122,6 +135,8 @@ class LiberoEnv:
         reward: str = "success",
         shaping_coef: float = 0.5,
         holdout: int = 0,
+        replan_steps: int | None = None,
+        image_transform: str = "upright",
         processes: int | None = None,
         timeout_s: float = 300.0,
         device: str | torch.device = "cpu",
@@ -133,6 +148,9 @@ class LiberoEnv:
             raise ValueError(f"unknown LIBERO suite {suite!r}; valid: {', '.join(SUITE_MAX_STEPS)}")
         if not isinstance(action_repeat, int) or action_repeat < 1:
             raise ValueError(f"action_repeat must be an int >= 1, got {action_repeat!r}")
+        if replan_steps is not None and (isinstance(replan_steps, bool) or not isinstance(replan_steps, int)
+                                         or replan_steps < 1):  # fmt: skip
+            raise ValueError(f"replan_steps must be an int >= 1 or None (the whole chunk), got {replan_steps!r}")
         if max_episode_steps is None:
             max_episode_steps = math.ceil(SUITE_MAX_STEPS[suite] / action_repeat)
         num_tasks = SUITE_TASKS[suite]
@@ -141,6 +159,11 @@ class LiberoEnv:
             raise ValueError(f"tasks must be ids in [0, {num_tasks}) of {suite}, got {tasks!r}")
         self.num_envs = num_envs
         self.suite = suite
+        self.replan_steps = replan_steps
+        self.settle_steps = int(settle_steps)
+        self.action_repeat = action_repeat
+        self.image_transform = image_transform
+        self.cameras = tuple(cameras)
         self.device = torch.device(device)
         env_vars = {"LIBERO_CONFIG_PATH": str(libero_venv() / "libero-config"), "OMP_NUM_THREADS": "1"}
         env_vars["MUJOCO_GL"] = os.environ.get("MUJOCO_GL", "egl")
@@ -160,6 +183,7 @@ class LiberoEnv:
             settle_steps=settle_steps,
             reward=reward,
             shaping_coef=shaping_coef,
+            image_transform=image_transform,
         )
         spec = self._worlds.spec
         self.max_episode_steps = int(spec["max_episode_steps"])
@@ -176,6 +200,27 @@ class LiberoEnv:
         self.holdout = holdout
         self._train_states = list(range(states - holdout))
         self._eval_states = list(range(states - holdout, states)) if holdout else list(range(states))
+        self._states_per_task = states
+
+    @property
+    def protocol(self) -> str:
+        """The evaluation protocol held-out episodes of this env are played by, in words (the papers' when
+        `settle_steps` is 10, `action_repeat` 1 and the limit the suite's; see the module docstring)."""
+        first, last = self._eval_states[0], self._eval_states[-1]
+        budget = self.max_episode_steps * self.action_repeat
+        papers = budget == SUITE_MAX_STEPS[self.suite] and self.settle_steps == 10 and self.action_repeat == 1
+        chunk = ("each action chunk executed whole before the policy acts again" if self.replan_steps is None
+                 else f"action chunks executed open-loop {self.replan_steps} action(s) at a time before replanning")  # fmt: skip
+        repeat = "" if self.action_repeat == 1 else f", each action held for {self.action_repeat} physics steps"
+        return (
+            f"LIBERO {self.suite}, tasks {self.tasks}: held-out episodes start from the benchmark's fixed initial "
+            f"states {first}-{last} of each task (tasks in turn, then states); {self.settle_steps} settling steps "
+            f"with a no-op action (gripper open) before the policy acts; a budget of {budget} physics steps at 20 Hz "
+            f"({self.max_episode_steps} actions{repeat}); {chunk}; cameras {list(self.cameras)} at "
+            f"{self.image_size} px ({self.image_transform}); success = the task's BDDL goal. "
+            + ("The papers' protocol." if papers else "Not the papers' protocol (their budget is "
+               f"{SUITE_MAX_STEPS[self.suite]} steps after 10 settling steps, one physics step per action).")
+        )  # fmt: skip
 
     def __repr__(self) -> str:
         return f"LiberoEnv({self.suite!r}, tasks={self.tasks}, num_envs={self.num_envs})"
@@ -230,4 +275,9 @@ class LiberoEnv:
     # ------------------------------------------------------------------------------------------------ internals
     def _out(self, obs: Observation) -> Observation:
         image = obs.image[:, 0] if self.num_views == 1 else obs.image
-        return Observation(image=image.to(self.device), instruction=obs.instruction, state=obs.state.to(self.device))
+        return Observation(
+            image=image.to(self.device),
+            instruction=obs.instruction,
+            state=obs.state.to(self.device),
+            proprio=obs.proprio.to(self.device),
+        )

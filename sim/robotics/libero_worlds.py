@@ -12,7 +12,17 @@ state, `settle_steps` no-op steps (gripper open) let the objects come to rest, a
 
 **Cameras** are rendered here, only when an observation is returned (once per `step`, after `action_repeat` physics
 steps), not by robosuite's observables at every physics step: a 128 px frame of LIBERO's 726k-vertex scenes costs
-80-180 ms on a CPU, the physics step about 25 ms. Frames come upside down from MuJoCo's renderer and are flipped.
+80-180 ms on a CPU, the physics step about 25 ms. Frames come upside down from MuJoCo's renderer (OpenGL's row order,
+which robosuite keeps): `image_transform="upright"` flips the rows (the scene as the camera sees it); `"rot180"` turns
+the raw frame by 180 degrees (rows and columns reversed: the upright frame mirrored left to right), the orientation of
+the LIBERO datasets that OpenVLA and π0 checkpoints were trained on, which openpi's and RLinf's evaluations reproduce
+with `img[::-1, ::-1]`.
+
+**Proprioceptive state** (`proprio`, `[n, 8]`) is the vector π0's LIBERO checkpoints read (openpi's LIBERO example
+and RLinf's LIBERO env build it alike): the end effector's position (robosuite's `robot0_eef_pos`, the grip site, m),
+its orientation as an axis-angle vector (`robot0_eef_quat`, x y z w, through robosuite's `quat2axisangle`: axis times
+angle, the angle `2 acos(w)` in [0, 2 pi]), and the two finger joints' positions (`robot0_gripper_qpos`), in that
+order.
 
 **Reward** `success`: 1 on the step that completes the task (the task's BDDL goal predicates, LIBERO's own check),
 else 0. `shaped`: that plus `shaping_coef` times the step's change in a privileged progress potential (gripper near
@@ -31,7 +41,28 @@ from pathlib import Path
 import numpy as np
 
 CAMERAS = {"agentview": "agentview", "wrist": "robot0_eye_in_hand"}
+IMAGE_TRANSFORMS = ("upright", "rot180")
 EPISODE_CODE = 1000  # episode code = task * EPISODE_CODE + initial state index
+PROPRIO_DIM = 8  # end-effector position 3, axis-angle 3, finger joints 2
+
+
+def quat2axisangle(quat: np.ndarray) -> np.ndarray:
+    """robosuite's `transform_utils.quat2axisangle`, as openpi and RLinf call it: an (x, y, z, w) quaternion -> the
+    axis-angle vector `[3]` (unit axis times the angle `2 acos(w)`; w is not made positive first, so the angle runs
+    up to 2 pi and q and -q give different vectors for one rotation, exactly as the checkpoints were trained on)."""
+    quat = np.array(quat, dtype=np.float64)
+    quat[3] = min(max(quat[3], -1.0), 1.0)
+    den = np.sqrt(1.0 - quat[3] * quat[3])
+    if den == 0.0:  # robosuite's math.isclose(den, 0.0) (no absolute tolerance) holds for exactly 0 only
+        return np.zeros(3)
+    return quat[:3] * 2.0 * np.arccos(quat[3]) / den
+
+
+def proprio_of(obs: dict) -> np.ndarray:
+    """The 8-D proprioceptive state of a robosuite observation dict (see the module docstring), float32."""
+    return np.concatenate(
+        [obs["robot0_eef_pos"], quat2axisangle(obs["robot0_eef_quat"]), obs["robot0_gripper_qpos"]]
+    ).astype(np.float32)
 
 
 def _load_sibling(name: str):
@@ -58,6 +89,7 @@ class LiberoWorlds:
         settle_steps: int = 10,
         reward: str = "success",
         shaping_coef: float = 0.5,
+        image_transform: str = "upright",
     ):
         from libero.libero import benchmark, get_libero_path  # heavy: only in the worker
 
@@ -71,6 +103,9 @@ class LiberoWorlds:
             raise ValueError(f"cameras must name some of {sorted(CAMERAS)}, got {list(cameras)}")
         if reward not in ("success", "shaped"):
             raise ValueError(f"reward must be 'success' or 'shaped', got {reward!r}")
+        if image_transform not in IMAGE_TRANSFORMS:
+            raise ValueError(f"image_transform must be one of {IMAGE_TRANSFORMS}, got {image_transform!r}")
+        self.image_transform = image_transform
         self.num_envs = num_envs
         self.suite_name = suite
         self.suite = suites[suite]()
@@ -107,6 +142,7 @@ class LiberoWorlds:
             "num_tasks": int(self.suite.n_tasks),
             "task_languages": tuple(self.suite.get_task(t).language for t in range(self.suite.n_tasks)),
             "num_init_states": tuple(len(self._task_init_states(t)) for t in range(self.suite.n_tasks)),
+            "proprio_dim": PROPRIO_DIM,
         }
 
     # ------------------------------------------------------------------------------------------------ contract
@@ -201,6 +237,24 @@ class LiberoWorlds:
                 out[i] = self._experts[i].action(self._state(i))
         return out
 
+    def raw_robot_state(self) -> dict:
+        """What the proprioceptive state is made of, read straight from each world's MuJoCo data: the grip site's
+        position `[n, 3]`, the end-effector body's quaternion in MuJoCo's w x y z order `[n, 4]` and rotation matrix
+        `[n, 3, 3]`, and the finger joints' positions `[n, 2]`; and robosuite's observation of the quaternion
+        (`obs_quat_xyzw` `[n, 4]`), which lags MuJoCo's data by a physics substep while the arm moves. For tests."""
+        out = {"site_pos": [], "body_quat_wxyz": [], "body_xmat": [], "finger_qpos": [], "obs_quat_xyzw": []}
+        for i, env in enumerate(self._envs):
+            if env is None:
+                raise RuntimeError(f"world {i} was never reset")
+            robot, sim = env.env.robots[0], env.env.sim
+            body = sim.model.body_name2id(robot.robot_model.eef_name)
+            out["site_pos"].append(np.array(sim.data.site_xpos[robot.eef_site_id]))
+            out["body_quat_wxyz"].append(np.array(sim.data.xquat[body]))
+            out["body_xmat"].append(np.array(sim.data.xmat[body]).reshape(3, 3))
+            out["finger_qpos"].append(np.array([sim.data.qpos[j] for j in robot._ref_gripper_joint_pos_indexes]))
+            out["obs_quat_xyzw"].append(np.array(self._obs[i]["robot0_eef_quat"]))
+        return {k: np.stack(v) for k, v in out.items()}
+
     def close(self) -> None:
         for env in self._envs:
             if env is not None:
@@ -232,7 +286,7 @@ class LiberoWorlds:
         sim = self._envs[i].env.sim
         for v, camera in enumerate(self.cameras):
             frame = sim.render(camera_name=camera, width=self.image_size, height=self.image_size)
-            self._images[i, v] = frame[::-1]
+            self._images[i, v] = frame[::-1] if self.image_transform == "upright" else frame[::-1, ::-1]
 
     def _state(self, i: int) -> dict:
         obs = self._obs[i]
@@ -256,5 +310,11 @@ class LiberoWorlds:
                     np.float32
                 )
             )
+        proprio = [proprio_of(o) if o else np.zeros(PROPRIO_DIM, np.float32) for o in self._obs]
         languages = [self.suite.get_task(t).language if t >= 0 else "" for t in self._tasks]
-        return {"image": self._images.copy(), "instruction": languages, "state": np.stack(states)}
+        return {
+            "image": self._images.copy(),
+            "instruction": languages,
+            "state": np.stack(states),
+            "proprio": np.stack(proprio),
+        }

@@ -4,6 +4,8 @@ Every test skips, saying why, where that environment has not been built; `make s
 A world costs about 2 GB and 3-7 s to build, so these tests use two worlds, small images and `action_repeat`.
 """
 
+import math
+
 import pytest
 import torch
 
@@ -37,6 +39,55 @@ def test_observation_is_two_cameras_and_the_task_language(env):
     # The wrist camera sees something else than the agent view, and neither is blank.
     assert not torch.equal(obs.image[:, 0], obs.image[:, 1])
     assert obs.image.float().std() > 10
+
+
+def rodrigues(vector: torch.Tensor) -> torch.Tensor:
+    """The rotation matrix `[3, 3]` of an axis-angle vector `[3]`: I + sin(a) K + (1 - cos(a)) K^2."""
+    angle = float(vector.norm())
+    x, y, z = (vector / angle).tolist()
+    k = torch.tensor([[0.0, -z, y], [z, 0.0, -x], [-y, x, 0.0]], dtype=torch.float64)
+    return torch.eye(3, dtype=torch.float64) + math.sin(angle) * k + (1 - math.cos(angle)) * k @ k
+
+
+def axis_angle_by_hand(x: float, y: float, z: float, w: float) -> torch.Tensor:
+    """Axis times angle of a unit quaternion, the angle 2 acos(w) with w's sign as given (robosuite's convention)."""
+    return torch.tensor([x, y, z], dtype=torch.float64) * 2 * math.acos(w) / math.sqrt(1 - w * w)
+
+
+def test_proprio_is_the_papers_8d_state_by_hand_from_the_sims_raw_state(env):
+    # openpi's and RLinf's LIBERO state: eef position, robosuite's quat2axisangle of the eef quaternion, finger joints.
+    # robosuite observes the arm one physics substep behind MuJoCo's data (the checkpoints were trained on its
+    # observation), so against the raw data the match is as close as the arm is still.
+    proprio = env.reset(seed=[EVAL_SEED_BASE, EVAL_SEED_BASE + 1]).proprio.double()
+    assert proprio.shape == (2, 8)
+    raw = env._worlds.call("raw_robot_state")
+    moved = env.step(torch.tensor([[0.5, -0.5, 0.5, 0.2, -0.2, 0.2, 1.0]] * 2)).obs.proprio.double()
+    raw_moved = env._worlds.call("raw_robot_state")
+    assert (moved[:, :3] - proprio[:, :3]).norm(dim=1).gt(0.01).all()  # the arm moved
+    for state, data, slack in ((proprio, raw, 1.0), (moved, raw_moved, 100.0)):
+        for i in range(2):
+            # Exactly robosuite's axis-angle of the quaternion it observed (x, y, z, w; w's sign as given).
+            assert torch.allclose(state[i, 3:6], axis_angle_by_hand(*data["obs_quat_xyzw"][i].tolist()), atol=1e-5)
+            w, x, y, z = data["body_quat_wxyz"][i].tolist()  # MuJoCo's own, in its order
+            assert w < 0 or slack > 1  # at rest the gripper points down: the angle is just past pi (w's sign kept)
+            assert torch.allclose(state[i, 3:6], axis_angle_by_hand(x, y, z, w), atol=2e-4 * slack)
+            assert torch.allclose(state[i, :3], data["site_pos"][i], atol=3e-5 * slack)
+            assert torch.allclose(state[i, 6:], data["finger_qpos"][i], atol=3e-5 * slack)
+            # The axis-angle vector is the end effector's rotation: Rodrigues' formula gives back MuJoCo's matrix.
+            assert torch.allclose(rodrigues(state[i, 3:6]), data["body_xmat"][i], atol=2e-4 * slack)
+    assert proprio[:, 6].gt(0).all() and proprio[:, 7].lt(0).all()  # the fingers open symmetrically
+
+
+def test_protocol_says_how_held_out_episodes_are_played(env):
+    assert "not the papers' protocol" in env.protocol.lower()  # the fixture holds each action for 4 physics steps
+    papers = LiberoEnv.__new__(LiberoEnv)  # the protocol's words only: no worlds needed
+    papers.__dict__.update(suite="libero_10", tasks=[0, 1], _eval_states=list(range(50)), settle_steps=10,
+                           max_episode_steps=520, action_repeat=1, replan_steps=5, cameras=("agentview", "wrist"),
+                           image_size=224, image_transform="rot180")  # fmt: skip
+    text = papers.protocol
+    for part in ("fixed initial states 0-49", "10 settling steps with a no-op action", "520 physics steps",
+                 "open-loop 5 action(s) at a time before replanning", "(rot180)", "The papers' protocol."):  # fmt: skip
+        assert part in text, (part, text)
 
 
 def test_seeds_map_to_the_benchmarks_fixed_initial_states(env):
@@ -83,3 +134,5 @@ def test_bad_options_name_the_option():
         sim.make("libero", num_envs=1, suite="libero_nope")
     with pytest.raises(ValueError, match=r"tasks must be ids in \[0, 10\)"):
         sim.make("libero", num_envs=1, tasks=[12])
+    with pytest.raises(ValueError, match="replan_steps must be an int >= 1"):
+        sim.make("libero", num_envs=1, replan_steps=0)
