@@ -9,8 +9,8 @@
    of every intermediate;
 3. `freeze_vision`: the vision tower and its merger/projector get `requires_grad=False`; autograd then records
    nothing for them, so they cost no activation memory, no gradients and no optimiser state;
-4. `lora_r > 0`: PEFT LoRA adapters on the language model's linear layers (never the vision tower, never
-   `lm_head`); everything else is frozen. A VLA's added action-token rows stay trainable (PEFT's
+4. `lora_r > 0`: PEFT LoRA adapters on the language model's linear layers (never `lm_head`; the vision tower's and
+   its projector's only with `lora_vision`); everything else is frozen. A VLA's added action-token rows stay trainable (PEFT's
    `trainable_token_indices`: only those rows of the embedding, and of `lm_head` when it is not tied, train).
 
 Call it after the action codec is attached (`add_action_tokens`), since LoRA needs to know the action tokens, and
@@ -175,9 +175,10 @@ def apply_lora(
         dropout: dropout on the adapter input.
         target_modules: "all-linear" (PEFT: every linear layer but the output head) or module names, as a list or
             a comma-separated string ("q_proj,v_proj").
-        vision: also put adapters in the vision tower. Off by default: the vision tower's module names overlap the
-            language model's (Qwen2.5-VL's vision MLP has `gate_proj`/`up_proj`/`down_proj` too), so it is
-            excluded explicitly.
+        vision: also put adapters on every linear layer of the vision tower and its projector (`find_vision_modules`),
+            whatever `target_modules` names (vision towers name their layers their own way: Qwen's `qkv`, SigLIP's
+            `q_proj`). Off by default: the vision tower's module names overlap the language model's (Qwen2.5-VL's
+            vision MLP has `gate_proj`/`up_proj`/`down_proj` too), so it is excluded explicitly.
         seed: seed of the adapters' initialisation (PEFT draws `lora_A` at random; `lora_B` starts at zero).
 
     Returns:
@@ -192,8 +193,16 @@ def apply_lora(
     if isinstance(target_modules, str) and target_modules != "all-linear":
         target_modules = [t.strip() for t in target_modules.split(",") if t.strip()]
     exclude = None
+    towers = find_vision_modules(model)
     if not vision:
-        exclude = "|".join(rf"{re.escape(name)}(\..*)?" for name in find_vision_modules(model))
+        exclude = "|".join(rf"{re.escape(name)}(\..*)?" for name in towers)
+    elif target_modules != "all-linear":  # "all-linear" holds the vision tower's linear layers already
+        plain = plain_model(model)
+        target_modules = list(target_modules) + [
+            name
+            for name, module in plain.named_modules()
+            if isinstance(module, torch.nn.Linear) and any(name.startswith(tower + ".") for tower in towers)
+        ]
     kwargs = {}
     if policy.action_codec is not None:
         # The K new action tokens must learn their embedding (and output) rows; PEFT trains just those rows.
@@ -308,6 +317,7 @@ def apply_model_options(policy: ModelHolder, cfg: ModelConfig) -> ModelHolder:
             alpha=cfg.lora_alpha,
             dropout=cfg.lora_dropout,
             target_modules=cfg.lora_target_modules,
+            vision=cfg.lora_vision,
             seed=cfg.seed,
         )
     return policy

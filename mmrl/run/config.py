@@ -82,6 +82,9 @@ class ModelConfig:
     lora_alpha: int = 32
     lora_dropout: float = 0.0
     lora_target_modules: str = "all-linear"  # PEFT's target_modules: "all-linear" or comma-separated names
+    # LoRA on the vision side too: adapters on every linear layer of the vision tower and its projector, added to
+    # lora_target_modules' (which otherwise leave the vision tower out); needs model.lora_r > 0.
+    lora_vision: bool = False
     # Generation backend behind the policy's one `generate`: "lean" (a sampling loop over the model's forward and
     # dynamic cache; each prompt prefilled once), "hf" (transformers' generate, the reference), "static" (static KV
     # cache + compiled decoding; GPU), "vllm" (a colocated vLLM engine; needs vllm installed).
@@ -105,6 +108,7 @@ class ModelConfig:
             "> 0 needs model.generation_backend lean, hf or static (conversations are not sent to vLLM)",
         )
         require(self.lora_r >= 0, "model.lora_r", "must be >= 0 (0: no LoRA)")
+        require(not self.lora_vision or self.lora_r > 0, "model.lora_vision", "needs model.lora_r > 0 (LoRA on)")
         require(0 < self.vllm_gpu_memory_utilization <= 1, "model.vllm_gpu_memory_utilization", "must be in (0, 1]")
         for name in ("min_pixels", "max_pixels"):
             require(

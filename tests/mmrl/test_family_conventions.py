@@ -187,3 +187,88 @@ def test_r1_preset_trains_two_steps(tmp_path):
     for row in rows:
         assert math.isfinite(row["loss/policy"]) and 0.0 <= row["reward/format"] <= 1.0
         assert math.isclose(row["reward/total"], row["reward/iou"] + 0.5 * row["reward/format"], abs_tol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------- LoRA on the vision tower
+@pytest.mark.parametrize("arch", ["qwen3_vl", "gemma3"])
+def test_lora_on_the_vision_tower_trains_its_adapters_moves_no_base_weight_and_round_trips(arch, tmp_path):
+    pytest.importorskip("peft")
+    from mmrl.policy import VLMPolicy, apply_model_options
+    from mmrl.policy.options import find_vision_modules, plain_model
+    from mmrl.run.build import load_policy
+    from mmrl.types import Sampling
+
+    overrides = [f"model.path=tiny:{arch}", "model.lora_r=4", "env.options.image_size=64"]
+    plain_cfg = load_config(None, overrides)
+    without = apply_model_options(load_policy(plain_cfg.model), plain_cfg.model)
+    towers = tuple(find_vision_modules(without.model))
+
+    def vision_adapters(policy):
+        return {
+            n: p
+            for n, p in policy.model.named_parameters()
+            if "lora_" in n and any(f".{t}." in n or n.startswith(f"{t}.") for t in towers)
+        }
+
+    assert not vision_adapters(without)  # the default leaves the vision tower out
+    cfg = load_config(None, [*overrides, "model.lora_vision=true"])
+    policy = apply_model_options(load_policy(cfg.model), cfg.model)
+    adapters = vision_adapters(policy)
+    assert adapters and all(p.requires_grad for p in adapters.values())
+    # Every linear layer of the vision side carries an adapter (the named targets would miss Qwen's `qkv`).
+    vision_linears = [
+        n
+        for n, m in plain_model(policy.model).named_modules()
+        if type(m).__name__ == "Linear"
+        and any(n.startswith(f"{t}.") for t in towers)
+        and ".lora_" not in n
+        and not n.endswith(".base_layer")
+    ]
+    assert vision_linears and all(
+        f"{n}.lora_B.default.weight" in {k.removeprefix("base_model.model.") for k in adapters} for n in vision_linears
+    ), vision_linears
+    base = {n: p.detach().clone() for n, p in policy.model.named_parameters() if not p.requires_grad}
+    assert not any("lora_" in n for n in base)
+
+    env = _env(cfg, num_envs=2)
+    rollout = policy.generate(env.reset(seed=[0, 1]), 1, Sampling(max_new_tokens=3, temperature=0.0))
+    logprobs = policy.logprobs(rollout)  # [R, L]
+    (logprobs * rollout.completion_mask).sum().backward()
+    lora_b = {n: p for n, p in adapters.items() if ".lora_B." in n}
+    # lora_B starts at zero, so only it has a gradient at step 0; every vision adapter's is non-zero: the image reaches
+    # the loss through it.
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in lora_b.values()), [
+        n for n, p in lora_b.items() if p.grad is None or not p.grad.abs().sum() > 0
+    ]
+    trainable = [p for p in policy.model.parameters() if p.requires_grad]
+    torch.optim.AdamW(trainable, lr=1e-2).step()
+    assert all(p.abs().sum() > 0 for p in lora_b.values())  # the adapters moved
+    for name, param in policy.model.named_parameters():  # the frozen base did not
+        if name in base:
+            assert param.grad is None and torch.equal(param, base[name]), name
+
+    policy.model.eval()
+    policy.save_pretrained(tmp_path / "ckpt")
+    loaded = VLMPolicy.from_pretrained(tmp_path / "ckpt")
+    again = vision_adapters(loaded)
+    assert again.keys() == adapters.keys()
+    assert all(torch.equal(again[n], adapters[n].detach()) for n in adapters)
+    torch.testing.assert_close(loaded.logprobs(rollout), policy.logprobs(rollout).detach(), atol=1e-5, rtol=0)
+
+
+def test_lora_vision_adds_the_towers_linear_layers_to_named_targets():
+    pytest.importorskip("peft")
+    from mmrl.policy import apply_model_options
+    from mmrl.run.build import load_policy
+
+    cfg = load_config(None, ["model.path=tiny:qwen3_vl", "model.lora_r=2", "model.lora_target_modules=q_proj",
+                             "model.lora_vision=true"])  # fmt: skip
+    names = [n for n, _ in apply_model_options(load_policy(cfg.model), cfg.model).model.named_parameters()]
+    # Qwen3-VL's vision blocks name their attention `qkv` and `proj`: not q_proj, yet adapted; the language model
+    # keeps only its q_proj adapters.
+    assert any(".visual.blocks.0.attn.qkv.lora_A." in n for n in names)
+    assert any(".visual.merger." in n and ".lora_A." in n for n in names)
+    language = {n.split(".lora_A.")[0].rsplit(".", 1)[-1] for n in names if ".lora_A." in n and ".visual." not in n}
+    assert language == {"q_proj"}
+    with pytest.raises(ConfigError, match=r"model\.lora_vision needs model\.lora_r > 0"):
+        load_config(None, ["model.lora_vision=true"])
