@@ -148,6 +148,8 @@ def run_command(args: argparse.Namespace) -> int:
         for key, value in sorted(result.metrics.items()):
             print(f"{key:16s} {value:.4f}")
         print(f"held-out {label}: {result.metrics[cfg.env.eval_metric]:.3f}")
+        if result.protocol:
+            print(f"protocol: {result.protocol}")
         print(f"table and videos: {write_eval_report(cfg, result, Path(cfg.output_dir) / 'eval')}")
         if cfg.eval.k > 0:  # k sampled answers per item: avg@k, pass@k, and a report
             sampled = evaluate_k(policy, cfg)

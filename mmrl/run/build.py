@@ -25,7 +25,15 @@ from ..algos import CRITIC_ADVANTAGES
 from ..methods.critic import Critic
 from ..methods.curriculum import Curriculum
 from ..policy import VLMPolicy, add_action_tokens, apply_model_options, build_tiny
-from ..policy.flow import FlowPolicy, FlowStats, apply_flow_options, build_tiny_flow, is_flow_folder
+from ..policy.flow import (
+    TINY_PI0,
+    FlowPolicy,
+    FlowStats,
+    apply_flow_options,
+    build_tiny_flow,
+    is_flow_folder,
+    read_image_settings,
+)
 from ..stages.collect import Collector
 from ..stages.evaluate import held_out
 from ..stages.shaping import Shaping
@@ -37,6 +45,7 @@ from .config import ModelConfig, TrainConfig, to_dict
 from .flow_sft import check_flow_run, collect_flow_demonstrations, train_flow_on_demonstrations
 from .logging import MetricsLogger, TensorBoardSink, WandbSink, require_backends
 from .report import report_before
+from .schema import require
 from .sft import collect_demonstrations, longest_target, merge_demonstrations, train_on_demonstrations
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -74,16 +83,19 @@ class Run:
         )  # fmt: skip
 
 
-def load_policy(cfg: ModelConfig, checkpoint: str | Path | None = None) -> VLMPolicy | FlowPolicy:
+def load_policy(
+    cfg: ModelConfig, checkpoint: str | Path | None = None, action_dim: int | None = None
+) -> VLMPolicy | FlowPolicy:
     """The policy a config names: a checkpoint folder, a model folder, or a random "tiny:<arch>" model; a π0
-    folder (config.json's model_type "pi0") or "tiny:pi0" gives a flow policy (`FlowPolicy`)."""
+    folder (config.json's model_type "pi0") or "tiny:pi0" gives a flow policy (`FlowPolicy`). `action_dim`, the
+    env's, widens tiny:pi0's padded action width where the asset's is narrower (`tiny_flow_for`)."""
     kwargs = {"prompt_template": cfg.prompt_template, "history_turns": cfg.history_turns}
     if checkpoint is not None:
         if is_flow_folder(checkpoint):
             return FlowPolicy.from_pretrained(checkpoint, dtype=DTYPES[cfg.dtype], device=cfg.device)
         return VLMPolicy.from_pretrained(checkpoint, dtype=DTYPES[cfg.dtype], device=cfg.device, **kwargs)
     if cfg.path == "tiny:pi0":
-        policy = build_tiny_flow(seed=cfg.seed)
+        policy = tiny_flow_for(cfg.seed, action_dim)
         policy.model.to(device=cfg.device, dtype=DTYPES[cfg.dtype])
         return policy
     if cfg.path.startswith("tiny:"):
@@ -100,6 +112,22 @@ def load_policy(cfg: ModelConfig, checkpoint: str | Path | None = None) -> VLMPo
     return VLMPolicy.from_pretrained(path, dtype=DTYPES[cfg.dtype], device=cfg.device, **kwargs)
 
 
+def tiny_flow_for(seed: int, action_dim: int | None) -> FlowPolicy:
+    """tiny:pi0 for an env of `action_dim`-D actions: the asset's model (`build_tiny_flow`) where its padded action
+    width (`max_action_dim` 4) holds them, as for reach; otherwise the same model built with `max_action_dim =
+    action_dim` (LIBERO's 7), from the same seed, tokenizer and image settings."""
+    from transformers import AutoConfig, AutoTokenizer, PI0ForConditionalGeneration
+
+    config = AutoConfig.from_pretrained(TINY_PI0)
+    if action_dim is None or action_dim <= config.max_action_dim:
+        return build_tiny_flow(seed=seed)
+    config.max_action_dim = int(action_dim)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = PI0ForConditionalGeneration(config)
+    return FlowPolicy(model, AutoTokenizer.from_pretrained(TINY_PI0), read_image_settings(TINY_PI0))
+
+
 def starting_policy(
     cfg: TrainConfig, policy: VLMPolicy | None, env, out: Path, world: distributed.World | None = None
 ) -> VLMPolicy:
@@ -110,7 +138,8 @@ def starting_policy(
     cold_start = out / "cold_start"
     if cfg.sft.episodes > 0 and (cold_start / "config.json").exists():
         return _model_options(load_policy(cfg.model, checkpoint=cold_start), cfg.model)
-    policy = policy if policy is not None else load_policy(cfg.model, checkpoint=cfg.checkpoint)
+    if policy is None:
+        policy = load_policy(cfg.model, checkpoint=cfg.checkpoint, action_dim=getattr(env, "action_dim", None))
     if isinstance(policy, FlowPolicy):
         return flow_starting_policy(cfg, _model_options(policy, cfg.model), env, out, world)
     if env.action_kind == "continuous" and policy.action_codec is None:
@@ -221,6 +250,44 @@ def demonstrations(cfg: TrainConfig, env, policy: VLMPolicy) -> tuple:
     return merge_demonstrations(parts)
 
 
+def native_pixel_bounds(cfg: TrainConfig) -> TrainConfig:
+    """`cfg` with the dataset env's `min_pixels`/`max_pixels`/`factor` filled in from the model where it shows
+    images at their own sizes (`env.options.resize: native`) and they are not set: `model.min_pixels`/`max_pixels`,
+    else the model's processor's own bounds, and its patch grid (patch x merge size), for a Qwen-VL-like family,
+    whose processor then resizes those images no further; other families resize to their own sizes, and the env
+    keeps its defaults. `sim` cannot import `mmrl`, so the bounds reach it as env options.
+
+    Raises:
+        ConfigError: naming `sft.episodes` when a cold start would show the images at one size (its demonstrations
+            keep one image tensor).
+    """
+    options = cfg.env.options
+    if cfg.env.name != "dataset" or options.get("resize") != "native":
+        return cfg
+    require(
+        cfg.sft.episodes == 0,
+        "sft.episodes",
+        "must be 0 with env.options.resize 'native': the cold start's demonstrations keep one image size (use "
+        "resize 'letterbox')",
+    )
+    from ..policy.families import FAMILIES
+    from .conventions import model_coordinates
+
+    _, folder, family = model_coordinates(cfg.checkpoint or cfg.model.path)
+    if folder is None or family not in FAMILIES or not FAMILIES[family].pixel_bounds:
+        return cfg
+    path = folder / "preprocessor_config.json"
+    settings = json.loads(path.read_text()) if path.is_file() else {}
+    size = settings.get("size", {})
+    bounds = {
+        "min_pixels": cfg.model.min_pixels or size.get("shortest_edge") or settings.get("min_pixels"),
+        "max_pixels": cfg.model.max_pixels or size.get("longest_edge") or settings.get("max_pixels"),
+        "factor": int(settings.get("patch_size", 14)) * int(settings.get("merge_size", 2)),
+    }
+    filled = {**{k: int(v) for k, v in bounds.items() if v}, **options}  # what the user set wins
+    return replace(cfg, env=replace(cfg.env, options=filled)) if filled != options else cfg
+
+
 def build(cfg: TrainConfig, policy: VLMPolicy | None, generation_shards: int | None, live: ExitStack) -> Run:
     """Everything a training run needs, resumed from `output_dir`'s last checkpoint when `cfg.resume` is set.
 
@@ -249,6 +316,7 @@ def build(cfg: TrainConfig, policy: VLMPolicy | None, generation_shards: int | N
     if use_masters:
         load_cfg = replace(cfg, model=replace(cfg.model, dtype="float32"), trainer=replace(tc, master_weights="model"))
 
+    cfg = native_pixel_bounds(cfg)  # before any env is made: the collector's, evaluation's and workers' alike
     curriculum = Curriculum(cfg.curriculum)
     state = load_training_state(resume_from)[0] if resume_from is not None else {}
     if "curriculum" in state:

@@ -137,6 +137,9 @@ def report(cfg: TrainConfig, before: dict, after: EvalResult, out: Path) -> None
         before = scores["initial"]
     (out / "eval.json").write_text(json.dumps(scores, indent=2))
     print(f"held-out {label}: {before[metric]:.3f} -> {after.metrics[metric]:.3f}")
+    if after.protocol:  # how the env played the held-out episodes (LIBERO's evaluation protocol)
+        print(f"protocol: {after.protocol}")
+        (out / "eval_protocol.txt").write_text(after.protocol + "\n")
 
 
 def breakdown_lines(cfg: TrainConfig, scores: dict[str, dict[str, float]]) -> list[str]:
@@ -173,6 +176,7 @@ def write_eval_report(cfg: TrainConfig, result: EvalResult, folder: Path, videos
         "",
         f"**{metric_label(cfg)}: {metrics[metric]:.3f}**",
         "",
+        *([f"Protocol: {result.protocol}", ""] if result.protocol else []),  # how the env played them (LIBERO)
     ]
     if tasks:
         has_success = any(f"success@task={t}" in metrics for t in tasks)
@@ -201,7 +205,7 @@ def write_eval_report(cfg: TrainConfig, result: EvalResult, folder: Path, videos
         except ImportError as e:
             lines.append(f"(no videos: {e})")
     (folder / "eval.json").write_text(json.dumps({"checkpoint": cfg.checkpoint, "env": cfg.env.name,
-                                                  "metrics": metrics}, indent=1))  # fmt: skip
+                                                  "protocol": result.protocol, "metrics": metrics}, indent=1))  # fmt: skip
     path = folder / "eval.md"
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -30,6 +30,7 @@ class EvalResult:
     info: dict  # the first step's info for the first K worlds (target_box, pred_box, ...)
     frames: torch.Tensor | None = None  # [K, S+1, H, W, 3] every observation of the first K episodes (multi-step)
     success: torch.Tensor | None = None  # [K] bool, whether each of those episodes succeeded
+    protocol: str | None = None  # how the env plays its held-out episodes, where it says (`env.protocol`: LIBERO)
 
 
 @torch.no_grad()
@@ -68,6 +69,7 @@ def evaluate(
     sums: dict[str, float] = {}
     first = None
     env = None
+    protocol = None
     greedy = Sampling(max_new_tokens=max_new_tokens, temperature=0.0)
     for start in range(0, len(seeds), batch_size):
         chunk = seeds[start : start + batch_size]
@@ -75,6 +77,7 @@ def evaluate(
             if env is not None:
                 env.close()
             env = sim.make(env_name, num_envs=len(chunk), **env_options)
+            protocol = getattr(env, "protocol", None)
         record = mine if first is None and env.max_episode_steps > 1 else 0
         eps = collect_episodes(policy, env, chunk, 1, greedy, record_frames=record)
         parts = {"reward": eps.returns(), **eps.components, "episode_steps": eps.env_steps}
@@ -108,7 +111,7 @@ def evaluate(
         if "@task=" in key:
             task = key.split("@", 1)[1]
             metrics[key] = v if key.startswith("episodes@") else v / sums[f"episodes@{task}"]
-    return EvalResult(metrics=metrics, **(samples or _no_samples()))
+    return EvalResult(metrics=metrics, **(samples or _no_samples()), protocol=protocol)
 
 
 def _samples(first: Episodes, k: int) -> dict[str, Any]:

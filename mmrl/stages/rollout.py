@@ -87,6 +87,8 @@ def collect_episodes(
     if num != env.num_envs:
         raise ValueError(f"{num} seeds for an env of {env.num_envs} worlds")
     chunk = policy.chunk if flow else codec.chunk if codec is not None else 1
+    # An env may fix how much of each chunk runs open-loop before the policy acts again (LIBERO's `replan_steps`).
+    chunk = min(chunk, getattr(env, "replan_steps", None) or chunk)
     turns = max_turns or max(1, math.ceil(env.max_episode_steps / chunk))
     branch_turn = None  # [R] the turn each world samples at (branching)
     if branch:
