@@ -88,7 +88,8 @@ class ModelConfig:
     # Generation backend behind the policy's one `generate`: "lean" (a sampling loop over the model's forward and
     # dynamic cache; each prompt prefilled once), "hf" (transformers' generate, the reference), "static" (static KV
     # cache + compiled decoding; GPU), "vllm" (a colocated vLLM engine; needs vllm installed).
-    generation_backend: Literal["lean", "hf", "static", "vllm"] = "lean"
+    # "vllm_process": vLLM in a process of its own, which trainer.max_staleness >= 1 samples from while this one updates
+    generation_backend: Literal["lean", "hf", "static", "vllm", "vllm_process"] = "lean"
     vllm_gpu_memory_utilization: float = 0.3  # share of GPU memory the colocated vLLM engine may take
     # A flow policy's (π0's) sampling; null keeps the model folder's own (processor_config.json), else the policy's
     # defaults (flow_sde, 0.5, the config's num_inference_steps). Set for any other model, they are refused.
@@ -641,7 +642,7 @@ class TrainConfig:
                 "and env.workers cannot both be > 0: each rollout worker has its env",
             )
             require(
-                model.generation_backend != "vllm",
+                model.generation_backend not in ("vllm", "vllm_process"),
                 "trainer.rollout_workers",
                 "runs CPU copies of the policy; it cannot use model.generation_backend vllm",
             )
@@ -653,7 +654,7 @@ class TrainConfig:
         if ac.old_logprobs != "auto":
             return ac.old_logprobs == "recompute"
         return (
-            self.model.generation_backend == "vllm"
+            self.model.generation_backend in ("vllm", "vllm_process")
             or self.trainer.max_staleness > 0
             or ac.rollout_correction not in ("auto", "none")
         )

@@ -185,14 +185,22 @@ class Collector:
     def _serve(self) -> None:
         """The collector thread: plays queued steps in order, each with its own weights snapshot."""
         while (job := self._jobs.get()) is not None:
+            engine = self._copy.backend if hasattr(self._copy.backend, "next_version") else None
             try:
                 with torch.no_grad():
                     for name, p in self._copy.model.named_parameters():
                         p.copy_(job.weights[name])
+                if engine is not None:  # an engine process: its pushes carry the version, its samples return it
+                    engine.next_version = job.version
                 result: Collected | BaseException = self._collect(self._copy, self._copy.model, job.step)
+                if engine is not None and engine.last_version != job.version:
+                    raise RuntimeError(f"step {job.step} was sampled by weights version {engine.last_version}, "
+                                       f"queued with version {job.version}")  # fmt: skip
                 result = dataclasses.replace(result, version=job.version)
             except BaseException as error:  # noqa: BLE001  (re-raised in the trainer's thread by `collect`)
                 result = error
+            if engine is not None:
+                engine.next_version = None
             with self._lock:
                 job.result, job.weights = result, (job.weights if isinstance(result, BaseException) else None)
             job.done.set()

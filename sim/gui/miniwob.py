@@ -66,8 +66,10 @@ import torch
 from PIL import Image
 
 from rewards import Action, parse_actions
+from rewards.coordinates import HINTS, check_coordinates, format_values, from_pixels
 from sim.base import Observation, StepResult, check_text_actions, resolve_env_ids, resolve_seeds
 from sim.gui.browser import browser_unavailable, confine_environment, quit_chrome, start_chrome
+from sim.gui.envs import _in_pixels
 from sim.gui.miniwob_expert import EXPERT_TASKS, expert_step
 from sim.registry import ENVS
 
@@ -219,6 +221,10 @@ class MiniWoBEnv:
         max_episode_steps: Steps after which an episode is truncated.
         reward: `"raw"`, `"success"` or `"decayed"` (see the module docstring).
         time_limit_s: MiniWoB's own wall-clock limit per episode; None turns it off (needed by `"decayed"`).
+        coordinates: The units of click points (and of the expert's): "pixels" of the image, "0-1000" or "0-1"
+            (`rewards.coordinates`; relative units are named in the instruction).
+        input_size: With "pixels", the side of the image as the model sees it after its processor's resize; 0:
+            `image_size`.
         device: Where the returned tensors live.
     """
 
@@ -233,6 +239,8 @@ class MiniWoBEnv:
         max_episode_steps: int = 8,
         reward: str = "raw",
         time_limit_s: float | None = None,
+        coordinates: str = "pixels",
+        input_size: int = 0,
         device: str = "cpu",
     ):
         if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
@@ -247,6 +255,8 @@ class MiniWoBEnv:
             raise ValueError(f"time_limit_s must be None or a number > 0, got {time_limit_s!r}")
         if reward == "decayed" and time_limit_s is None:
             raise ValueError("reward='decayed' decays over MiniWoB's time limit: set time_limit_s (e.g. 10)")
+        check_coordinates(coordinates, input_size)
+        self.coordinates, self.input_size = coordinates, input_size
         self.num_envs = num_envs
         self.image_size = image_size
         self.tasks = _check_tasks(tasks)
@@ -330,6 +340,7 @@ class MiniWoBEnv:
         if kind is None:
             return None, action.reason
         if kind == "click":
+            args = _in_pixels(action, self.coordinates, self.image_size, self.input_size).args  # image pixels
             x, y = self.to_page(float(args["x"]), float(args["y"]))
             if not (0 <= x < TASK_WIDTH and 0 <= y < TASK_HEIGHT):
                 return None, "the click is outside the page"
@@ -390,7 +401,7 @@ class MiniWoBEnv:
         for i, (obs, dom) in zip(ids, self._map(self._reset_world, ids, seeds)):
             self._obs[i], self._doms[i] = obs, dom
             self._images[i] = self._letterbox(obs["screenshot"])
-            self._instructions[i] = str(obs["utterance"])
+            self._instructions[i] = str(obs["utterance"]) + HINTS[self.coordinates]
             self.task_names[i] = self.worlds[i].subdomain
             self._steps[i], self._raw[i], self._expert_last[i] = 0, 0.0, ""
             self._ended[i] = self._terminated[i] = self._truncated[i] = self._success[i] = False
@@ -503,7 +514,9 @@ class MiniWoBEnv:
             ix, iy = self.to_image(x, y)
             ix = min(max(round(ix), 0), self.image_size - 1)
             iy = min(max(round(iy), 0), self.image_size - 1)
-            answers.append(f"click({ix}, {iy})")
+            point = from_pixels(torch.tensor([ix, iy], dtype=torch.float64), self.coordinates, self.image_size,
+                                self.image_size, self.input_size)  # fmt: skip
+            answers.append(f"click({format_values(point.tolist(), self.coordinates)})")
             self._expert_last[i] = answers[-1]
         return answers
 

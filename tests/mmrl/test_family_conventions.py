@@ -272,3 +272,25 @@ def test_lora_vision_adds_the_towers_linear_layers_to_named_targets():
     assert language == {"q_proj"}
     with pytest.raises(ConfigError, match=r"model\.lora_vision needs model\.lora_r > 0"):
         load_config(None, ["model.lora_vision=true"])
+
+
+def test_miniwob_clicks_are_brought_to_pixels_before_the_browser_sees_them():
+    """No browser here: the click's path from the answer to MiniWoB's CLICK_COORDS, on an env built without one."""
+    from types import SimpleNamespace
+
+    from rewards import parse_action
+    from sim.gui.miniwob import TASK_HEIGHT, TASK_WIDTH, MiniWoBEnv
+
+    env = object.__new__(MiniWoBEnv)
+    env.image_size, env.coordinates, env.input_size = 160, "0-1000", 0
+    env.scale = 160 / TASK_HEIGHT
+    env.pad = (160 - round(TASK_WIDTH * env.scale)) // 2  # 19 px of black each side of the 122 px wide page
+    browser = SimpleNamespace(unwrapped=SimpleNamespace(create_action=lambda kind, coords: (kind, coords)))
+    (kind, coords), reason = env._miniwob_action(browser, parse_action("click(500, 500)"))
+    # By hand: (500, 500) on the 0-1000 grid is image pixel (80, 80), page point ((80 - 19) * 210 / 160, 80 * 210 / 160).
+    assert kind == "CLICK_COORDS" and reason == ""
+    torch.testing.assert_close(torch.tensor(coords.tolist()), torch.tensor([61 * 210 / 160, 105.0]))
+    env.coordinates = "pixels"
+    (_, coords), _ = env._miniwob_action(browser, parse_action("click(80, 80)"))
+    torch.testing.assert_close(torch.tensor(coords.tolist()), torch.tensor([61 * 210 / 160, 105.0]))
+    assert env._miniwob_action(browser, parse_action("click(5, 500)"))[1] == "the click is outside the page"

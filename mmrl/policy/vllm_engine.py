@@ -1,0 +1,378 @@
+"""vLLM in a process of its own behind `VLMPolicy.generate` (`generation_backend="vllm_process"`).
+
+The colocated backend (`mmrl.policy.vllm_backend`) runs the engine in the trainer's process, which then cannot
+update while it samples. Here the engine lives in a child process the backend starts at its first `sample`, so the
+trainer's collector thread (`trainer.max_staleness` = k >= 1, `mmrl.stages.collect`) can sample step s + k there
+while this process updates. Tested on CPU with vLLM's CPU build (tests/vllm/test_engine_process.py); the GPU weight
+transfer below follows vLLM 0.32's interface but has not run here (no GPU was lent).
+
+How it works:
+
+* **The child** (`torch.multiprocessing`'s spawn context, so no CUDA state is forked) receives once a copy of the
+  policy (`shadow`) whose parameters live in shared memory, wraps it in a colocated `VLLMBackend` of its own, and
+  serves `sample` and `sync` calls over a pipe. Everything vLLM prints goes to `log_file`; every error of this
+  backend names it and quotes its last lines.
+* **Weights, on CPU: shared-memory tensors plus the worker's `reload_weights`.** A push copies the policy's parameters
+  into the shadow's (one memcpy, in this process) and tells the child, which reloads them into vLLM through its
+  backend's `sync_weights` (`collective_rpc("reload_weights")`, the tied head repacked, encoder and prefix caches
+  reset). Nothing is pickled per push. (BENCHMARKS.md has the push's time.)
+* **Weights, on GPUs: vLLM's weight-transfer interface.** The engine is built with `weight_transfer_config=
+  {"backend": "ipc"}`; this process drives `IPCTrainerWeightTransferEngine` (CUDA IPC handles of the policy's
+  tensors) through a client whose `init_weight_transfer_engine` / `start_weight_update` / `update_weights` /
+  `finish_weight_update` are forwarded to the child's worker (`collective_rpc`). Not run here.
+* **A version counter.** Every push carries a version (the collector's: trainer steps completed when the weights
+  were taken; else a count of pushes) and every sample comes back with the version of the weights that made it
+  (`last_version`); a sample of other weights than the last push is an error.
+* **Seeds.** Each call draws its seed from this process's torch generator (as the colocated backend does) and the
+  child seeds its own with it, so the samples depend on this process's seed, not on the child's.
+* **Nothing waits forever.** Starting has `start_timeout_s`, every call `timeout_s`; a child that dies or passes its
+  limit is killed and the error names the backend, what it was doing and its log. The next `sample` starts a new one.
+* **Under torchrun** each rank would start its own engine process; sharing one is refused by name
+  (`VLLMProcessBackend` raises in a process group of more than one rank: `trainer.max_staleness` is refused under
+  torchrun anyway, and a rank-0 engine would need a request router this module does not have).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import tempfile
+import time
+import traceback
+from typing import Any
+
+import torch
+
+from sim.base import Observation
+
+from ..types import Completions, Sampling
+from .tokens import GenerationTarget
+from .vllm_backend import weights_version
+
+DEFAULT_START_TIMEOUT_S = 600.0  # importing vLLM and building the engine: 12-34 s here, minutes for a large model
+DEFAULT_TIMEOUT_S = 600.0
+
+
+class EngineProcessError(RuntimeError):
+    """The engine process did not start, died, refused a call or passed its time limit; the message names its log."""
+
+
+class VLLMProcessBackend:
+    """Samples with a vLLM engine in a child process (see the module docstring).
+
+    Args:
+        start_timeout_s: how long starting the child (imports, engine build) may take.
+        timeout_s: how long one call (a push, a sample) may take.
+        log_file: the child's stdout and stderr (vLLM's log); None: `mmrl-vllm-engine-<pid>.log` in the system's
+            temporary folder.
+        engine_options: the child's `VLLMBackend` arguments (`gpu_memory_utilization`, `max_model_len`,
+            `max_num_seqs`, ...).
+    """
+
+    name = "vllm_process"
+
+    def __init__(
+        self,
+        start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        log_file: str | os.PathLike | None = None,
+        **engine_options,
+    ):
+        for field, value in (("start_timeout_s", start_timeout_s), ("timeout_s", timeout_s)):
+            if not value > 0:
+                raise ValueError(f"the vllm_process backend's {field} must be > 0 seconds, got {value}")
+        self.start_timeout_s, self.timeout_s = float(start_timeout_s), float(timeout_s)
+        self.log_file = str(log_file or os.path.join(tempfile.gettempdir(), f"mmrl-vllm-engine-{os.getpid()}.log"))
+        self.engine_options = engine_options
+        self.version: int | None = None  # the version of the weights the engine holds
+        self.last_version: int | None = None  # the version that made the last call's samples
+        self.next_version: int | None = None  # what the next push is called (the collector sets it); None: count
+        self.push_seconds: list[float] = []  # each push's wall time (benchmarks)
+        self._process = None
+        self._conn = None
+        self._shadow: dict[str, torch.Tensor] = {}
+        self._synced: tuple[int, ...] | None = None
+        self._synced_policy: int | None = None
+        self._transfer = None  # the GPU trainer-side weight transfer engine
+        self._built = self._on_gpu = False  # the child has built its engine (at the first sample); on a GPU
+
+    def __deepcopy__(self, memo) -> VLLMProcessBackend:
+        # A copy of the policy (the collector's, the KL reference) talks to the same engine: one process, one version.
+        return self
+
+    def __getstate__(self):
+        raise TypeError("a VLLMProcessBackend holds a process; it cannot be pickled (ship the policy without it)")
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def alive(self) -> bool:
+        return self._process is not None and self._process.is_alive()
+
+    def start(self, policy: GenerationTarget) -> None:
+        """Start the child with a shared-memory copy of `policy` (weights as they are now) and wait until its
+        engine is built."""
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            if torch.distributed.get_world_size() > 1:
+                raise ValueError(
+                    "generation_backend='vllm_process' under torchrun: one engine process shared by the ranks is not "
+                    "supported (use generation_backend='vllm', one colocated engine per rank)"
+                )
+        mp = torch.multiprocessing.get_context("spawn")
+        shadow = copy.copy(policy)
+        shadow.__dict__ = dict(policy.__dict__)
+        shadow._backend = None  # the child builds its own
+        shadow.model = copy.deepcopy(policy.model).requires_grad_(False)
+        on_gpu = shadow.device.type == "cuda"
+        if not on_gpu:
+            for tensor in (*shadow.model.parameters(), *shadow.model.buffers()):
+                tensor.share_memory_()  # the child maps the same pages: a push is a copy into them, nothing pickled
+        self._shadow = dict(shadow.model.named_parameters())
+        options = dict(self.engine_options)
+        if on_gpu:
+            options.setdefault("weight_transfer_config", {"backend": "ipc"})
+        ours, theirs = mp.Pipe()
+        open(self.log_file, "a").close()  # noqa: SIM115  (exists before the child writes, so errors can name it)
+        self._process = mp.Process(
+            target=_serve, args=(theirs, shadow, options, self.log_file), name="mmrl-vllm-engine", daemon=True
+        )
+        self._process.start()
+        theirs.close()
+        self._conn = ours
+        self._receive("starting", self.start_timeout_s)
+        self.version = self._synced = self._synced_policy = None
+        self._built, self._on_gpu = False, on_gpu
+
+    def close(self) -> None:
+        """Shut the child down (its engine first); kill it if it does not end within 30 s."""
+        process, conn = self._process, self._conn
+        self._process = self._conn = None
+        self._shadow, self._transfer, self.version, self._synced = {}, None, None, None
+        if process is None:
+            return
+        try:
+            if process.is_alive():
+                conn.send(("close",))
+                process.join(30)
+        except (OSError, EOFError, BrokenPipeError):
+            pass
+        finally:
+            if process.is_alive():
+                process.kill()
+                process.join(10)
+            conn.close()
+
+    # ------------------------------------------------------------------ calls
+    def _call(self, what: str, *message, timeout: float | None = None) -> Any:
+        if not self.alive:
+            raise self._error(what, "the engine process is not running")
+        try:
+            self._conn.send(message)
+        except (OSError, BrokenPipeError) as e:
+            raise self._error(what, f"the pipe to it broke ({e})") from e
+        return self._receive(what, timeout or self.timeout_s)
+
+    def _receive(self, what: str, timeout: float) -> Any:
+        deadline = time.monotonic() + timeout
+        while not self._conn.poll(0.5):
+            if not self._process.is_alive():
+                raise self._error(what, f"the engine process died (exit code {self._process.exitcode})")
+            if time.monotonic() > deadline:
+                raise self._error(what, f"no answer within {timeout:g} s (the engine process was killed)")
+        try:
+            status, payload = self._conn.recv()
+        except (EOFError, OSError) as e:
+            raise self._error(what, f"the engine process died (exit code {self._process.exitcode})") from e
+        if status == "error":
+            raise EngineProcessError(
+                f"generation_backend='vllm_process': the engine process failed while {what}: {payload}; "
+                f"its log: {self.log_file}"
+            )
+        return payload
+
+    def _error(self, what: str, why: str) -> EngineProcessError:
+        """An `EngineProcessError` naming the backend, `what` it was doing and its log (last lines quoted); the
+        process is ended, so the next `sample` starts a new one."""
+        try:
+            self.close()
+        except Exception:  # noqa: S110  (already dead: the message below says what happened)
+            pass
+        try:
+            with open(self.log_file, errors="replace") as f:
+                tail = "".join(f.readlines()[-15:]).rstrip()
+        except OSError:
+            tail = ""
+        return EngineProcessError(
+            f"generation_backend='vllm_process': {why} while {what}; its log: {self.log_file}"
+            + (f"\n--- last lines of the log ---\n{tail}" if tail else "")
+        )
+
+    def push(self, policy: GenerationTarget, version: int | None = None) -> None:
+        """Make the engine sample with `policy`'s current weights, called `version` (default: the next count)."""
+        if not self.alive:
+            self.start(policy)
+        version = version if version is not None else (self.version or 0) + 1
+        t0 = time.perf_counter()
+        if self._on_gpu and self._built:  # GPU, engine built: vLLM's weight-transfer interface
+            if self._transfer is None:
+                self._transfer = _gpu_transfer(self, policy)
+            self._transfer.send_weights()
+            self._call("pushing weights", "mark", version)
+        else:
+            with torch.no_grad():
+                for name, p in policy.model.named_parameters():
+                    self._shadow[name].copy_(p.detach())
+            self._call("pushing weights", "sync", version)
+        self.push_seconds.append(time.perf_counter() - t0)
+        self.version = version
+        self._synced, self._synced_policy = weights_version(policy.model), id(policy)
+
+    @torch.no_grad()
+    def sample(
+        self,
+        policy: GenerationTarget,
+        prompts: Observation,
+        inputs: dict[str, torch.Tensor],
+        group_size: int,
+        sampling: Sampling,
+    ) -> Completions:
+        if not self.alive:
+            self.start(policy)
+        wanted = self.next_version
+        stale = self._synced != weights_version(policy.model) or self._synced_policy != id(policy)
+        if self.version is None or stale or (wanted is not None and wanted != self.version):
+            self.push(policy, wanted)
+        seed = int(torch.randint(0, 2**31 - 1, ()).item())  # this process's generator decides the samples
+        images = getattr(inputs, "images", None)
+        inputs = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in dict(inputs).items()}
+        # The first call builds the engine in the child: it has the start-up's time too.
+        limit = self.timeout_s + (0 if self._built else self.start_timeout_s)
+        ids, mask, logprobs, version = self._call(
+            "sampling", "sample", prompts, inputs, images, group_size, sampling, seed, timeout=limit
+        )
+        self._built = True
+        if version != self.version:
+            raise EngineProcessError(
+                f"generation_backend='vllm_process': the engine sampled with weights version {version}, but "
+                f"version {self.version} was pushed last; its log: {self.log_file}"
+            )
+        self.last_version = version
+        device = policy.device
+        return Completions(ids.to(device), mask.to(device), logprobs.to(device))
+
+
+# ---------------------------------------------------------------------------------------------- the child
+def _serve(conn, shadow, options: dict, log_file: str) -> None:
+    """The engine process: a colocated `VLLMBackend` on `shadow` (whose weights the parent writes), serving calls."""
+    fd = os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    from transformers import BatchFeature
+
+    from .vllm_backend import VLLMBackend
+
+    if not options.get("weight_transfer_config"):  # CPU (the GPU branch sets it)
+        # vLLM inspects each model class in a fresh Python process, to keep CUDA uninitialised in the process that
+        # builds the engine: 20-30 s of re-importing vLLM on a 2-core machine. This process is the engine's own and
+        # has no CUDA to protect: inspect here (the same model info results).
+        from vllm.model_executor.models import registry
+
+        if hasattr(registry, "_run_in_subprocess"):
+            registry._run_in_subprocess = lambda fn: fn()
+
+    version = None
+    try:
+        backend = VLLMBackend(**{"log_file": log_file, **options})
+        shadow._backend = backend
+        conn.send(("ok", None))
+    except BaseException as e:  # noqa: BLE001
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+        return
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):  # the parent is gone
+            break
+        kind = message[0]
+        try:
+            if kind == "close":
+                backend.close()
+                conn.send(("ok", None))
+                break
+            if kind == "sync":  # CPU: the shadow's shared weights were written by the parent
+                if backend.llm is not None:
+                    backend.sync_weights(shadow)
+                version = message[1]
+                conn.send(("ok", version))
+            elif kind == "mark":  # GPU: the weights arrived through vLLM's weight transfer
+                backend._synced = weights_version(shadow.model)
+                if backend.llm is not None:
+                    backend.llm.llm_engine.reset_encoder_cache()
+                    backend.llm.reset_prefix_cache()
+                version = message[1]
+                conn.send(("ok", version))
+            elif kind == "rpc":  # GPU: a weight-transfer call to the worker
+                if backend.llm is None:
+                    raise RuntimeError("the engine is built at the first sample; weight transfer comes after it")
+                conn.send(("ok", backend.llm.collective_rpc(message[1], args=message[2])))
+            elif kind == "sample":
+                _, prompts, inputs, images, group_size, sampling, seed = message
+                batch = BatchFeature(inputs)
+                if images is not None:
+                    batch.images = images
+                if backend.llm is None:  # built now, from the shadow: its weights are the last push's
+                    backend._start(
+                        shadow, prompts, int(batch["attention_mask"].sum()) * group_size, len(prompts) * group_size
+                    )
+                    backend.sync_weights(shadow)
+                torch.manual_seed(
+                    seed
+                )  # after any start-up (dummy weights draw from the generator): same seed, same samples
+                out = backend.sample(shadow, prompts, batch, group_size, sampling)
+                conn.send(("ok", (out.completion_ids, out.completion_mask, out.logprobs, version)))
+            else:
+                raise ValueError(f"unknown call {kind!r}")
+        except BaseException as e:  # noqa: BLE001  (answered, the parent raises it)
+            traceback.print_exc()
+            try:
+                conn.send(("error", f"{type(e).__name__}: {e}"))
+            except (OSError, BrokenPipeError):
+                break
+
+
+# ---------------------------------------------------------------------------------------------- GPU weight transfer
+class _PipeClient:
+    """vLLM's `VLLMWeightSyncClient` protocol, forwarded to the engine process's worker (`collective_rpc`)."""
+
+    def __init__(self, backend: VLLMProcessBackend):
+        self.backend = backend
+
+    def init_weight_transfer_engine(self, init_info: dict) -> None:
+        self.backend._call("starting the weight transfer", "rpc", "init_weight_transfer_engine", (init_info,))
+
+    def start_weight_update(self) -> None:
+        self.backend._call("pushing weights", "rpc", "start_weight_update", ())
+
+    def update_weights(self, update_info) -> None:
+        self.backend._call("pushing weights", "rpc", "update_weights", (update_info,))
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self.backend._call("pushing weights", "rpc", "finish_weight_update", ())
+
+
+def _gpu_transfer(backend: VLLMProcessBackend, policy: GenerationTarget):
+    """vLLM's trainer-side CUDA IPC weight transfer over `policy`'s merged weights (GPU only; not run here)."""
+    from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+    from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo, IPCTrainerWeightTransferEngine
+
+    from .vllm_backend import merged_named_weights
+
+    class PolicySource(WeightSource):
+        def metadata(self):
+            return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in merged_named_weights(policy.model)]
+
+        def __iter__(self):
+            yield from merged_named_weights(policy.model)
+
+    return IPCTrainerWeightTransferEngine.trainer_init(
+        IPCTrainerInitInfo(rank=0), client=_PipeClient(backend), source=PolicySource()
+    )
