@@ -145,6 +145,53 @@ LLAVA_ONEVISION_TEMPLATE = (
     "{{ content['text'] }}{% endgeneration %}{% endfor %}{% endif %}{{'<|im_end|>' + '\\n'}}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
+# zai-org/GLM-4.1V-9B-Thinking's special tokens (names as released: GLM-4's chat and role tokens, its image and video
+# wrappers, reasoning and box tokens; ids here are this tokenizer's own).
+GLM4V_SPECIAL = [
+    "<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>", "<|assistant|>",
+    "<|observation|>", "<|begin_of_image|>", "<|end_of_image|>", "<|begin_of_video|>", "<|end_of_video|>", "<|image|>",
+    "<|video|>", "<think>", "</think>", "<|begin_of_box|>", "<|end_of_box|>",
+]  # fmt: skip
+# zai-org/GLM-4.1V-9B-Thinking's chat template (revision 3c1471e51dc811b589d4d12b1c1c7c1c941267c2), copied from a
+# public record of it that also gives its sha256 (of its JSON string; checked in `build_glm4v`): no transformers
+# file carries it.
+GLM4V_TEMPLATE_SHA256 = "5232dbe7ee947df4d2009f2b262b70a22d4f2d2f0590e2af4ef2a78096171e90"
+GLM4V_TEMPLATE = (
+    '[gMASK]<sop>\n'
+    '{%- for msg in messages %}\n'
+    "    {%- if msg.role == 'system' %}\n"
+    '<|system|>\n'
+    '{{ msg.content }}\n'
+    "    {%- elif msg.role == 'user' %}\n"
+    "<|user|>{{ '\\n' }}\n"
+    '\n'
+    '        {%- if msg.content is string %}\n'
+    '{{ msg.content }}\n'
+    '        {%- else %}\n'
+    '            {%- for item in msg.content %}\n'
+    "                {%- if item.type == 'video' or 'video' in item %}\n"
+    '<|begin_of_video|><|video|><|end_of_video|>\n'
+    "                {%- elif item.type == 'image' or 'image' in item %}\n"
+    '<|begin_of_image|><|image|><|end_of_image|>\n'
+    "                {%- elif item.type == 'text' %}\n"
+    '{{ item.text }}\n'
+    '                {%- endif %}\n'
+    '            {%- endfor %}\n'
+    '        {%- endif %}\n'
+    "    {%- elif msg.role == 'assistant' %}\n"
+    '        {%- if msg.metadata %}\n'
+    '<|assistant|>{{ msg.metadata }}\n'
+    '{{ msg.content }}\n'
+    '        {%- else %}\n'
+    '<|assistant|>\n'
+    '{{ msg.content }}\n'
+    '        {%- endif %}\n'
+    '    {%- endif %}\n'
+    '{%- endfor %}\n'
+    '{% if add_generation_prompt %}<|assistant|>\n'
+    '{% endif %}'
+)  # fmt: skip
+
 
 BUILT = "Built by `python scripts/make_family_assets.py` ({fn}); the weights are drawn from a seed by\n`mmrl.policy.tiny.build_tiny` (`model.path=tiny:{name}`), so the folder holds none.\n\n"
 PALIGEMMA_README = (
@@ -182,6 +229,20 @@ src/transformers/models/llava_onevision/convert_llava_onevision_weights_to_hf.py
 llava-hf/llava-onevision-qwen2-*-ov-hf folders. Special tokens: Qwen2's, plus the `<image>` and `<video>` that script
 adds. processor_config.json: that script's `vision_feature_select_strategy="full"`, with `num_image_tokens` the
 tiny tower's (729 in the release).
+"""
+)
+
+GLM4V_README = (
+    """# Tiny GLM-4.1V
+
+"""
+    + BUILT.format(fn="build_glm4v", name="glm4v")
+    + """Chat template (chat_template.jinja): zai-org/GLM-4.1V-9B-Thinking's, revision
+3c1471e51dc811b589d4d12b1c1c7c1c941267c2, verbatim; no transformers file carries it, so it was copied from a public
+record of that revision's processor ("official_chat_template") together with its sha256, which
+`scripts/make_family_assets.py` checks. Special tokens: the release's names for GLM-4's chat and role tokens, the
+image and video wrappers, `<think>`/`</think>` and the box tokens (not its full added-token list). EOS tokens as its
+generation config: `<|endoftext|>`, `<|user|>`, `<|observation|>`.
 """
 )
 
@@ -461,6 +522,52 @@ def build_llava_onevision(out: Path) -> None:
     write(out, tok, "llava_onevision", config, image_processor, processor, LLAVA_ONEVISION_README)
 
 
+def build_glm4v(out: Path) -> None:
+    """GLM-4.1V (`Glm4vForConditionalGeneration`): Qwen2-VL's vision layout (8 px patches, 2 frames, 2x2 merge,
+    images bounded to 32-64 px squares), M-RoPE over a 2-layer GLM-4 language model, the release's template."""
+    import hashlib
+
+    from transformers import PreTrainedTokenizerFast
+    from transformers.models.glm4v.image_processing_pil_glm4v import Glm4vImageProcessorPil
+
+    if hashlib.sha256(json.dumps(GLM4V_TEMPLATE).encode()).hexdigest() != GLM4V_TEMPLATE_SHA256:
+        raise ValueError("GLM4V_TEMPLATE is not the recorded release template (sha256 differs)")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=train_bpe(GLM4V_SPECIAL, VOCAB_SIZE),
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=GLM4V_SPECIAL[1:],
+        extra_special_tokens={"image_token": "<|image|>", "video_token": "<|video|>"},
+        chat_template=GLM4V_TEMPLATE,
+        model_max_length=4096,
+    )
+    ids = {t: tok.convert_tokens_to_ids(t) for t in GLM4V_SPECIAL}
+    config = dict(
+        text_config=dict(
+            vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+            num_key_value_heads=1, max_position_embeddings=4096, pad_token_id=ids["<|endoftext|>"],
+            eos_token_id=[ids["<|endoftext|>"], ids["<|user|>"], ids["<|observation|>"]],
+            rope_parameters={
+                "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3], "partial_rotary_factor": 0.5,
+            },
+        ),
+        vision_config=dict(
+            depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, image_size=32,
+            patch_size=8, spatial_merge_size=2, temporal_patch_size=2,
+        ),
+        image_token_id=ids["<|image|>"],
+        video_token_id=ids["<|video|>"],
+        image_start_token_id=ids["<|begin_of_image|>"],
+        image_end_token_id=ids["<|end_of_image|>"],
+        video_start_token_id=ids["<|begin_of_video|>"],
+        video_end_token_id=ids["<|end_of_video|>"],
+    )  # fmt: skip
+    image_processor = Glm4vImageProcessorPil(
+        patch_size=8, temporal_patch_size=2, merge_size=2, size={"shortest_edge": 32 * 32, "longest_edge": 64 * 64},
+    )  # fmt: skip
+    write(out, tok, "glm4v", config, image_processor, {}, GLM4V_README)
+
+
 def main() -> None:
     build_gemma3(OUT / "gemma3")
     build_idefics3(OUT / "idefics3")
@@ -469,7 +576,8 @@ def main() -> None:
     build_paligemma(OUT / "paligemma")
     build_internvl(OUT / "internvl")
     build_llava_onevision(OUT / "llava_onevision")
-    names = ("gemma3", "idefics3", "smolvlm", "qwen3_5", "paligemma", "internvl", "llava_onevision")
+    build_glm4v(OUT / "glm4v")
+    names = ("gemma3", "idefics3", "smolvlm", "qwen3_5", "paligemma", "internvl", "llava_onevision", "glm4v")
     print(f"wrote {', '.join(str(OUT / name) for name in names)}")
 
 

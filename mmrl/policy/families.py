@@ -116,21 +116,30 @@ class Family:
 # ---------------------------------------------------------------------------------------------- Qwen-VL
 
 
-def _qwen_vision(image_processor, images: list[Image.Image], settings: dict, per_row=None) -> Vision:
-    """Qwen2-VL / 2.5-VL / 3-VL: `pixel_values` `[patches, C*T*p*p]`, `image_grid_thw` `[I, 3]`; an image is
-    `t*h*w / merge**2` `<|image_pad|>` tokens (the template writes one between `<|vision_start|>`/`<|vision_end|>`)."""
-    out = image_processor(images=images, return_tensors="pt")
-    grid = out["image_grid_thw"]  # [I, 3]
-    merge = int(getattr(image_processor, "merge_size", 2))
-    tokens = grid.prod(-1) // merge**2
-    return Vision(
-        pixel_values=out["pixel_values"],
-        units=grid.prod(-1),
-        per_image={"image_grid_thw": grid},
-        per_unit={},
-        tokens=tokens,
-        texts=["<|image_pad|>" * int(n) for n in tokens],
-    )
+def _grid_vision(token: str) -> Callable[[Any, list[Image.Image], dict, list[int] | None], Vision]:
+    """Qwen2-VL / 2.5-VL / 3-VL (and GLM-4.xV, which shares their vision layout): `pixel_values`
+    `[patches, C*T*p*p]`, `image_grid_thw` `[I, 3]`; an image is `t*h*w / merge**2` `token`s (Qwen's template writes
+    one `<|image_pad|>` between `<|vision_start|>`/`<|vision_end|>`, GLM's one `<|image|>` between
+    `<|begin_of_image|>`/`<|end_of_image|>`)."""
+
+    def vision(image_processor, images: list[Image.Image], settings: dict, per_row=None) -> Vision:
+        out = image_processor(images=images, return_tensors="pt")
+        grid = out["image_grid_thw"]  # [I, 3]
+        merge = int(getattr(image_processor, "merge_size", 2))
+        tokens = grid.prod(-1) // merge**2
+        return Vision(
+            pixel_values=out["pixel_values"],
+            units=grid.prod(-1),
+            per_image={"image_grid_thw": grid},
+            per_unit={},
+            tokens=tokens,
+            texts=[token * int(n) for n in tokens],
+        )
+
+    return vision
+
+
+_qwen_vision = _grid_vision("<|image_pad|>")
 
 
 def _qwen_features(units: torch.Tensor, per_image: dict, settings: dict, image_processor=None) -> torch.Tensor:
@@ -151,6 +160,25 @@ def _qwen(name: str, coordinates: str) -> Family:
         patch_rows=True,
         pixel_bounds=True,
     )
+
+
+# ---------------------------------------------------------------------------------------------- GLM-4.xV
+
+
+GLM4V = Family(
+    name="glm4v",
+    image_token="<|image|>",
+    template_image="<|image|>",
+    vision=_grid_vision("<|image|>"),
+    features=_qwen_features,
+    turn_start="<|user|>",
+    turn_end="<|user|>",  # no closing token: an answer ends where the model opens the next turn (an EOS of its)
+    coordinates="0-1000",
+    mrope=True,
+    patch_rows=True,
+    pixel_bounds=True,
+    suppress=("<|begin_of_image|>", "<|end_of_image|>"),
+)
 
 
 # ---------------------------------------------------------------------------------------------- Gemma 3
@@ -456,6 +484,11 @@ FAMILIES: dict[str, Family] = {
         coordinates="0-1",
         forward_inputs=_onevision_forward_inputs,
     ),
+    # GLM-4.1V (zai-org/GLM-4.1V-9B-Thinking: `[gMASK]<sop>`, then `<|user|>` / `<|assistant|>` turns with no closing
+    # token: the model ends its answer with `<|user|>`, `<|observation|>` or `<|endoftext|>`, its EOS tokens), Qwen2-VL's
+    # vision layout and M-RoPE. Boxes `<|begin_of_box|>[x1, y1, x2, y2]<|end_of_box|>` relative, taken as 0-1000 (the
+    # GLM-V README's grounding examples; not confirmed from a model card on this machine).
+    "glm4v": GLM4V,
 }
 
 # Families transformers has that no tiny model here covers yet, and why (named by `family_for`).
@@ -464,10 +497,6 @@ UNAVAILABLE: dict[str, str] = {
         "LFM2-VL is not supported yet: its only image processor in transformers (Lfm2VlImageProcessorFast) needs "
         "torchvision, which the project's CPU install lacks (the registry has no CPU torchvision build for torch "
         "2.13), so its image layout could not be built and tested against its processor"
-    ),
-    "glm4v": (
-        "GLM-4.xV is not supported yet: no tiny model of it is built and tested here (its released chat template, "
-        "which a tiny copy must carry verbatim, was not available offline)"
     ),
 }
 

@@ -85,6 +85,7 @@ class VisionTextProcessor:
         self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
         if self.image_token_id is None or self.image_token_id == tokenizer.unk_token_id:
             raise ValueError(f"the tokenizer has no {self.image_token} token, the image token of {self.family.name}")
+        self._answers_as_text: bool | None = None  # how the template takes an earlier answer (`assistant_message`)
         self.system_prompt = ""  # model.system_prompt: a system turn before every prompt (`chat`)
         # Left padding: generation appends to the right end of every row.
         self.tokenizer.padding_side = "left"
@@ -232,7 +233,7 @@ class VisionTextProcessor:
         messages: list[dict] = []
         for (said, images, _), mark in zip(turns, marks):
             messages.append({"role": "user", "content": user_content(said, images, template)})
-            messages.append({"role": "assistant", "content": [{"type": "text", "text": mark}]})
+            messages.append(self.assistant_message(mark))
         messages.append({"role": "user", "content": user_content(instruction, num_images, template)})
         text = self.chat(messages, add_generation_prompt=True)
         counts = iter(image_texts)
@@ -259,6 +260,17 @@ class VisionTextProcessor:
             raise ValueError("more images than image placeholders in the conversation")
         return ids
 
+    def assistant_message(self, text: str) -> dict:
+        """An earlier answer as a chat message in the form the template renders: a list of content parts, or the
+        plain string where the template prints an assistant's content as it is (GLM-4.1V's `{{ msg.content }}`
+        would write a list's Python repr)."""
+        if self._answers_as_text is None:
+            probe = "\x00mmrl-probe\x00"
+            user = {"role": "user", "content": [{"type": "text", "text": "q"}]}
+            parts = {"role": "assistant", "content": [{"type": "text", "text": probe}]}
+            self._answers_as_text = probe not in self.tokenizer.apply_chat_template([user, parts], tokenize=False)
+        return {"role": "assistant", "content": text if self._answers_as_text else [{"type": "text", "text": text}]}
+
     def _answer_openings(self) -> tuple[str, str]:
         """(the text the chat template writes before an earlier answer, the text of its generation prompt)."""
         render = self.tokenizer.apply_chat_template
@@ -269,7 +281,7 @@ class VisionTextProcessor:
         # The answer in context, a user turn after it: templates render earlier turns differently from the last one
         # (Qwen3.5 drops the empty <think></think> block its generation prompt holds from answers before the last
         # user turn).
-        answer = {"role": "assistant", "content": [{"type": "text", "text": mark}]}
+        answer = self.assistant_message(mark)
         answered = render([*user, answer, *user], tokenize=False)
         if not (generate.startswith(plain) and answered.startswith(plain) and mark in answered):
             return "", ""  # a template that renders turns differently in context: nothing to reconcile

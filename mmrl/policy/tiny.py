@@ -3,7 +3,7 @@
 The architectures are the real `transformers` classes at about 0.2-1 M parameters: Qwen2-VL, Qwen2.5-VL and Qwen3-VL
 with the locally trained tokenizer in assets/tokenizer (`TINY_ARCHS`, written by `scripts/make_assets.py`), and the
 other families (`FAMILY_ARCHS`: Gemma 3, Idefics3 / SmolVLM, SmolVLM2, Qwen3.5, PaliGemma, InternVL,
-LLaVA-OneVision), each a folder laid out as the hub's less the weights,
+LLaVA-OneVision, GLM-4.1V), each a folder laid out as the hub's less the weights,
 with its own tokenizer, special tokens and chat template (`scripts/make_family_assets.py`).
 """
 
@@ -28,6 +28,7 @@ FAMILY_ARCHS = (
     "paligemma",
     "internvl",
     "llava_onevision",
+    "glm4v",
 )  # one self-contained folder each
 ALL_TINY_ARCHS = TINY_ARCHS + FAMILY_ARCHS
 

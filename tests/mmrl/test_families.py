@@ -25,7 +25,9 @@ from mmrl.policy.vision import to_pil
 from mmrl.types import Sampling, Turn
 from sim.base import Observation
 
-FAMILIES = ("qwen3_vl", "gemma3", "idefics3", "smolvlm", "qwen3_5", "paligemma", "internvl", "llava_onevision")
+FAMILIES = (
+    "qwen3_vl", "gemma3", "idefics3", "smolvlm", "qwen3_5", "paligemma", "internvl", "llava_onevision", "glm4v",
+)  # fmt: skip
 IMAGE_SIZE = dict.fromkeys(FAMILIES, 64)
 TEMPLATE = "{instruction} {image} Answer as <answer>[x1,y1,x2,y2]</answer>."
 # Sampled log-probs against the training forward's: the same float32 computation in another order (cached keys and
@@ -101,7 +103,11 @@ def test_a_two_turn_conversation_is_the_template_turn_for_turn_with_the_sampled_
     tok = policy.processor.tokenizer
     processor = policy.processor
     answer_text = "<answer>[1,2,3,4]</answer>"
-    answer_ids = tok(answer_text, add_special_tokens=False)["input_ids"] + [policy.eos_token_ids[-1]]
+    # The answer ends as the model ends a turn: with the family's turn-closing token (GLM-4.1V has none: it stops by
+    # opening the next user turn, `<|user|>`, one of its EOS tokens).
+    closing = tok.convert_tokens_to_ids(processor.family.turn_end)
+    assert closing in policy.eos_token_ids
+    answer_ids = tok(answer_text, add_special_tokens=False)["input_ids"] + [closing]
     history = [[Turn(views=first.views[0], instruction=first.instruction[0], answer_ids=answer_ids)]]
     if processor.family.prompt is not None:  # PaliGemma: no chat template, one prefix and one answer
         with pytest.raises(ValueError, match=rf"a {arch} model has no chat template .* set model.history_turns to 0"):
@@ -124,7 +130,7 @@ def test_a_two_turn_conversation_is_the_template_turn_for_turn_with_the_sampled_
     # The rest is the chat template's rendering of what follows the answer, its turn closed exactly once.
     messages = [
         {"role": "user", "content": user_content(first.instruction[0], 1, TEMPLATE)},
-        {"role": "assistant", "content": [{"type": "text", "text": answer_text}]},
+        processor.assistant_message(answer_text),
         {"role": "user", "content": user_content(second.instruction[0], 1, TEMPLATE)},
     ]
     rendered = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
@@ -170,7 +176,7 @@ def test_prompts_equal_the_families_own_transformers_processor(arch, views, monk
     import transformers
     from transformers.processing_utils import ProcessorMixin
 
-    # InternVL's and LLaVA-OneVision's processors check for their video processors, which need torchvision (absent
+    # InternVL's, LLaVA-OneVision's and GLM-4.1V's processors check for their video processors, which need torchvision (absent
     # on CPU installs); images alone do not use them.
     monkeypatch.setattr(ProcessorMixin, "check_argument_for_proper_class", lambda self, name, value: None)
     policy = build_tiny(arch, prompt_template=TEMPLATE)
@@ -187,6 +193,7 @@ def test_prompts_equal_the_families_own_transformers_processor(arch, views, monk
         "paligemma": lambda: transformers.PaliGemmaProcessor(*parts),
         "internvl": lambda: transformers.InternVLProcessor(*parts, **settings),
         "llava_onevision": lambda: transformers.LlavaOnevisionProcessor(*parts, **settings),
+        "glm4v": lambda: transformers.Glm4vProcessor(*parts),
     }[arch]()
     texts = [policy.processor.prompt_text(s, views, TEMPLATE) for s in obs.instruction]
     if arch == "paligemma":  # its processor writes <bos> after the images and the closing newline itself
@@ -221,7 +228,7 @@ def test_smolvlm2_images_are_written_as_its_processor_writes_them():
 
 
 @pytest.mark.parametrize(
-    "arch", ["gemma3", "idefics3", "smolvlm", "qwen3_5", "paligemma", "internvl", "llava_onevision"]
+    "arch", ["gemma3", "idefics3", "smolvlm", "qwen3_5", "paligemma", "internvl", "llava_onevision", "glm4v"]
 )
 def test_a_folder_laid_out_as_the_hubs_loads_with_identical_logprobs(arch, tmp_path):
     policy = build_tiny(arch, prompt_template=TEMPLATE)
@@ -229,9 +236,9 @@ def test_a_folder_laid_out_as_the_hubs_loads_with_identical_logprobs(arch, tmp_p
     policy.save_pretrained(tmp_path)
     for name in ("config.json", "preprocessor_config.json", "tokenizer.json"):
         assert (tmp_path / name).is_file()
-    # PaliGemma has no chat template; Qwen3.5 and PaliGemma no processor numbers beyond the image processor's.
+    # PaliGemma has no chat template; Qwen3.5, PaliGemma, GLM-4.1V no processor numbers beyond the image processor's.
     assert (tmp_path / "chat_template.jinja").is_file() == (arch != "paligemma")
-    assert (tmp_path / "processor_config.json").is_file() == (arch not in ("qwen3_5", "paligemma"))
+    assert (tmp_path / "processor_config.json").is_file() == (arch not in ("qwen3_5", "paligemma", "glm4v"))
     from mmrl.run.build import load_policy
     from mmrl.run.config import ModelConfig
 
