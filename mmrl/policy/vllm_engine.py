@@ -118,6 +118,12 @@ class VLLMProcessBackend:
                     "supported (use generation_backend='vllm', one colocated engine per rank)"
                 )
         mp = torch.multiprocessing.get_context("spawn")
+        # A policy's family (`mmrl.policy.families`) holds closures, which pickle cannot carry: it travels by name.
+        from multiprocessing.reduction import ForkingPickler
+
+        from .families import Family
+
+        ForkingPickler.register(Family, _reduce_family)
         shadow = copy.copy(policy)
         shadow.__dict__ = dict(policy.__dict__)
         shadow._backend = None  # the child builds its own
@@ -261,6 +267,16 @@ class VLLMProcessBackend:
 
 
 # ---------------------------------------------------------------------------------------------- the child
+def _reduce_family(family) -> tuple:
+    return _family_named, (family.name,)
+
+
+def _family_named(name: str):
+    from .families import family_for
+
+    return family_for(name)
+
+
 def _serve(conn, shadow, options: dict, log_file: str) -> None:
     """The engine process: a colocated `VLLMBackend` on `shadow` (whose weights the parent writes), serving calls."""
     fd = os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
