@@ -294,3 +294,12 @@ def test_miniwob_clicks_are_brought_to_pixels_before_the_browser_sees_them():
     (_, coords), _ = env._miniwob_action(browser, parse_action("click(80, 80)"))
     torch.testing.assert_close(torch.tensor(coords.tolist()), torch.tensor([61 * 210 / 160, 105.0]))
     assert env._miniwob_action(browser, parse_action("click(5, 500)"))[1] == "the click is outside the page"
+
+
+def test_a_family_without_a_chat_template_refuses_the_system_prompt():
+    from mmrl.policy import apply_model_options
+    from mmrl.run.build import load_policy
+
+    cfg = load_config(None, ["model.path=tiny:paligemma", f"model.system_prompt={SYSTEM}"])
+    with pytest.raises(ValueError, match=r"model\.system_prompt: a paligemma model has no chat template"):
+        apply_model_options(load_policy(cfg.model), cfg.model)
