@@ -51,6 +51,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
+import sys
 from pathlib import Path
 
 import torch
@@ -205,7 +206,9 @@ class FlowPolicy:
         self.image_token = "<image>"
         self.pad_token_id = tokenizer.pad_token_id
         # transformers 5.24 names the forward's cache argument `cache` (`past_key_values` deprecated); older ones do not.
-        self._cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self._cache_kwarg = (
+            "cache" if "cache" in inspect.signature(model.model.forward).parameters else "past_key_values"
+        )
         self.stats: FlowStats | None = None
         if stats is not None:
             self.set_stats(stats)
@@ -251,26 +254,23 @@ class FlowPolicy:
     def save_pretrained(self, path: str | Path) -> None:
         """Weights, config, tokenizer, image settings, and the statistics and Flow-SDE settings
         (`processor_config.json`, in `PI0Processor`'s fields)."""
-        path = Path(path)
-        lora = self.model is not self.net
-        if lora:  # base weights as a plain PI0 folder, adapters in lora/ (as `mmrl.policy.options.save_lora`)
-            from .options import base_state_dict
+        from .options import base_state_dict, is_lora_model
 
-            weights = {k: v for k, v in base_state_dict(self.model).items() if not k.startswith("noise_head.")}
-        head = self.net._modules.pop("noise_head", None)  # the model folder stays a plain PI0 one
-        try:
-            if lora:
-                self.net.save_pretrained(path, state_dict=weights)
-                self.model.save_pretrained(path / "lora")
-            else:
-                self.net.save_pretrained(path)
-        finally:
-            if head is not None:
-                self.net.noise_head = head
-        if head is not None:
+        # From the model's state dict, so a checkpoint's stand-in (`mmrl.run.distributed.checkpoint_views`: the
+        # weights gathered from FSDP's shards, or float32 master weights) saves what it holds. A LoRA model is
+        # written as its unmerged base weights plus lora/ (as `mmrl.policy.options.save_lora`).
+        path, lora = Path(path), is_lora_model(self.model)
+        weights = base_state_dict(self.model) if lora else dict(self.model.state_dict())
+        head = {k.removeprefix("noise_head."): v for k, v in weights.items() if k.startswith("noise_head.")}
+        weights = {k: v for k, v in weights.items() if not k.startswith("noise_head.")}  # a plain PI0 folder
+        module = self.net
+        getattr(module, "_model", module).save_pretrained(path, state_dict=weights)  # the stand-in's module
+        if lora:
+            self.model.save_pretrained(path / "lora", save_embedding_layers=False)
+        if head:
             from safetensors.torch import save_file
 
-            save_file({k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()}, path / NOISE_HEAD_FILE)
+            save_file({k: v.detach().cpu().contiguous() for k, v in head.items()}, path / NOISE_HEAD_FILE)
         self.tokenizer.save_pretrained(path)
         (path / "preprocessor_config.json").write_text(json.dumps(self.image_settings, indent=2, sort_keys=True))
         saved = {
@@ -391,16 +391,39 @@ class FlowPolicy:
         """The expert's velocity `[B, C, A]` at chains `x` `[B, C, A]` and times `t` `[B]` given the prompts' cache
         (which it leaves as it found it); with `with_hidden`, also the expert's last hidden state `[B, C, He]` of
         the action positions (what the velocity projection reads)."""
-        seen: list[torch.Tensor] = []
-        hook = self.net.action_out_proj.register_forward_hook(lambda m, args, out: seen.append(args[0]))
-        length = cache.get_seq_length()
-        try:
-            kwargs = {self._cache_kwarg: cache}
-            out = self.net(state=state, noise=x, timestep=t, attention_mask=mask.long(), **kwargs)
-        finally:
-            hook.remove()
+        # `PI0ForConditionalGeneration.forward`'s own steps with the noise given, from its parts: the expert's hidden
+        # state is at hand, and a sharded model runs them inside `in_root_call`'s single call of the root.
+        net, length = self.net, cache.get_seq_length()
+        embeds = net.embed_action_time(state, x, t)
+        out = net.model(action_embeds=embeds, attention_mask=mask.long(), **{self._cache_kwarg: cache})
         cache.crop(length - cache.get_seq_length())  # drop the expert's own keys: each step sees the prompt only
-        return (out.logits, seen[-1]) if with_hidden else out.logits
+        hidden = out.last_hidden_state[:, -self.chunk :]
+        velocity = net.action_out_proj(hidden)
+        return (velocity, hidden) if with_hidden else velocity
+
+    def in_root_call(self, fn, *args):
+        """`fn(*args)` run as the forward of one call of the policy's root module. Under FSDP2 (torchrun) the root
+        holds the parameters outside the decoder layers (embeddings, projections, norms): its call hooks gather them
+        and, after backward, reduce their gradients; scoring calls the model's parts, so it runs inside such a
+        call. A model that is not sharded runs `fn` directly."""
+        fsdp = sys.modules.get("torch.distributed.fsdp")  # never imported by a single-process run
+        root = self.model
+        if fsdp is None or not isinstance(root, fsdp.FSDPModule):
+            return fn(*args)
+        # The expert's gradient reaches the backbone's layers through the prompt's key/value cache, not through the
+        # layers' outputs, where FSDP's pre-backward hook would gather their weights again: with grad, they keep them
+        # from forward to backward (freed by the post-backward reshard, as the others).
+        kept = [m for m in self.net.model.vlm.language_model.modules() if isinstance(m, fsdp.FSDPModule)]
+        kept = kept if torch.is_grad_enabled() else []
+        for unit in kept:
+            unit.set_reshard_after_forward(False, recurse=False)
+        root.forward = lambda: fn(*args)  # the instance's forward: nn.Module.__call__ runs FSDP's hooks around it
+        try:
+            return root()
+        finally:
+            del root.forward
+            for unit in kept:
+                unit.set_reshard_after_forward(True, recurse=False)
 
     def transition(self, cache, mask, state, x, t, sigma, dt: float, stochastic: bool = True):
         """Mean `[B, C, A]` and std (`[B, 1, 1]` for Flow-SDE, `[B, C, A]` for Flow-Noise) of one denoising step
@@ -507,6 +530,9 @@ class FlowPolicy:
         steps of every row in one batch over the prompt cache repeated K times. `temperature` is not used: the rows
         carry the noise they were sampled with (`noise_method`, `noise_level`).
         """
+        return self.in_root_call(self._logprobs, batch, with_entropy)
+
+    def _logprobs(self, batch: FlowRollout, with_entropy: bool):
         r, k = batch.completion_mask.shape
         d = self.action_dim
         if batch.noise_method != self.noise_method and batch.completion_mask.any():
