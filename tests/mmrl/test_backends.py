@@ -108,9 +108,9 @@ def test_two_views_per_world_decode_alike_in_lean_and_hf(arch, tiny_policy, grou
         mask = sampled.completion_mask
         recomputed = policy.logprobs(sampled, temperature=SAMPLING.temperature).detach()
         torch.testing.assert_close(sampled.logprobs[mask], recomputed[mask], rtol=0, atol=1e-4)
-    requests = vllm_requests(policy, obs)  # vLLM takes a world's views as a list, in order
+    requests = vllm_requests(policy, obs, policy.encode(obs))  # vLLM takes a world's views as a list, in order
     assert [len(r["multi_modal_data"]["image"]) for r in requests] == [2, 2]
-    assert all(r["prompt"].count("<|image_pad|>") == 2 for r in requests)
+    assert all(r["prompt_token_ids"].count(policy.processor.image_token_id) == 2 for r in requests)
 
 
 def test_lean_loop_stops_at_eos_and_keeps_min_new_tokens(tiny_policy, grounding_obs):
@@ -185,20 +185,25 @@ def test_vllm_backend_without_vllm_names_the_extra(tiny_policy):
 
 
 # ---------------------------------------------------------------------------------------------- vLLM, pure parts
-def test_vllm_requests_hold_the_chat_prompt_and_the_image(tiny_policy, grounding_obs):
+def test_vllm_requests_hold_the_prompt_ids_and_the_image(tiny_policy, grounding_obs):
     policy = tiny_policy("qwen2_5_vl", seed=0)
-    obs = grounding_obs("qwen2_5_vl", [0, 1])
-    requests = vllm_requests(policy, obs)
+    obs = grounding_obs("qwen2_5_vl", [0, 1], ["Find it.", "Find the yellow triangle left of the blue square."])
+    inputs = policy.encode(obs)
+    requests = vllm_requests(policy, obs, inputs)
     assert len(requests) == 2
     for request, instruction, image in zip(requests, obs.instruction, obs.image):
-        assert request["prompt"] == policy.processor.prompt_text(instruction, template=policy.prompt_template)
-        assert request["prompt"].count(policy.processor.image_token) == 1  # vLLM expands it to the image's tokens
-        pil = request["multi_modal_data"]["image"]
+        # The training prompt's ids, unpadded, each image's placeholders collapsed to the one vLLM expands: the chat
+        # text with one placeholder per image, token for token (nothing re-tokenised).
+        ids = request["prompt_token_ids"]
+        assert ids.count(policy.processor.image_token_id) == 1
+        text = policy.processor.prompt_text(instruction, template=policy.prompt_template)
+        assert policy.processor.tokenizer.decode(ids, skip_special_tokens=False) == text
+        (pil,) = request["multi_modal_data"]["image"]
         assert isinstance(pil, Image.Image) and pil.size == (image.shape[1], image.shape[0])
         assert torch.equal(torch.from_numpy(np.asarray(pil).copy()), image)
     # Expanding the placeholder as vLLM's processor does gives exactly the ids the Rollout carries.
-    inputs = policy.encode(obs)
-    ids = policy.processor([r["prompt"] for r in requests], [r["multi_modal_data"]["image"] for r in requests])
+    texts = [policy.processor.tokenizer.decode(r["prompt_token_ids"]) for r in requests]
+    ids = policy.processor(texts, [r["multi_modal_data"]["image"] for r in requests])
     torch.testing.assert_close(ids["input_ids"], inputs["input_ids"].cpu(), rtol=0, atol=0)
 
 

@@ -27,6 +27,7 @@ import torch
 
 import sim
 from mmrl.policy import TINY_ARCHS, build_tiny
+from mmrl.stages.rollout import collect_episodes
 from mmrl.types import Sampling
 from sim.base import Observation
 
@@ -126,6 +127,42 @@ def test_an_optimiser_step_reaches_the_engine(engine_policy):
     gap = (stale[after.completion_mask] - after.logprobs[after.completion_mask]).abs().max().item()
     assert gap > 100 * ATOL, f"the update moved the log-probs by only {gap:.1e}: the test would not see a missed sync"
     print(f"{arch}: after one AdamW step max |vLLM - forward| = {diff:.2e}, old weights off by {gap:.2e}")
+
+
+def test_a_conversation_reaches_the_engine_as_the_training_prompt_token_for_token(engine_policy):
+    """Two-turn episodes of a real multi-turn env (`model.history_turns` 1): the second turn's prompt holds the first
+    turn's image and sampled tokens. vLLM gets the training prompt's ids (each image's placeholders collapsed to one,
+    which it expands again from the image); the ids it ran on are exactly `Rollout.prompt_ids`, and the sampled
+    log-probs are the training forward's on those rows (two images at their places, the earlier answer as prompt)."""
+    arch, policy = engine_policy
+    ran_on = []  # every row's prompt ids as the engine expanded them
+    run = policy.backend._run
+
+    def recording(requests, params):
+        outputs = run(requests, params)
+        ran_on.extend(list(o.prompt_token_ids) for o in outputs)
+        return outputs
+
+    policy.backend._run = recording
+    policy.history_turns = 1
+    try:
+        env = sim.make("gui_task", num_envs=4, image_size=IMAGE_SIZE[arch], max_episode_steps=2)
+        torch.manual_seed(0)
+        episodes = collect_episodes(policy, env, [5, 5, 6, 6], group_size=GROUP, sampling=SAMPLING, max_turns=2)
+    finally:
+        policy.backend._run, policy.history_turns = run, 0
+    rollout, world, turn = episodes.rollout, episodes.world, episodes.turn
+    later = (turn == 1).nonzero().squeeze(-1).tolist()
+    assert later, "every episode ended after one turn: no conversation formed"
+    prompts = [ids[mask].tolist() for ids, mask in zip(rollout.prompt_ids, rollout.prompt_mask)]
+    # A group's G rows share the one prompt the engine ran: the same set, no re-tokenisation, no other expansion.
+    assert set(map(tuple, ran_on)) == set(map(tuple, prompts))
+    counts = rollout.image_counts()
+    for r in later:
+        first = next(i for i in range(len(turn)) if world[i] == world[r] and turn[i] == 0)
+        answer = rollout.completion_ids[first][rollout.completion_mask[first]].tolist()
+        assert counts[r] == 2 and any(prompts[r][k : k + len(answer)] == answer for k in range(len(prompts[r])))
+    print(f"{arch}, two-turn conversations: max |vLLM - forward| = {assert_matches(policy, rollout):.2e}")
 
 
 def test_a_call_larger_than_one_scheduler_step_samples_unseeded_and_says_so():
