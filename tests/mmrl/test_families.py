@@ -335,7 +335,9 @@ def test_papo_masks_pixels_of_every_family_and_patches_only_where_rows_are_patch
         policy.masked(rollout, "patches", 0.5, torch.Generator().manual_seed(0))
 
 
-@pytest.mark.parametrize("arch", ["gemma3", "idefics3", "qwen3_5", "paligemma", "internvl", "llava_onevision"])
+@pytest.mark.parametrize(
+    "arch", ["gemma3", "idefics3", "qwen3_5", "paligemma", "internvl", "llava_onevision", "glm4v"]
+)
 def test_a_judge_of_any_family_scores_a_padded_batch_as_each_prompt_alone(arch):
     from mmrl.methods.judge import Judge
     from mmrl.run.config import JudgeConfig
@@ -355,7 +357,9 @@ def test_a_judge_of_any_family_scores_a_padded_batch_as_each_prompt_alone(arch):
     torch.testing.assert_close(got.scores, torch.tensor(want), atol=2e-5, rtol=0)
 
 
-@pytest.mark.parametrize("arch", ["gemma3", "idefics3", "qwen3_5", "paligemma", "internvl", "llava_onevision"])
+@pytest.mark.parametrize(
+    "arch", ["gemma3", "idefics3", "qwen3_5", "paligemma", "internvl", "llava_onevision", "glm4v"]
+)
 def test_progress_embeddings_come_from_every_familys_vision_tower(arch):
     from mmrl.methods.progress import trajectory_embeddings
     from mmrl.stages.rollout import collect_episodes
