@@ -88,3 +88,101 @@ def test_an_engine_that_cannot_start_is_an_error_naming_the_backend_and_its_log(
         _sample(policy, observations("qwen2_vl", 1), 0)
     backend.close()
     assert not backend.alive
+
+
+DRIVER = """
+import importlib.util
+import sys
+
+# The main suite's conftest, by path: its tiny preset and the grounding env with a dense `letters` reward (weights
+# move every step, so rows played by other weights than the schedule's would show in the history).
+spec = importlib.util.spec_from_file_location("suite_conftest", {conftest!r})
+conftest = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(conftest)
+import sim
+from mmrl.run.config import load_config
+from mmrl.trainer import train
+
+sim.ENVS.register("grounding_letters")(conftest.LetterBonusGroundingEnv)
+train(load_config(conftest.PRESET, [*conftest.TINY_RUN, *sys.argv[1:]]))
+"""
+OPTIONS = (
+    "env.name=grounding_letters", "trainer.eval_episodes=1", "trainer.eval_batch_size=1", "algo.group_size=4",
+    "trainer.lr=0.05", "trainer.total_steps=4", "model.generation_backend=vllm_process", "trainer.max_staleness=2",
+)  # fmt: skip
+COMPARED = ("reward/total", "loss/policy", "grad_norm", "mismatch/kl", "pipeline/stale")
+
+
+def _launch(tmp_path, out, *more):
+    import subprocess
+    import sys
+
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER.format(conftest=str(Path(__file__).resolve().parents[1] / "conftest.py")))
+    log = open(tmp_path / f"{Path(out).name}.log", "w")  # noqa: SIM115  (the child holds it; closed with it)
+    return subprocess.Popen(
+        [sys.executable, str(driver), *OPTIONS, f"output_dir={out}", *more],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=Path(__file__).resolve().parents[2],
+        env={k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"},
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+def test_an_asynchronous_run_through_the_engine_killed_and_resumed_equals_the_uninterrupted_one(tmp_path):
+    """k = 2 through the engine process; the trainer killed with SIGKILL at a random moment after its first
+    checkpoint (its engine process ends with it: the pipe closes), then resumed with a new engine: the history is the
+    uninterrupted run's, step for step. 3-6 min on a 2-core machine (three engines start)."""
+    import random
+
+    from mmrl.run.checkpoint import list_checkpoints
+    from mmrl.run.logging import read_metrics
+
+    whole = _launch(tmp_path, tmp_path / "whole")
+    assert whole.wait(timeout=900) == 0, (tmp_path / "whole.log").read_text()[-3000:]
+    parts = tmp_path / "parts"
+    child = _launch(tmp_path, parts)
+    try:
+        deadline = time.monotonic() + 600
+        while not list_checkpoints(parts) and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert list_checkpoints(parts), (tmp_path / "parts.log").read_text()[-3000:]
+        time.sleep(random.uniform(0.0, 20.0))
+        child.send_signal(signal.SIGKILL)
+    finally:
+        child.kill()
+        child.wait(timeout=60)
+    resumed = _launch(tmp_path, parts, "resume=true")
+    assert resumed.wait(timeout=900) == 0, (tmp_path / "parts.log").read_text()[-3000:]
+    want = [m for m in read_metrics(tmp_path / "whole" / "metrics.jsonl") if "loss/policy" in m]
+    got = [m for m in read_metrics(parts / "metrics.jsonl") if "loss/policy" in m]
+    assert [r["step"] for r in got] == [r["step"] for r in want] == [1, 2, 3, 4]
+    assert [r["pipeline/stale"] for r in got] == [0, 1, 2, 2]
+    for a, b in zip(got, want):
+        for key in COMPARED:
+            assert a[key] == pytest.approx(b[key], abs=1e-5), (a["step"], key)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_pushes_go_through_vllms_weight_transfer_and_the_samples_score_as_the_training_forward(tmp_path):
+    """GPU only (`-m gpu`): after the first sample, pushes use vLLM's IPC weight transfer
+    (`init_weight_transfer_engine`, `start_weight_update`, `update_weights`, `finish_weight_update`)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    policy = build_tiny("qwen2_vl", seed=0)
+    policy.model.to("cuda")
+    backend = VLLMProcessBackend(log_file=tmp_path / "engine.log", timeout_s=300, start_timeout_s=600)
+    policy._backend = backend
+    try:
+        obs = observations("qwen2_vl", 1)
+        before = _sample(policy, obs, 0)
+        optimizer = torch.optim.AdamW(policy.model.parameters(), lr=1e-2)
+        (-policy.logprobs(before, temperature=SAMPLING.temperature)[before.completion_mask].sum()).backward()
+        optimizer.step()
+        after = _sample(policy, obs, 1)
+        assert backend._transfer is not None and backend.last_version == 2
+        assert_matches(policy, after)
+    finally:
+        backend.close()
