@@ -6,13 +6,17 @@ Every place that would otherwise ask "which model is this?" reads a `Family` fro
 * which token the model's image features replace (`image_token`, counted against the features before any forward)
   and what its chat template writes per image (`template_image`, expanded by `vision` into the processor's text);
 * how its image processor's output becomes the generic layout of `mmrl.types.Rollout` (`vision`): `pixel_values`
-  stacked along a first "unit" dimension (a Qwen patch row, a Gemma 3 image, an Idefics3 tile), the units of each
-  image, the extra per-image and per-unit tensors its forward takes, and the placeholder text of each image;
-* the rest of its conventions: turn-boundary tokens, positions (M-RoPE or 1-D), the grounding coordinate convention.
+  stacked along a first "unit" dimension (a Qwen or GLM patch row, a Gemma 3 or PaliGemma image, an Idefics3,
+  InternVL or LLaVA-OneVision tile), the units of each image, the extra per-image and per-unit tensors its forward
+  takes (`forward_inputs` where they are not stored as the forward takes them), and each image's placeholder text;
+* the rest of its conventions: turn-boundary tokens, positions (M-RoPE or 1-D, from 0 or 1), what its token types
+  mark (image tokens, or PaliGemma's bidirectional prefix), the grounding coordinate convention, and for a family
+  without a chat template (PaliGemma) the prompt its processor writes.
 
 Sources of each convention are cited beside its entry. The expansions follow the families' own transformers
-processors (`Gemma3Processor.full_image_sequence`, `Idefics3Processor.replace_image_token`); tests compare them with
-those processors' output token for token.
+processors (`Gemma3Processor.full_image_sequence`, `Idefics3Processor.replace_image_token`, InternVL's, LLaVA-
+OneVision's, PaliGemma's and GLM-4V's); tests compare them with those processors' output token for token.
+Families transformers has but no tiny model here covers are named in `UNAVAILABLE` with the reason.
 """
 
 from __future__ import annotations
