@@ -29,24 +29,25 @@ COMPARED = ("loss/policy", "grad_norm", "reward/total")
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "algo",
+    ("model", "algo"),
     [
-        {},
+        ({}, {}),
         # Flow-Noise's head and a critic with GAE (its gradients averaged over the processes), two epochs.
-        {"advantage": "gae", "ppo_epochs": 2, "old_logprobs": "recompute", "critic_lr": 0.01},
+        ({"flow_noise_method": "flow_noise"},
+         {"advantage": "gae", "ppo_epochs": 2, "old_logprobs": "recompute", "critic_lr": 0.01}),
+        # LoRA on both parts: the adapters are what FSDP shards and reduces, and lora/ what rank 0 saves.
+        ({"lora_r": 4, "lora_target_modules": "backbone,expert"}, {}),
     ],
-    ids=["flow_sde", "flow_noise_gae"],
-)
-def test_two_processes_train_the_tiny_pi0_as_one_process_with_two_shards(tmp_path, algo):
+    ids=["flow_sde", "flow_noise_gae", "lora"],
+)  # fmt: skip
+def test_two_processes_train_the_tiny_pi0_as_one_process_with_two_shards(tmp_path, model, algo):
     from mmrl.policy.flow import FlowPolicy
     from mmrl.run.checkpoint import latest_checkpoint
     from mmrl.run.config import load_config
     from mmrl.trainer import train
 
     pytest.importorskip("mujoco")
-    run = {**RUN, "algo": {**RUN["algo"], **algo}}
-    if algo:
-        run["model"] = {**RUN["model"], "flow_noise_method": "flow_noise"}
+    run = {**RUN, "model": {**RUN["model"], **model}, "algo": {**RUN["algo"], **algo}}
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump(run))
     two, one = tmp_path / "two", tmp_path / "one"
@@ -56,7 +57,7 @@ def test_two_processes_train_the_tiny_pi0_as_one_process_with_two_shards(tmp_pat
     got, want = training_rows(two), training_rows(one)
     assert [m["step"] for m in got] == [m["step"] for m in want] == [1, 2]
     for g, w in zip(got, want):
-        for key in COMPARED + (("critic/grad_norm",) if algo else ()):
+        for key in COMPARED + (("critic/grad_norm",) if algo.get("advantage") else ()):
             assert g[key] == pytest.approx(w[key], rel=1e-4, abs=1e-6), f"step {w['step']}: {key}"
         assert g["grad_norm"] > 0.01  # a real gradient
     # The final weights agree (to float32's reduction order, through Adam), and moved far more than that.
@@ -65,6 +66,8 @@ def test_two_processes_train_the_tiny_pi0_as_one_process_with_two_shards(tmp_pat
     assert ends[0].keys() == ends[1].keys() == start.keys()
     assert max(float((ends[0][k] - ends[1][k]).abs().max()) for k in start) < 1e-4
     assert max(float((ends[0][k] - start[k]).abs().max()) for k in start) > 1e-3
-    if algo:
+    if model.get("flow_noise_method"):
         assert any(k.startswith("noise_head.") for k in start)
-        assert all(torch.isfinite(v).all() for v in ends[1].values())
+    if model.get("lora_r"):
+        assert sum("lora_" in k for k in start) > 0
+    assert all(torch.isfinite(v).all() for v in ends[1].values())
