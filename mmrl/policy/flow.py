@@ -691,6 +691,8 @@ def apply_flow_options(policy: FlowPolicy, cfg) -> FlowPolicy:
     is enough; a checkpoint saved afterwards carries them.
     """
     refused = {
+        "model.lora_vision": getattr(cfg, "lora_vision", False),
+        "model.system_prompt": bool(getattr(cfg, "system_prompt", "")),
         "model.freeze_vision": cfg.freeze_vision,
         "model.freeze": bool(cfg.freeze),
         "model.gradient_checkpointing": cfg.gradient_checkpointing,

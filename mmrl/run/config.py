@@ -81,7 +81,9 @@ class ModelConfig:
     lora_r: int = 0  # > 0 trains LoRA adapters of this rank (PEFT) instead of every weight
     lora_alpha: int = 32
     lora_dropout: float = 0.0
-    lora_target_modules: str = "all-linear"  # PEFT's target_modules: "all-linear" or comma-separated names
+    # PEFT's target_modules: "all-linear" or comma-separated names; for a flow policy (π0) the parts that get
+    # adapters: "backbone" (PaliGemma's language model), "expert" (the action expert), both, or all-linear for both
+    lora_target_modules: str = "all-linear"
     # LoRA on the vision side too: adapters on every linear layer of the vision tower and its projector, added to
     # lora_target_modules' (which otherwise leave the vision tower out); needs model.lora_r > 0.
     lora_vision: bool = False
