@@ -37,6 +37,7 @@ from __future__ import annotations
 import copy
 import os
 import tempfile
+import threading
 import time
 import traceback
 from typing import Any
@@ -139,12 +140,25 @@ class VLLMProcessBackend:
         ours, theirs = mp.Pipe()
         open(self.log_file, "a").close()  # noqa: SIM115  (exists before the child writes, so errors can name it)
         self._process = mp.Process(
-            target=_serve, args=(theirs, shadow, options, self.log_file), name="mmrl-vllm-engine", daemon=True
+            target=_serve, args=(theirs, options, self.log_file), name="mmrl-vllm-engine", daemon=True
         )
         self._process.start()
         theirs.close()
         self._conn = ours
-        self._receive("starting", self.start_timeout_s)
+        # The shadow goes over the pipe from a thread: a write to a child that died before reading it all would
+        # block this process for good, and the wait below has a limit and watches the child.
+        deadline = time.monotonic() + self.start_timeout_s
+        sender = threading.Thread(
+            target=_send_quietly, args=(ours, shadow), name="mmrl-vllm-engine-start", daemon=True
+        )
+        sender.start()
+        while sender.is_alive():
+            sender.join(0.5)
+            if not self._process.is_alive():
+                raise self._error("starting", f"the engine process died (exit code {self._process.exitcode})")
+            if time.monotonic() > deadline:
+                raise self._error("starting", f"the policy was not taken within {self.start_timeout_s:g} s")
+        self._receive("starting", max(deadline - time.monotonic(), 1.0))
         self.version = self._synced = self._synced_policy = None
         self._built, self._on_gpu = False, on_gpu
 
@@ -207,6 +221,11 @@ class VLLMProcessBackend:
                 tail = "".join(f.readlines()[-15:]).rstrip()
         except OSError:
             tail = ""
+        if what == "starting" and "died" in why:  # spawn re-imports the main script: an unguarded one runs again
+            why += (
+                ' (a script that trains with it needs `if __name__ == "__main__":` around its code, as '
+                "multiprocessing's spawn re-imports it; the child's first error is on this process's stderr)"
+            )
         return EngineProcessError(
             f"generation_backend='vllm_process': {why} while {what}; its log: {self.log_file}"
             + (f"\n--- last lines of the log ---\n{tail}" if tail else "")
@@ -277,11 +296,20 @@ def _family_named(name: str):
     return family_for(name)
 
 
-def _serve(conn, shadow, options: dict, log_file: str) -> None:
-    """The engine process: a colocated `VLLMBackend` on `shadow` (whose weights the parent writes), serving calls."""
+def _send_quietly(conn, obj) -> None:
+    try:
+        conn.send(obj)
+    except (OSError, BrokenPipeError):  # the child is gone: the starting wait says so
+        pass
+
+
+def _serve(conn, options: dict, log_file: str) -> None:
+    """The engine process: a colocated `VLLMBackend` on the policy copy the parent sends first (whose weights the
+    parent writes), serving calls."""
     fd = os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
+    shadow = conn.recv()
     from transformers import BatchFeature
 
     from .vllm_backend import VLLMBackend

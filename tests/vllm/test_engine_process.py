@@ -104,7 +104,8 @@ from mmrl.run.config import load_config
 from mmrl.trainer import train
 
 sim.ENVS.register("grounding_letters")(conftest.LetterBonusGroundingEnv)
-train(load_config(conftest.PRESET, [*conftest.TINY_RUN, *sys.argv[1:]]))
+if __name__ == "__main__":  # the engine process is spawned: it re-imports this script
+    train(load_config(conftest.PRESET, [*conftest.TINY_RUN, *sys.argv[1:]]))
 """
 OPTIONS = (
     "env.name=grounding_letters", "trainer.eval_episodes=1", "trainer.eval_batch_size=1", "algo.group_size=4",
