@@ -92,6 +92,12 @@ def train_step(run: Run, step: int, last: int) -> dict[str, float]:
     collected, shaping_metrics = run.shaping.collected(collected, run.policy, run.sampling)
     episodes = collected.episodes
 
+    # ---- a colocated vLLM engine frees its weights and KV cache for the update (sleep mode, where the platform has it;
+    # the next generation wakes it and re-syncs); not while a collector thread may be generating with it
+    backend = getattr(run.policy, "backend", None)  # a flow policy has none
+    if not tc.max_staleness and hasattr(backend, "sleep"):
+        backend.sleep()
+
     # ---- old scores: before the weights move, the old log-probs (several updates per rollout) and the critic's values
     old = old_scores(run.policy, run.critic, episodes, cfg, run.sampling, world)
 
