@@ -167,6 +167,7 @@ class FlowPolicy:
     history_turns = 0
     eos_token_ids: list[int] = []
     generation_backend = "lean"  # its own denoising loop (what `apply_model_options` compares the config's with)
+    backend = None  # no generation engine object (the asynchronous collector asks a copy's for weight versions)
 
     def set_generation_backend(self, name: str, **options) -> None:
         if name != "lean":

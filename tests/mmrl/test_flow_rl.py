@@ -301,12 +301,14 @@ def test_a_lora_run_on_the_expert_moves_only_its_adapters_and_mmrl_export_merges
 
 
 # ---------------------------------------------------------------------------------------------- refill and shards
-def test_refill_and_generation_shards_join_flow_rollouts(tiny_run_config, tmp_path):
+def test_refill_generation_shards_and_asynchronous_collection_take_flow_rollouts(tiny_run_config, tmp_path):
     """Two shards a batch and a difficulty filter nothing passes (the tiny π0 never succeeds): both batches are
-    sampled, their four shards' flow rollouts joined (`FlowRollout.cat_rows`), and the step trains on the first."""
+    sampled, their four shards' flow rollouts joined (`FlowRollout.cat_rows`), and the step trains on the first; the
+    collector thread plays it with a copy of the policy (`trainer.max_staleness=1`)."""
     overrides = ("trainer.total_steps=1", "trainer.lr=1e-3", "trainer.generation_shards=2", "algo.difficulty_low=0.5",
-                 "algo.max_sample_batches=2")  # fmt: skip
+                 "algo.max_sample_batches=2", "trainer.max_staleness=1")  # fmt: skip
     metrics = _train(tiny_run_config, tmp_path / "run", *overrides)
     step = next(m for m in metrics if "loss/policy" in m)
     assert step["data/sampled_batches"] == 2 and step["data/kept_groups"] == 0
     assert math.isfinite(step["loss/policy"]) and step["reward/success"] == 0
+    assert step["pipeline/dropped_groups"] == 0
