@@ -39,8 +39,8 @@ How it works:
   checks that the ids it ran on equal the training prompt's and fails naming the row otherwise. So a conversation
   (`model.history_turns`: earlier turns' images and the exact tokens sampled then, `VLMPolicy.encode_conversations`,
   which leaves each row's images on its inputs as `.images`) reaches vLLM as it reaches `lean`; a single-turn prompt
-  carries its world's views. The engine admits as many images per prompt as the first call shows
-  (`limit_mm_per_prompt`), or `max_images_per_prompt`.
+  carries its world's views. The engine admits as many images per prompt as the first call's views times
+  1 + `history_turns` (`limit_mm_per_prompt`), or `max_images_per_prompt`.
 * **Log-probs.** `SamplingParams(logprobs=0)` returns the sampled token's log-prob; the engine is built with
   `logprobs_mode="processed_logprobs"`: after vLLM's logits processing (the allowed action tokens of a VLA, the
   banned vision placeholders), temperature, and top-k/top-p, i.e. of the distribution the token was drawn from.
@@ -296,7 +296,8 @@ class VLLMBackend:
             smaller value frees KV-cache memory, e.g. 4096 for 256 px images and a few hundred new tokens).
         enable_sleep_mode: allow `sleep()`; None (default) turns it on where the platform supports it (not on CPU,
             where vLLM refuses it). True on a platform without it is a ValueError.
-        max_images_per_prompt: images a prompt may hold (`limit_mm_per_prompt`); None takes the first call's.
+        max_images_per_prompt: images a prompt may hold (`limit_mm_per_prompt`); None: the first call's views
+            times 1 + the policy's `history_turns` (a conversation's earlier turns' views).
         timeout_s: wall-clock limit of one `sample` call (seconds): past it the call's requests are aborted and a
             `VLLMEngineError` says so, rather than the trainer waiting on a wedged engine.
         log_file: where vLLM's log is also written (appended), named by every error; None: a file in the system's
@@ -371,8 +372,8 @@ class VLLMBackend:
         on_cpu = policy.device.type == "cpu"
         if on_cpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vLLM's own default takes a share of RAM
-        images = prompts.views.shape[1]
-        limit = self.max_images_per_prompt or images
+        # A conversation's prompt holds its K kept earlier turns' views too (`model.history_turns`).
+        limit = self.max_images_per_prompt or prompts.views.shape[1] * (1 + getattr(policy, "history_turns", 0))
         kwargs = dict(self.engine_kwargs)
         # One scheduler step must hold a whole call's prefill for its per-request seeds to work on CPU: room for
         # twice the first call's prompt tokens (every sample of a prompt is its own request), at least vLLM's default.
@@ -510,10 +511,12 @@ class VLLMBackend:
         rows = len(prompts) * (1 if sampling.temperature <= 0 else group_size)
         if self.llm is None:
             self._start(policy, prompts, prompt_tokens * group_size, rows)
-        if prompts.views.shape[1] > self._limit:
+        shown = getattr(inputs, "images", None)  # a conversation's rows: earlier turns' images too
+        most = max(len(row) for row in shown) if shown is not None else prompts.views.shape[1]
+        if most > self._limit:
             raise ValueError(
-                f"prompts of {prompts.views.shape[1]} images, but the vLLM engine was built for at most "
-                f"{self._limit}; pass max_images_per_prompt to the vllm backend"
+                f"a prompt of {most} images, but the vLLM engine was built for at most {self._limit}; pass "
+                "max_images_per_prompt to the vllm backend"
             )
         self.wake_up(policy)
         if self._synced != weights_version(policy.model):

@@ -78,10 +78,12 @@ def assert_matches(policy, rollout) -> float:
 
 @pytest.fixture(scope="module", params=TINY_ARCHS)
 def engine_policy(request):
-    """A tiny policy of each architecture with a vLLM engine admitting two images per prompt (one engine each)."""
+    """A tiny policy of each architecture keeping one earlier turn in a conversation, with a vLLM engine (one engine
+    each), which therefore admits two images per prompt from its first call of one image."""
     arch = request.param
     policy = build_tiny(arch, seed=0, prompt_template="{instruction} Answer as <answer>[x1,y1,x2,y2]</answer>.")
-    policy.set_generation_backend("vllm", max_model_len=1024, enforce_eager=True, max_images_per_prompt=2)
+    policy.history_turns = 1  # read by collect_episodes; generate without a history ignores it
+    policy.set_generation_backend("vllm", max_model_len=1024, enforce_eager=True)
     yield arch, policy
     policy.backend.close()
     assert policy.backend.llm is None
@@ -91,6 +93,7 @@ def engine_policy(request):
 def test_sampled_logprobs_equal_the_training_forward(engine_policy, images):
     arch, policy = engine_policy
     rollout = sample(policy, observations(arch, images))
+    assert policy.backend._limit == 2  # built at the first call (one image) for conversations of two turns
     assert rollout.completion_ids.shape[0] == 2 * GROUP
     assert rollout.images_per_row == images
     banned = torch.tensor(policy.suppress_token_ids)
@@ -144,13 +147,12 @@ def test_a_conversation_reaches_the_engine_as_the_training_prompt_token_for_toke
         return outputs
 
     policy.backend._run = recording
-    policy.history_turns = 1
     try:
         env = sim.make("gui_task", num_envs=4, image_size=IMAGE_SIZE[arch], max_episode_steps=2)
         torch.manual_seed(0)
         episodes = collect_episodes(policy, env, [5, 5, 6, 6], group_size=GROUP, sampling=SAMPLING, max_turns=2)
     finally:
-        policy.backend._run, policy.history_turns = run, 0
+        policy.backend._run = run
     rollout, world, turn = episodes.rollout, episodes.world, episodes.turn
     later = (turn == 1).nonzero().squeeze(-1).tolist()
     assert later, "every episode ended after one turn: no conversation formed"
