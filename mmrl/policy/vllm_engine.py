@@ -27,9 +27,11 @@ How it works:
   child seeds its own with it, so the samples depend on this process's seed, not on the child's.
 * **Nothing waits forever.** Starting has `start_timeout_s`, every call `timeout_s`; a child that dies or passes its
   limit is killed and the error names the backend, what it was doing and its log. The next `sample` starts a new one.
-* **Under torchrun** each rank would start its own engine process; sharing one is refused by name
-  (`VLLMProcessBackend` raises in a process group of more than one rank: `trainer.max_staleness` is refused under
-  torchrun anyway, and a rank-0 engine would need a request router this module does not have).
+* **Under torchrun** it is refused by name. The simpler design, an engine process per rank, is half built (the child
+  leaves the trainer's process group and forms its own) but a rank's policy is FSDP-sharded, and its copy for the
+  child cannot be made by `deepcopy` (seen under a 2-process torchrun); one engine shared by the ranks would need a
+  request router between ranks. `generation_backend: vllm` (one colocated engine per rank) is the torchrun route,
+  and `trainer.max_staleness` > 0 is refused under torchrun anyway.
 """
 
 from __future__ import annotations
@@ -112,12 +114,13 @@ class VLLMProcessBackend:
     def start(self, policy: GenerationTarget) -> None:
         """Start the child with a shared-memory copy of `policy` (weights as they are now) and wait until its
         engine is built."""
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            if torch.distributed.get_world_size() > 1:
-                raise ValueError(
-                    "generation_backend='vllm_process' under torchrun: one engine process shared by the ranks is not "
-                    "supported (use generation_backend='vllm', one colocated engine per rank)"
-                )
+        ranks = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+        if ranks > 1:
+            raise ValueError(
+                "generation_backend='vllm_process' under torchrun is not supported yet: one engine shared by the "
+                "ranks is not built, and an engine per rank needs a copy of the sharded (FSDP) policy, which cannot "
+                "be deep-copied; use generation_backend='vllm' (one colocated engine per rank)"
+            )
         mp = torch.multiprocessing.get_context("spawn")
         # A policy's family (`mmrl.policy.families`) holds closures, which pickle cannot carry: it travels by name.
         from multiprocessing.reduction import ForkingPickler
@@ -158,7 +161,11 @@ class VLLMProcessBackend:
                 raise self._error("starting", f"the engine process died (exit code {self._process.exitcode})")
             if time.monotonic() > deadline:
                 raise self._error("starting", f"the policy was not taken within {self.start_timeout_s:g} s")
-        self._receive("starting", max(deadline - time.monotonic(), 1.0))
+        try:
+            self._receive("starting", max(deadline - time.monotonic(), 1.0))
+        except EngineProcessError:
+            self.close()  # a child that refused to start (no vLLM, bad options) ends now
+            raise
         self.version = self._synced = self._synced_policy = None
         self._built, self._on_gpu = False, on_gpu
 
@@ -309,24 +316,30 @@ def _serve(conn, options: dict, log_file: str) -> None:
     fd = os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
+    from .vllm_backend import _free_port
+
+    # The engine's own one-process group: under torchrun this process inherited the trainer rank's RANK, WORLD_SIZE
+    # and rendezvous address, which vLLM's in-process executor would otherwise try to join.
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_WORLD_SIZE", "1"),
+                       ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(_free_port()))):  # fmt: skip
+        os.environ[key] = value
     shadow = conn.recv()
     from transformers import BatchFeature
 
     from .vllm_backend import VLLMBackend
 
-    if not options.get("weight_transfer_config"):  # CPU (the GPU branch sets it)
-        # vLLM inspects each model class in a fresh Python process, to keep CUDA uninitialised in the process that
-        # builds the engine: 20-30 s of re-importing vLLM on a 2-core machine. This process is the engine's own and
-        # has no CUDA to protect: inspect here (the same model info results).
-        from vllm.model_executor.models import registry
-
-        if hasattr(registry, "_run_in_subprocess"):
-            registry._run_in_subprocess = lambda fn: fn()
-
     version = None
     try:
-        backend = VLLMBackend(**{"log_file": log_file, **options})
+        backend = VLLMBackend(**{"log_file": log_file, **options})  # first: without vLLM, its error names the fix
         shadow._backend = backend
+        if not options.get("weight_transfer_config"):  # CPU (the GPU branch sets it)
+            # vLLM inspects each model class in a fresh Python process, to keep CUDA uninitialised in the process
+            # that builds the engine: 20-30 s of re-importing vLLM on a 2-core machine. This process is the engine's
+            # own and has no CUDA to protect: inspect here (the same model info results).
+            from vllm.model_executor.models import registry
+
+            if hasattr(registry, "_run_in_subprocess"):
+                registry._run_in_subprocess = lambda fn: fn()
         conn.send(("ok", None))
     except BaseException as e:  # noqa: BLE001
         conn.send(("error", f"{type(e).__name__}: {e}"))

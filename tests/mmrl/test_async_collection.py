@@ -7,6 +7,7 @@ step, so rows played by other weights than the schedule's would show in the loss
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import os
 import random
@@ -143,3 +144,24 @@ def test_a_run_killed_at_a_random_moment_resumes_to_the_uninterrupted_one(tmp_pa
     _same_history(rows, whole)  # no step lost or repeated, each on the rows the uninterrupted run trained on
     mine, theirs = _weights(parts), _weights(tmp_path / "whole")
     assert all(torch.equal(mine[k], theirs[k]) for k in theirs), f"killed after {killed_at} logged steps"
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here: the engine would start"
+)
+def test_an_engine_process_that_cannot_start_is_an_error_naming_the_backend_its_log_and_the_fix(tmp_path, tiny_policy):
+    """Without vLLM (this environment) the engine process fails at once: the error names the backend, the fix and
+    the log file, well within the start limit, and no process is left behind."""
+    import sim
+    from mmrl.policy.vllm_engine import EngineProcessError, VLLMProcessBackend
+    from mmrl.types import Sampling
+
+    policy = tiny_policy("qwen2_vl")
+    backend = VLLMProcessBackend(log_file=tmp_path / "engine.log", start_timeout_s=120)
+    policy._backend = backend
+    obs = sim.make("grounding", num_envs=1, image_size=112).reset(seed=[0])
+    t0 = time.monotonic()
+    with pytest.raises(EngineProcessError, match=r"vllm_process.*starting.*make setup-vllm.*its log: .*engine\.log"):
+        policy.generate(obs, group_size=1, sampling=Sampling(max_new_tokens=2))
+    assert time.monotonic() - t0 < 100
+    assert not backend.alive
