@@ -539,7 +539,7 @@ def main() -> None:
     params = sum(p.numel() for p in model.parameters())
     print(
         f"# work per step: {PROMPTS} prompts x {GROUP_SIZE} completions x {NEW_TOKENS} new tokens (forced), "
-        f"{IMAGE_SIZE} px images, {prompt_len}-token prompts (checked equal on both sides), {params / 1e6:.2f} M params; "
+        f"{IMAGE_SIZE} px images, {prompt_len}-token prompts ({'checked equal on both sides' if no_trl is None else 'mmrl alone'}), {params / 1e6:.2f} M params; "
         f"{opts.repeats} rounds x ({opts.warmup} warm-up + {opts.steps} timed steps) per configuration",
         flush=True,
     )

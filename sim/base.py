@@ -32,9 +32,20 @@ class Observation:
     # [N, P] float32, what the robot knows of itself (joint or end-effector positions, velocities, gripper): the
     # state a deployed policy reads too, never the task's hidden quantities (a target's position); optional.
     proprio: torch.Tensor | None = None
+    # [N, 2] int64 (H, W): each world's images fill the top-left H x W of the H x W canvas of `image`, the rest is
+    # padding (an env that shows images at their own sizes: the dataset env's resize="native"); None: they fill it.
+    sizes: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.instruction)
+
+    def view_images(self) -> list[list[torch.Tensor]]:
+        """Every world's V images as shown, each cropped to its world's size (`sizes`): N lists of `[h, w, 3]` uint8
+        tensors (views of `image`, not copies). What a policy encodes."""
+        views = self.views  # [N, V, H, W, 3]
+        if self.sizes is None:
+            return [list(row) for row in views]
+        return [[view[:h, :w] for view in row] for row, (h, w) in zip(views, self.sizes.tolist())]
 
     @property
     def views(self) -> torch.Tensor:
@@ -54,6 +65,7 @@ class Observation:
             instruction=[self.instruction[i] for i in idx.tolist()],
             state=None if self.state is None else self.state[idx].clone(),
             proprio=None if self.proprio is None else self.proprio[idx].clone(),
+            sizes=None if self.sizes is None else self.sizes[idx].clone(),
         )
 
 

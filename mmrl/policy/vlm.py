@@ -182,7 +182,7 @@ class VLMPolicy:
             self.processor.prompt_text(s, num_images=views.shape[1], template=self.prompt_template)
             for s in obs.instruction
         ]
-        images = [to_pil(img) for row in views for img in row]
+        images = [to_pil(img) for row in obs.view_images() for img in row]  # cropped to each image's own size
         enc, vision = self.processor.encode(texts, images)
         self._check_length(enc["input_ids"].shape[1], views.shape[1])
         return self._model_inputs(enc, vision)
@@ -264,7 +264,8 @@ class VLMPolicy:
         if len(history) != len(obs):
             raise ValueError(f"history for {len(history)} worlds, observation of {len(obs)}")
         views = obs.views  # [N, V, H, W, 3]
-        per_row = [[to_pil(img) for turn in turns for img in turn.views] + [to_pil(v) for v in views[i]]
+        shown = obs.view_images()  # each image cropped to its own size
+        per_row = [[to_pil(img) for turn in turns for img in turn.views] + [to_pil(v) for v in shown[i]]
                    for i, turns in enumerate(history)]  # fmt: skip
         images, counts = [img for row in per_row for img in row], [len(row) for row in per_row]
         vision = self.processor.vision(images, counts)

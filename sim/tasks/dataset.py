@@ -2,7 +2,8 @@
 
 The records are read and validated in `sim.tasks.records`; this module is the env.
 
-**Task.** Each world shows one record's image, letterboxed to `image_size`, with the record's question (plus, with
+**Task.** Each world shows one record's image (letterboxed to `image_size`, or at its own size: "Images" below),
+with the record's question (plus, with
 `answer_hint`, one sentence saying how to answer, e.g. `"Answer with <answer>[x1, y1, x2, y2]</answer> in pixels of
 the 64x64 image."`). The policy answers once; the answer is scored by a reward registered in `rewards.REWARDS`, and
 the episode ends.
@@ -24,10 +25,20 @@ too large image file, a missing or malformed field, a box or point outside its i
 then (`sim.tasks.records`), images embedded in a `datasets` folder when a world first shows them. With
 `bad_records="skip"` bad records are left out instead, counted and named on stderr (`skipped_records` lists why).
 
-**Images.** The image is resized so that its longer side is `image_size` (bilinear), keeping its aspect ratio, and
-pasted centred on a black `image_size` square. Boxes and points are mapped the same way,
-`x' = x * w' / w + (S - w') // 2` and `y' = y * h' / h + (S - h') // 2` (w x h the original size, w' x h' the
-resized one, S = `image_size`), so targets and answers are both in pixels of the image the policy sees.
+**Images** (`resize`). `"letterbox"` (default): the image is resized so that its longer side is `image_size`
+(bilinear), keeping its aspect ratio, and pasted centred on a black `image_size` square. Boxes and points are mapped
+the same way, `x' = x * w' / w + (S - w') // 2` and `y' = y * h' / h + (S - h') // 2` (w x h the original size,
+w' x h' the resized one, S = `image_size`), so targets and answers are both in pixels of the image the policy sees.
+`"native"`: each record keeps its own resolution, bounded as Qwen-VL's processors bound it (qwen-vl-utils'
+`smart_resize`, `sim.tasks.records.fit_pixels`): aspect kept, both sides multiples of `factor` (the vision tower's
+patch x merge size), the area within [`min_pixels`, `max_pixels`]; a Qwen-VL processor with the same bounds then
+resizes it no further, so its pixels are the model's. `mmrl train` fills the three from the model (its
+`model.min_pixels`/`max_pixels`, or its processor's own, and its patch grid) unless set. Boxes and points are
+scaled, `x' = x * w' / w`, `y' = y * h' / h`, and the hint names each image's own size. The observation stays one
+tensor: each image fills the top-left w' x h' of a black canvas as large as the largest record needs, and
+`Observation.sizes` says how much (`Observation.view_images` crops; policies encode the cropped images). The
+default stays `"letterbox"` because the presets' recorded figures (`dataset_tiny` and the others on this env) were
+measured with it.
 
 **Reward** (`reward`): a name in `rewards.REWARDS`, called as `fn(completions, target_box=..., answer=...)` (each
 function takes the targets it names; `reward_kwargs` maps a reward name to its options, e.g.
@@ -70,6 +81,7 @@ import math
 import os
 import sys
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -80,12 +92,12 @@ from PIL import Image
 from rewards import REWARDS, answer_region, parse_box, parse_box_list, parse_choice, parse_number, parse_point
 from rewards.combine import BoundReward
 from rewards.consistency import split_options
-from sim.base import SingleStepImageEnv, StepResult, check_text_actions
+from sim.base import Observation, SingleStepImageEnv, StepResult, check_text_actions
 from sim.errors import InputError
 from sim.registry import ENVS
 from sim.seeds import EVAL_SEED_BASE
 from sim.tasks.choices import ConsistencyMode, ReAsk
-from sim.tasks.records import Record, check_inside, open_image, read_records
+from sim.tasks.records import Record, check_inside, fit_pixels, image_size_of, open_image, read_records
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_PATH = REPO / "assets" / "datasets" / "shapes_qa" / "data.jsonl"
@@ -109,12 +121,18 @@ class DatasetEnv(SingleStepImageEnv):
         num_envs: N, the number of worlds.
         path: A JSON-lines file, a folder holding `data.jsonl`, or a folder saved by `datasets`.
         reward: A name in `rewards.REWARDS`, or None to pick one per record from its target.
-        image_size: Side of the square images the policy sees, in pixels.
+        image_size: Side of the square images the policy sees, in pixels (`resize="letterbox"`).
+        resize: `"letterbox"` (every image into one `image_size` square) or `"native"` (each record's own size,
+            bounded by `min_pixels`/`max_pixels` on a `factor` grid); see "Images" in the module docstring.
+        min_pixels: With `resize="native"`, the least area an image is brought up to, in pixels.
+        max_pixels: With `resize="native"`, the most area an image keeps, in pixels.
+        factor: With `resize="native"`, what both sides are multiples of (Qwen2-VL's 14 px patches merged 2x2: 28).
         split: `"auto"` (held-out seeds >= 1e9 read the held-out records), `"train"`, `"eval"` or `"all"`.
         eval_fraction: The share of records, at the end of the data, held out for evaluation.
         shuffle: Visit each part in a per-epoch shuffled order (else in file order).
         shuffle_seed: Seeds those orders.
-        point_tolerance: Half-side of the square around a point target, as a fraction of `image_size`.
+        point_tolerance: Half-side of the square around a point target, as a fraction of `image_size` (of the
+            shown image's longer side with `resize="native"`).
         reward_kwargs: Reward name -> options bound to that reward (`{"numeric_match": {"rel_tol": 0.05}}`).
         answer_hint: Append one sentence saying how to format the answer to each question.
         hf_split: The split of a saved `DatasetDict` to read.
@@ -151,6 +169,10 @@ class DatasetEnv(SingleStepImageEnv):
         acre_partial: float = 0.5,
         expert_number_offset: float = 0.0,
         bad_records: Literal["error", "skip"] = "error",
+        resize: Literal["letterbox", "native"] = "letterbox",
+        min_pixels: int = 56 * 56,
+        max_pixels: int = 28 * 28 * 1280,
+        factor: int = 28,
         device: str = "cpu",
     ):
         if num_envs < 1:
@@ -169,7 +191,23 @@ class DatasetEnv(SingleStepImageEnv):
             raise InputError(f"point_tolerance must be > 0, got {point_tolerance}")
         if reward is not None and reward not in REWARDS:
             raise InputError(f"unknown reward {reward!r}; registered: {', '.join(REWARDS.names())}")
+        if resize not in ("letterbox", "native"):
+            raise InputError(f"resize must be 'letterbox' or 'native', got {resize!r}")
+        for name, value in (("min_pixels", min_pixels), ("max_pixels", max_pixels), ("factor", factor)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InputError(f"{name} must be an int >= 1, got {value!r}")
+        if min_pixels > max_pixels:
+            raise InputError(f"min_pixels ({min_pixels}) must be <= max_pixels ({max_pixels})")
+        if max_pixels < factor * factor:
+            raise InputError(f"max_pixels ({max_pixels}) must hold one factor x factor cell ({factor * factor})")
+        if resize == "native" and consistency != "off":
+            raise InputError(
+                "consistency re-asks with the first turn's image, which conversations keep uncropped; use "
+                "resize='letterbox' with it"
+            )
         super().__init__(num_envs, image_size, device)
+        self.resize = resize
+        self.pixel_bounds = (min_pixels, max_pixels, factor)
         self.split = split
         self.shuffle = shuffle
         self.shuffle_seed = shuffle_seed
@@ -210,6 +248,20 @@ class DatasetEnv(SingleStepImageEnv):
         )
 
         self._reask = None if consistency == "off" else self._re_asker(consistency, acre_partial)
+        self._shown: list[tuple[int, int] | None] = [None] * count  # record -> (W', H') shown, native only
+        self._sizes = torch.zeros(num_envs, 2, dtype=torch.long)  # [N, 2] (H', W') of each world's image
+        if resize == "native":  # one canvas that holds every record's image: the largest W' and H'
+            for index, record in enumerate(self.records):
+                width, height = image_size_of(record, self._rows)
+                try:
+                    self._shown[index] = fit_pixels(width, height, factor, min_pixels, max_pixels)
+                except InputError as error:
+                    raise InputError(f"{record.where}: field 'image': {error}") from None
+            canvas_w = max(size[0] for size in self._shown)  # type: ignore[index]
+            canvas_h = max(size[1] for size in self._shown)  # type: ignore[index]
+            self._images = torch.zeros(num_envs, canvas_h, canvas_w, 3, dtype=torch.uint8)  # [N, Hc, Wc, 3]
+        else:
+            self._sizes[:] = image_size
         self._prepared = functools.lru_cache(maxsize=cache_size)(self._prepare)
         self._record_ids = [-1] * num_envs  # target boxes are in pixels of the shown image, NaN for text targets
         self._boxes: list[torch.Tensor | None] = [None] * num_envs  # [T, 4] per world with a `boxes` record
@@ -251,9 +303,10 @@ class DatasetEnv(SingleStepImageEnv):
             image, box, box_list = self._prepared(index)
             images.append(image)
             boxes.append(box)
+            self._sizes[k] = torch.tensor(self._shown_size(index)[::-1])
             self._boxes[k] = box_list
             self._record_ids[k] = index
-            instructions.append(self._instruction(self.records[index]))
+            instructions.append(self._instruction(index))
             if self._reask is not None:
                 self._reask.start(k, world_seed)
         return torch.stack(images), instructions, torch.stack(boxes)
@@ -337,6 +390,11 @@ class DatasetEnv(SingleStepImageEnv):
         """Drop the cached images."""
         self._prepared.cache_clear()
 
+    def _observation(self) -> Observation:
+        """The base's observation, with each world's image size where images keep their own (`resize="native"`)."""
+        obs = super()._observation()
+        return replace(obs, sizes=self._out(self._sizes)) if self.resize == "native" else obs
+
     # ------------------------------------------------------------------------------------------------ expert
     def expert_action(self, noise: float = 0.0, generator: torch.Generator | None = None) -> list[str]:
         """Each world's target written the way its reward parses it, for an SFT cold start.
@@ -395,9 +453,15 @@ class DatasetEnv(SingleStepImageEnv):
             return np.arange(size)
         return _permutation(self.shuffle_seed % 2**63, int(held_out), epoch % 2**63, size)
 
+    def _shown_size(self, index: int) -> tuple[int, int]:
+        """(W', H') of record `index`'s image as shown: its own bounded size, or the letterbox square."""
+        shown = self._shown[index]
+        return shown if shown is not None else (self.image_size, self.image_size)
+
     def _prepare(self, index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Record `index`'s letterboxed image `[S, S, 3]` uint8, target box `[4]` (NaN for text targets) and target
-        boxes `[T, 4]` (None unless the record has `boxes`), in pixels of that image."""
+        """Record `index`'s image as shown `[H, W, 3]` uint8 (letterboxed into the square, or resized to its bounded
+        size at the top left of the canvas), target box `[4]` (NaN for text targets) and target boxes `[T, 4]` (None
+        unless the record has `boxes`), in pixels of that image."""
         record = self.records[index]
         try:
             image = open_image(record.image, self._rows)
@@ -405,20 +469,27 @@ class DatasetEnv(SingleStepImageEnv):
             raise InputError(f"{record.where}: field 'image': cannot read the image: {error}") from error
         width, height = image.size
         check_inside(record, width, height)  # done at construction for image files; embedded images are seen here
-        size = self.image_size
-        scale = size / max(width, height)
-        new_w, new_h = max(1, round(width * scale)), max(1, round(height * scale))
-        left, top = (size - new_w) // 2, (size - new_h) // 2
-        canvas = Image.new("RGB", (size, size), (0, 0, 0))
-        canvas.paste(image.resize((new_w, new_h), Image.BILINEAR), (left, top))
+        if self.resize == "native":
+            new_w, new_h = self._shown[index]  # type: ignore[misc]
+            left = top = 0
+            canvas = Image.new("RGB", (self._images.shape[2], self._images.shape[1]), (0, 0, 0))
+            radius = self.point_tolerance * max(new_w, new_h)
+        else:
+            size = self.image_size
+            scale = size / max(width, height)
+            new_w, new_h = max(1, round(width * scale)), max(1, round(height * scale))
+            left, top = (size - new_w) // 2, (size - new_h) // 2
+            canvas = Image.new("RGB", (size, size), (0, 0, 0))
+            radius = self.point_tolerance * size
+        shown = image if (new_w, new_h) == (width, height) else image.resize((new_w, new_h), Image.BILINEAR)
+        canvas.paste(shown, (left, top))
         sx, sy = new_w / width, new_h / height
         if record.box is not None:
             x1, y1, x2, y2 = record.box
             box = [x1 * sx + left, y1 * sy + top, x2 * sx + left, y2 * sy + top]
         elif record.point is not None:
             x, y = record.point[0] * sx + left, record.point[1] * sy + top
-            r = self.point_tolerance * size
-            box = [x - r, y - r, x + r, y + r]
+            box = [x - radius, y - radius, x + radius, y + radius]
         else:
             box = [math.nan] * 4
         box_list = None
@@ -429,10 +500,13 @@ class DatasetEnv(SingleStepImageEnv):
             ).reshape(-1, 4)  # [T, 4]
         return torch.from_numpy(np.asarray(canvas).copy()), torch.tensor(box, dtype=torch.float32), box_list
 
-    def _instruction(self, record: Record) -> str:
+    def _instruction(self, index: int) -> str:
+        """Record `index`'s question, with the answer hint (naming the size of the image as shown)."""
+        record = self.records[index]
         if not self.answer_hint:
             return record.question
-        size = f"{self.image_size}x{self.image_size}"
+        width, height = self._shown_size(index)
+        size = f"{width}x{height}"
         name = record.reward
         if name in _BOX_ANSWER_REWARDS:
             hint = f"Answer with <answer>[x1, y1, x2, y2]</answer> in pixels of the {size} image."

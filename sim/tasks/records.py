@@ -17,7 +17,7 @@ import os
 import re
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from struct import error as struct_error
 from typing import Any
@@ -49,6 +49,7 @@ class Record:
     answer: str | tuple[str, ...] | None
     reward: str  # the registered reward that scores it
     boxes: tuple[tuple[float, float, float, float], ...] | None = None  # every object to find (may be none)
+    size: tuple[int, int] | None = None  # (W, H) of an image file, from its header; None for an embedded image
 
 
 def read_records(
@@ -126,7 +127,7 @@ def _jsonl_record(
     if file_path not in sizes:
         sizes[file_path] = image_file_size(file_path, where)
     check_inside(record, *sizes[file_path])
-    return record
+    return replace(record, size=sizes[file_path])
 
 
 def image_file_size(path: Path, where: str) -> tuple[int, int]:
@@ -250,7 +251,7 @@ def _hf_record(
     if file_path not in sizes:
         sizes[file_path] = image_file_size(file_path, where)
     check_inside(record, *sizes[file_path])
-    return record
+    return replace(record, size=sizes[file_path])
 
 
 def _record(where: str, raw: Mapping[str, Any], image: Any, reward: str | None) -> Record:
@@ -350,3 +351,46 @@ def open_image(value: Any, rows: Any) -> Image.Image:
         return value.convert("RGB")
     with Image.open(value) as image:
         return image.convert("RGB")
+
+
+def image_size_of(record: Record, rows: Any) -> tuple[int, int]:
+    """(W, H) of a record's image: from the file's header (read when the data loaded), or from an embedded image's
+    header (PIL reads the size without decoding the pixels)."""
+    if record.size is not None:
+        return record.size
+    value = record.image
+    if isinstance(value, int) and rows is not None:
+        value = rows[value]["image"]
+    if isinstance(value, dict):
+        value = io.BytesIO(value["bytes"]) if value.get("bytes") is not None else value.get("path")
+    if isinstance(value, Image.Image):
+        return value.size
+    try:
+        with Image.open(value) as image:
+            return image.size
+    except Exception as error:  # as when the image is shown: name the record
+        raise InputError(f"{record.where}: field 'image': cannot read the image: {error}") from error
+
+
+def fit_pixels(width: int, height: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """(W', H') of an image of `width` x `height` resized as Qwen-VL's processors do (qwen-vl-utils' `smart_resize`):
+    both sides multiples of `factor` (the vision tower's patch x merge size), the area within
+    [`min_pixels`, `max_pixels`], the aspect ratio kept as closely as that allows. An image already on the grid and
+    within the bounds keeps its size, so a Qwen-VL processor given the result resizes it no further.
+
+    Raises:
+        InputError: An aspect ratio above 200 (qwen-vl-utils refuses those too).
+    """
+    if max(width, height) / min(width, height) > 200:
+        raise InputError(f"a {width}x{height} image has an aspect ratio above 200; Qwen-VL's resize refuses it")
+    h_bar = max(factor, round(height / factor) * factor)
+    w_bar = max(factor, round(width / factor) * factor)
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return w_bar, h_bar
