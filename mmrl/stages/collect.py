@@ -158,6 +158,7 @@ class Collector:
         self._lock = threading.Lock()  # over `_queued` and each entry's weights/result (the thread writes them)
         self._jobs: queue.Queue[Queued | None] = queue.Queue()
         self._thread: threading.Thread | None = None
+        self._restored: list[dict] = []  # a checkpoint's unplayed steps, queued at the first `collect`
 
     # ------------------------------------------------------------------ asynchronous collection
     def queue_ahead(self, policy: VLMPolicy, step: int) -> None:
@@ -240,7 +241,7 @@ class Collector:
                 with self._lock:
                     self._queued[job.step] = job
             elif self._copy is None:  # the policy is not loaded yet: copied at the first `collect`
-                self._restored = [*getattr(self, "_restored", []), entry]
+                self._restored.append(entry)
             else:
                 self._submit(Queued(entry["step"], entry["version"], entry["weights"]))
 
@@ -264,7 +265,7 @@ class Collector:
         if self._copy is None:
             self._copy = copy.deepcopy(policy)
             self._copy.model.requires_grad_(False)
-        for entry in getattr(self, "_restored", []):
+        for entry in self._restored:
             self._submit(Queued(entry["step"], entry["version"], entry["weights"]))
         self._restored = []
         job = self._queued.get(step)
