@@ -146,6 +146,7 @@ def test_a_run_killed_at_a_random_moment_resumes_to_the_uninterrupted_one(tmp_pa
     assert all(torch.equal(mine[k], theirs[k]) for k in theirs), f"killed after {killed_at} logged steps"
 
 
+@pytest.mark.slow  # 20-40 s (the child imports torch and transformers); tests/vllm covers a failed start in CI
 @pytest.mark.skipif(
     importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here: the engine would start"
 )
