@@ -151,6 +151,8 @@ class LiberoEnv:
         if replan_steps is not None and (isinstance(replan_steps, bool) or not isinstance(replan_steps, int)
                                          or replan_steps < 1):  # fmt: skip
             raise ValueError(f"replan_steps must be an int >= 1 or None (the whole chunk), got {replan_steps!r}")
+        if image_transform not in ("upright", "rot180"):  # libero_worlds.IMAGE_TRANSFORMS, checked before any worker
+            raise ValueError(f"image_transform must be 'upright' or 'rot180', got {image_transform!r}")
         if max_episode_steps is None:
             max_episode_steps = math.ceil(SUITE_MAX_STEPS[suite] / action_repeat)
         num_tasks = SUITE_TASKS[suite]

@@ -136,3 +136,5 @@ def test_bad_options_name_the_option():
         sim.make("libero", num_envs=1, tasks=[12])
     with pytest.raises(ValueError, match="replan_steps must be an int >= 1"):
         sim.make("libero", num_envs=1, replan_steps=0)
+    with pytest.raises(ValueError, match="image_transform must be 'upright' or 'rot180', got 'flip'"):
+        sim.make("libero", num_envs=1, image_transform="flip")
