@@ -185,6 +185,10 @@ def test_every_preset_passes_the_model_folder_check(preset, monkeypatch):
     from mmrl.run.folders import check_model_folders
 
     cfg = load_config(preset)
+    if cfg.model.path.startswith("./checkpoints/"):  # the user's own folder (pi0_libero: a π0 LIBERO checkpoint)
+        with pytest.raises(ConfigError, match=r"model\.path: no folder at checkpoints/"):
+            check_model_folders(cfg, "train", (*ALL_TINY_ARCHS, "pi0"))
+        return
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     check_model_folders(cfg, "train", (*ALL_TINY_ARCHS, "pi0"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
