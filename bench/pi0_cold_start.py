@@ -9,7 +9,14 @@ patches on 64 px frames: 16 image tokens, the preset's); the demonstrations are 
 with noise 0.5, labelled clean, chunks of the config's length) from `trainer.seed`'s demonstration worlds, and a
 validation set of 128 episodes from another seed's. `--every` labels a chunk at every step of an episode (the expert's
 next C actions along the executed path; past the episode's end, the expert's action at the frozen world) instead of
-only where a chunk starts. Results: RESULTS.md#pi0-on-reach.
+only where a chunk starts.
+
+`--vision-steps N` first trains the vision tower and PaliGemma's projector alone, N steps at lr 3e-3 (batches of
+128), to say from the mean of its image tokens which colours are in view and where each colour's disc lies relative
+to the gripper (a linear head; binary cross-entropy on presence, 10 x the squared error of the offsets in half-views),
+on 4096 egocentric frames of training worlds from the warm-start range (`SFT_SEED_BASE`), reset and moved 0-2 random
+steps; then the cold start runs from that tower. It prints the probe's validation losses on 256 other frames.
+Results: RESULTS.md#pi0-on-reach.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +42,7 @@ from mmrl.run.flow_sft import collect_flow_demonstrations  # noqa: E402
 from mmrl.run.sft import episode_noise_seed  # noqa: E402
 from mmrl.stages.evaluate import evaluate  # noqa: E402
 from sim.base import Observation  # noqa: E402
-from sim.seeds import demo_seed_base  # noqa: E402
+from sim.seeds import SFT_SEED_BASE, demo_seed_base  # noqa: E402
 
 
 @torch.no_grad()
@@ -67,6 +75,61 @@ def collect_every_step(env, chunk: int, episodes: int, noise: float, seed: int) 
     return torch.stack(images), list(instructions), torch.stack(proprio).float(), torch.stack(chunks).float(), rate
 
 
+def probe_frames(env, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """N egocentric frames `[N, H, W, 3]` of worlds reset from `seed` and moved 0-2 random steps, and per colour
+    `[N, 4, 3]`: (in view, the disc's offset from the gripper in half-views (0.32 m))."""
+    import numpy as np
+
+    obs = env.reset(seed=seed)
+    rng = np.random.default_rng(seed)
+    for _ in range(int(rng.integers(0, 3))):
+        obs = env.step(torch.from_numpy(rng.uniform(-1, 1, (env.num_envs, 2)).astype(np.float32))).obs
+    state, k, rows = obs.state.numpy(), env.num_targets, np.arange(env.num_envs)
+    discs, colours = state[:, 4 : 4 + 2 * k].reshape(-1, k, 2), state[:, 4 + 2 * k :].astype(int)
+    labels = np.zeros((env.num_envs, 4, 3), np.float32)
+    for slot in range(k):
+        labels[rows, colours[:, slot], 0] = 1
+        labels[rows, colours[:, slot], 1:] = (discs[:, slot] - state[:, 0:2]) / 0.32
+    return obs.image, torch.from_numpy(labels)
+
+
+def train_vision(policy: FlowPolicy, env, steps: int, seed: int) -> None:
+    """Train the vision tower and projector alone on `probe_frames` (see the module docstring)."""
+    vlm = policy.model.model.vlm
+    parts = [probe_frames(env, SFT_SEED_BASE + 60_000_000 + i * env.num_envs) for i in range(4096 // env.num_envs)]
+    val = [probe_frames(env, SFT_SEED_BASE + 70_000_000 + i * env.num_envs) for i in range(256 // env.num_envs)]
+    frames, labels = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+    val_frames, val_labels = torch.cat([p[0] for p in val]), torch.cat([p[1] for p in val])
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        head = torch.nn.Linear(vlm.config.text_config.hidden_size, 12)
+    params = [*vlm.vision_tower.parameters(), *vlm.multi_modal_projector.parameters(), *head.parameters()]
+    optimizer = torch.optim.AdamW(params, lr=3e-3)
+
+    def losses(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        pixels = (x.permute(0, 3, 1, 2) / 255 - 0.5) / 0.5  # [B, 3, 64, 64], as FlowPolicy.encode scales them
+        out = head(vlm.get_image_features(pixels).pooler_output.mean(1)).view(-1, 4, 3)
+        present = F.binary_cross_entropy_with_logits(out[..., 0], y[..., 0])
+        mask = y[..., :1]
+        offset = ((out[..., 1:] - y[..., 1:]) ** 2 * mask).sum() / mask.sum() / 2
+        return present, offset
+
+    generator = torch.Generator().manual_seed(seed)
+    for step in range(1, steps + 1):
+        idx = torch.randint(len(frames), (128,), generator=generator)
+        present, offset = losses(frames[idx].float(), labels[idx])
+        optimizer.zero_grad(set_to_none=True)
+        (present + 10 * offset).backward()
+        optimizer.step()
+        if step % 500 == 0 or step == steps:
+            with torch.no_grad():
+                present, offset = losses(val_frames.float(), val_labels)
+            baseline = (val_labels[..., 1:] ** 2 * val_labels[..., :1]).sum() / val_labels[..., :1].sum() / 2
+            print(json.dumps({"vision_step": step, "val_presence_bce": round(float(present), 4),
+                              "val_offset_mse": round(float(offset), 4), "offset_variance": round(float(baseline), 4)}),
+                  flush=True)  # fmt: skip
+
+
 def build(args) -> FlowPolicy:
     from transformers import AutoConfig, AutoTokenizer, PI0Config, PI0ForConditionalGeneration
 
@@ -96,12 +159,15 @@ def main() -> None:
     parser.add_argument("--log-every", type=int, default=100)
     parser.add_argument("--eval-episodes", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--vision-steps", type=int, default=0, help="train the vision tower first (see above)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     policy = build(args)
     model = policy.model
     options = {"image_size": 64, "camera": "ego"}
     env = sim.make("reach", num_envs=64, **options)
+    if args.vision_steps:
+        train_vision(policy, env, args.vision_steps, args.seed)
     collect = collect_every_step if args.every else collect_flow_demonstrations
     images, instructions, proprio, chunks, rate = collect(env, policy.chunk, args.episodes, args.noise, args.seed)
     val = collect_flow_demonstrations(env, policy.chunk, 128, noise=args.noise, seed=args.seed + 1000)
