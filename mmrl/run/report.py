@@ -129,6 +129,9 @@ def report(cfg: TrainConfig, before: dict, after: EvalResult, out: Path) -> None
     initial_file = out / "cold_start" / "initial_eval.json"
     if cfg.sft.episodes > 0 and initial_file.exists():  # a cold start ran: "before" is the model before the demos
         scores["initial"] = json.loads(initial_file.read_text())
+    if after.protocol:  # how the env played the held-out episodes (LIBERO's), above the scores: they end the output
+        print(f"protocol: {after.protocol}")
+        (out / "eval_protocol.txt").write_text(after.protocol + "\n")
     for line in breakdown_lines(cfg, scores):  # each level and task first, the summary lines last
         print(line)
     if "initial" in scores:
@@ -137,9 +140,6 @@ def report(cfg: TrainConfig, before: dict, after: EvalResult, out: Path) -> None
         before = scores["initial"]
     (out / "eval.json").write_text(json.dumps(scores, indent=2))
     print(f"held-out {label}: {before[metric]:.3f} -> {after.metrics[metric]:.3f}")
-    if after.protocol:  # how the env played the held-out episodes (LIBERO's evaluation protocol)
-        print(f"protocol: {after.protocol}")
-        (out / "eval_protocol.txt").write_text(after.protocol + "\n")
 
 
 def breakdown_lines(cfg: TrainConfig, scores: dict[str, dict[str, float]]) -> list[str]:
