@@ -54,7 +54,6 @@ def train(
     check_generation_shards(cfg, generation_shards)  # before anything is loaded
     with ExitStack() as live:  # what holds processes (env, rollout workers): closed however the run ends
         run = build(cfg, policy, generation_shards, live)
-        live.callback(run.policy.close)  # a vLLM engine shuts down here, before torchrun's process group ends
         last = min(stop_after or cfg.trainer.total_steps, cfg.trainer.total_steps)
         bar = tqdm(
             range(run.start_step, last), initial=run.start_step, total=cfg.trainer.total_steps, desc="grpo",

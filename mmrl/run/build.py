@@ -339,6 +339,7 @@ def build(cfg: TrainConfig, policy: VLMPolicy | None, generation_shards: int | N
         )
     if resume_from is not None:
         policy = _model_options(load_policy(load_cfg.model, checkpoint=resume_from), cfg.model)
+    live.callback(policy.close)  # its vLLM engine, if it starts one, shuts down however the run ends (even in `build`)
     if "coordinates" in cfg.env.options and not isinstance(policy, FlowPolicy):
         # Its checkpoints say which units it answers in, whatever its family's (mmrl.run.conventions reads them).
         policy.model.config.grounding_coordinates = cfg.env.options["coordinates"]

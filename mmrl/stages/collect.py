@@ -186,7 +186,8 @@ class Collector:
     def _serve(self) -> None:
         """The collector thread: plays queued steps in order, each with its own weights snapshot."""
         while (job := self._jobs.get()) is not None:
-            engine = self._copy.backend if hasattr(self._copy.backend, "next_version") else None
+            engine = getattr(self._copy, "backend", None)  # (read safely: an error here would kill the thread unseen)
+            engine = engine if hasattr(engine, "next_version") else None
             try:
                 with torch.no_grad():
                     for name, p in self._copy.model.named_parameters():
