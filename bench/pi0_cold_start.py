@@ -16,6 +16,8 @@ only where a chunk starts.
 to the gripper (a linear head; binary cross-entropy on presence, 10 x the squared error of the offsets in half-views),
 on 4096 egocentric frames of training worlds from the warm-start range (`SFT_SEED_BASE`), reset and moved 0-2 random
 steps; then the cold start runs from that tower. It prints the probe's validation losses on 256 other frames.
+`--save DIR` writes the cold-started policy as a π0 folder (weights, statistics) that `model.path` loads, so RL
+can run from it: `mmrl train configs/pi0_reach_tiny.yaml model.path=DIR sft.episodes=0`.
 Results: RESULTS.md#pi0-on-reach.
 """
 
@@ -160,6 +162,7 @@ def main() -> None:
     parser.add_argument("--eval-episodes", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vision-steps", type=int, default=0, help="train the vision tower first (see above)")
+    parser.add_argument("--save", default="", help="save the cold-started policy here (a π0 folder model.path loads)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     policy = build(args)
@@ -213,6 +216,8 @@ def main() -> None:
     if args.eval_episodes:
         result = evaluate(policy, "reach", options, episodes=args.eval_episodes, batch_size=100)
         print(f"held-out success on {args.eval_episodes} episodes: {result.metrics['success']:.3f}", flush=True)
+    if args.save:
+        policy.save_pretrained(args.save)
 
 
 if __name__ == "__main__":
