@@ -53,6 +53,7 @@ from .options import plain_model
 from .sampling import filter_top_k_top_p, sample_categorical
 from .tokens import AllowOnly, GenerationTarget, completion_mask_from_ids
 from .vllm_backend import VLLMBackend
+from .vllm_engine import VLLMProcessBackend
 
 BACKENDS = ("lean", "hf", "static", "vllm", "vllm_process")
 STATIC_CACHE_BUCKET = 256  # static KV caches are sized in multiples of this many tokens (one compiled shape each)
@@ -97,8 +98,6 @@ def make_backend(name: str, **options) -> GenerationBackend:
     elif name == "vllm":
         return VLLMBackend(**options)
     elif name == "vllm_process":  # vLLM in a process of its own (mmrl.policy.vllm_engine)
-        from .vllm_engine import VLLMProcessBackend
-
         return VLLMProcessBackend(**options)
     else:
         raise ValueError(f"unknown generation backend {name!r}; choose one of {', '.join(BACKENDS)}")

@@ -62,6 +62,7 @@ from sim.base import Observation
 
 from ..types import Sampling
 from .flow_data import STATS_FILE, FlowRollout, FlowStats, cat_flow_rollouts  # noqa: F401  (re-exported)
+from .options import base_state_dict, is_lora_model, load_lora, require_peft
 
 NOISE_METHODS = ("flow_sde", "flow_noise")
 NOISE_STD_RANGE = (0.08, 0.16)  # Flow-Noise's [min, max] std per action dimension (RLinf's noise_logvar_range)
@@ -173,6 +174,10 @@ class FlowPolicy:
         if name != "lean":
             raise ValueError(f"model.generation_backend {name!r}: a flow policy samples with its own loop ('lean')")
 
+    def apply_options(self, cfg) -> FlowPolicy:
+        """`apply_flow_options(self, cfg)`: what `mmrl.policy.options.apply_model_options` calls for a flow policy."""
+        return apply_flow_options(self, cfg)
+
     def close(self) -> None:
         """Nothing to let go of: the denoising loop runs on the policy's own model (`VLMPolicy.close`'s verb)."""
 
@@ -246,8 +251,6 @@ class FlowPolicy:
             policy.attach_noise_head()
             policy.net.noise_head.load_state_dict(load_file(path / NOISE_HEAD_FILE, device=str(policy.device)))
         if (path / "lora").is_dir():
-            from .options import load_lora
-
             load_lora(policy, path / "lora")
             _train_noise_head(policy)
         return policy
@@ -255,8 +258,6 @@ class FlowPolicy:
     def save_pretrained(self, path: str | Path) -> None:
         """Weights, config, tokenizer, image settings, and the statistics and Flow-SDE settings
         (`processor_config.json`, in `PI0Processor`'s fields)."""
-        from .options import base_state_dict, is_lora_model
-
         # From the model's state dict, so a checkpoint's stand-in (`mmrl.run.distributed.checkpoint_views`: the
         # weights gathered from FSDP's shards, or float32 master weights) saves what it holds. A LoRA model is
         # written as its unmerged base weights plus lora/ (as `mmrl.policy.options.save_lora`).
@@ -597,8 +598,6 @@ def apply_flow_lora(
     """Wrap the policy's model in PEFT LoRA adapters on the linear layers of `parts` (`model.lora_target_modules`:
     "backbone", "expert", "backbone,expert" or "all-linear" for both); everything else is frozen but Flow-Noise's
     head. `lora_A` draws from `seed` (PEFT draws it from the global generator)."""
-    from .options import require_peft
-
     peft = require_peft()
     names = ["backbone", "expert"] if parts == "all-linear" else [p.strip() for p in parts.split(",") if p.strip()]
     bad = [name for name in names if name not in LORA_PARTS]

@@ -30,7 +30,6 @@ from pathlib import Path
 import torch
 
 from ..run.config import FLOW_FIELDS, FREEZE_PARTS, ModelConfig
-from .flow import FlowPolicy, apply_flow_options
 from .tokens import ModelHolder
 
 LORA_DIR = "lora"  # a LoRA checkpoint's adapters live in this subfolder (see VLMPolicy.save_pretrained)
@@ -289,8 +288,8 @@ def load_lora(policy: ModelHolder, folder: str | Path) -> ModelHolder:
 def apply_model_options(policy: ModelHolder, cfg: ModelConfig) -> ModelHolder:
     """Apply a `ModelConfig`'s real-size options to a loaded policy (see the module docstring for the order); a flow
     policy (π0) takes `mmrl.policy.flow.apply_flow_options`, and a VLM refuses the flow-policy fields."""
-    if isinstance(policy, FlowPolicy):
-        return apply_flow_options(policy, cfg)
+    if hasattr(policy, "apply_options"):  # a flow policy checks and applies its own (mmrl.policy.flow imports this)
+        return policy.apply_options(cfg)
     flow_fields = [f"model.{name}" for name in FLOW_FIELDS if getattr(cfg, name) is not None]
     if flow_fields:
         raise ValueError(f"{', '.join(flow_fields)}: set for a flow policy (π0) only; this model is a "

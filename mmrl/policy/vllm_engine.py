@@ -42,6 +42,7 @@ import tempfile
 import threading
 import time
 import traceback
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import torch
@@ -49,8 +50,9 @@ import torch
 from sim.base import Observation
 
 from ..types import Completions, Sampling
+from .families import Family, family_for
 from .tokens import GenerationTarget
-from .vllm_backend import weights_version
+from .vllm_backend import VLLMBackend, free_port, merged_named_weights, weights_version
 
 DEFAULT_START_TIMEOUT_S = 600.0  # importing vLLM and building the engine: 12-34 s here, minutes for a large model
 DEFAULT_TIMEOUT_S = 600.0
@@ -123,10 +125,6 @@ class VLLMProcessBackend:
             )
         mp = torch.multiprocessing.get_context("spawn")
         # A policy's family (`mmrl.policy.families`) holds closures, which pickle cannot carry: it travels by name.
-        from multiprocessing.reduction import ForkingPickler
-
-        from .families import Family
-
         ForkingPickler.register(Family, _reduce_family)
         shadow = copy.copy(policy)
         shadow.__dict__ = dict(policy.__dict__)
@@ -298,8 +296,6 @@ def _reduce_family(family) -> tuple:
 
 
 def _family_named(name: str):
-    from .families import family_for
-
     return family_for(name)
 
 
@@ -316,17 +312,13 @@ def _serve(conn, options: dict, log_file: str) -> None:
     fd = os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
-    from .vllm_backend import _free_port
-
     # The engine's own one-process group: under torchrun this process inherited the trainer rank's RANK, WORLD_SIZE
     # and rendezvous address, which vLLM's in-process executor would otherwise try to join.
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_WORLD_SIZE", "1"),
-                       ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(_free_port()))):  # fmt: skip
+                       ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(free_port()))):  # fmt: skip
         os.environ[key] = value
     shadow = conn.recv()
     from transformers import BatchFeature
-
-    from .vllm_backend import VLLMBackend
 
     version = None
     try:
@@ -420,8 +412,6 @@ def _gpu_transfer(backend: VLLMProcessBackend, policy: GenerationTarget):
     """vLLM's trainer-side CUDA IPC weight transfer over `policy`'s merged weights (GPU only; not run here)."""
     from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
     from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo, IPCTrainerWeightTransferEngine
-
-    from .vllm_backend import merged_named_weights
 
     class PolicySource(WeightSource):
         def metadata(self):

@@ -25,6 +25,7 @@ from ..algos import CRITIC_ADVANTAGES
 from ..methods.critic import Critic
 from ..methods.curriculum import Curriculum
 from ..policy import VLMPolicy, add_action_tokens, apply_model_options, build_tiny
+from ..policy.families import FAMILIES
 from ..policy.flow import (
     TINY_PI0,
     FlowPolicy,
@@ -42,6 +43,7 @@ from ..types import Sampling
 from . import distributed, precision
 from .checkpoint import load_training_state, resume_checkpoint, set_rng_state
 from .config import ModelConfig, TrainConfig, to_dict
+from .conventions import model_coordinates
 from .flow_sft import check_flow_run, collect_flow_demonstrations, train_flow_on_demonstrations
 from .logging import MetricsLogger, TensorBoardSink, WandbSink, require_backends
 from .report import report_before
@@ -270,9 +272,6 @@ def native_pixel_bounds(cfg: TrainConfig) -> TrainConfig:
         "must be 0 with env.options.resize 'native': the cold start's demonstrations keep one image size (use "
         "resize 'letterbox')",
     )
-    from ..policy.families import FAMILIES
-    from .conventions import model_coordinates
-
     _, folder, family = model_coordinates(cfg.checkpoint or cfg.model.path)
     if folder is None or family not in FAMILIES or not FAMILIES[family].pixel_bounds:
         return cfg

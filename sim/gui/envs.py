@@ -185,7 +185,7 @@ def _click(element: Element, z: np.ndarray, noise: float, size: int, coordinates
     return f"click({format_values(point.tolist(), coordinates)})"
 
 
-def _in_pixels(action: Action, coordinates: str, size: int, input_size: int) -> Action:
+def action_in_pixels(action: Action, coordinates: str, size: int, input_size: int) -> Action:
     """A parsed click (or long press) with its point brought from `coordinates` units to pixels of the screen."""
     if action.kind not in ("click", "long_press"):
         return action
@@ -524,7 +524,7 @@ class GUITaskEnv:
                 continue
             app = self.apps[i]
             before = app.screen
-            outcome = app.act(_in_pixels(action, self.coordinates, size, self.input_size))
+            outcome = app.act(action_in_pixels(action, self.coordinates, size, self.input_size))
             self._steps[i] += 1
             remaining = 0 if outcome else app.remaining()
             if match_ok[i] > 0 and remaining < self._best[i]:

@@ -69,7 +69,7 @@ from rewards import Action, parse_actions
 from rewards.coordinates import HINTS, check_coordinates, format_values, from_pixels
 from sim.base import Observation, StepResult, check_text_actions, resolve_env_ids, resolve_seeds
 from sim.gui.browser import browser_unavailable, confine_environment, quit_chrome, start_chrome
-from sim.gui.envs import _in_pixels
+from sim.gui.envs import action_in_pixels
 from sim.gui.miniwob_expert import EXPERT_TASKS, expert_step
 from sim.registry import ENVS
 
@@ -340,7 +340,7 @@ class MiniWoBEnv:
         if kind is None:
             return None, action.reason
         if kind == "click":
-            args = _in_pixels(action, self.coordinates, self.image_size, self.input_size).args  # image pixels
+            args = action_in_pixels(action, self.coordinates, self.image_size, self.input_size).args  # image pixels
             x, y = self.to_page(float(args["x"]), float(args["y"]))
             if not (0 <= x < TASK_WIDTH and 0 <= y < TASK_HEIGHT):
                 return None, "the click is outside the page"

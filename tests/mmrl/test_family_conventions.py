@@ -303,3 +303,13 @@ def test_a_family_without_a_chat_template_refuses_the_system_prompt():
     cfg = load_config(None, ["model.path=tiny:paligemma", f"model.system_prompt={SYSTEM}"])
     with pytest.raises(ValueError, match=r"model\.system_prompt: a paligemma model has no chat template"):
         apply_model_options(load_policy(cfg.model), cfg.model)
+
+
+def test_the_config_side_repeats_the_family_tables_units_and_pixel_bounds():
+    """`mmrl.run.conventions` repeats two columns of the family table (the policy package imports the config module,
+    not the other way round): they must agree, family for family."""
+    from mmrl.policy.families import FAMILIES
+    from mmrl.run.conventions import FAMILY_COORDINATES, PIXEL_BOUND_FAMILIES
+
+    assert FAMILY_COORDINATES == {name: family.coordinates for name, family in FAMILIES.items()}
+    assert {name for name, family in FAMILIES.items() if family.pixel_bounds} == PIXEL_BOUND_FAMILIES
