@@ -7,12 +7,13 @@ imports and these equivalents where it does not; tests check the two agree where
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 import torch
 from PIL import Image
+
+from sim.tasks.records import fit_pixels
 
 try:  # pragma: no cover - exercised only where torchvision works (GPU installs)
     import qwen_vl_utils as _qwen_vl_utils
@@ -32,18 +33,7 @@ def smart_resize(
     """
     if _qwen_vl_utils is not None:
         return _qwen_vl_utils.smart_resize(height, width, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
-    if max(height, width) / min(height, width) > 200:
-        raise ValueError(f"aspect ratio must be under 200, got {max(height, width) / min(height, width):.1f}")
-    h_bar = max(factor, round(height / factor) * factor)
-    w_bar = max(factor, round(width / factor) * factor)
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt((height * width) / max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
+    w_bar, h_bar = fit_pixels(width, height, factor, min_pixels, max_pixels)  # the dataset env's copy (sim)
     return h_bar, w_bar
 
 
