@@ -4,6 +4,7 @@
     python scripts/make_assets.py --no-warm  # skip the (few-minute) supervised warm start
     python scripts/make_assets.py --no-clip  # skip the (few-minute) tiny CLIP of the reach env
     python scripts/make_assets.py --no-base  # skip the (quarter-hour) shared multi-task base
+    python scripts/make_assets.py --no-pi0   # skip the tiny π0 and its (few-minute) perception warm start
 
 What it writes:
 - assets/tokenizer/: a byte-level BPE tokenizer trained locally with `tokenizers` on Python's own help texts and
@@ -19,6 +20,9 @@ What it writes:
   prints its per-family validation); float16. It needs the warm start, so it is built after it.
 - assets/tiny_models/clip_reach/: a tiny CLIP trained on the reach env's own egocentric renders with captions from
   its privileged state, the model of `reward="clip"` (scripts/make_tiny_clip.py, which prints its held-out figures).
+- assets/tiny_models/pi0/ and pi0_warm_start/: the tiny π0's config and tokenizer, and the warm start of
+  configs/pi0_reach_tiny.yaml: that π0 drawn from seed 0 with its vision tower trained by a perception probe on reach
+  frames labelled from the privileged state (scripts/make_tiny_pi0.py, which prints the probe's validation losses).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from pathlib import Path
 
 from make_tiny_base import make_tiny_base  # scripts/make_tiny_base.py, from this script's folder as warmstart
 from make_tiny_clip import make_tiny_clip  # scripts/make_tiny_clip.py, from this script's folder as warmstart
+from make_tiny_pi0 import make_pi0_warm_start, write_tiny_pi0  # scripts/make_tiny_pi0.py, likewise
 from warmstart import make_warm_start  # scripts/warmstart.py: this script's folder is on sys.path when it runs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -205,6 +210,7 @@ def main() -> None:
     parser.add_argument("--no-warm", action="store_true", help="skip the warm-start checkpoint")
     parser.add_argument("--no-clip", action="store_true", help="skip the reach env's tiny CLIP")
     parser.add_argument("--no-base", action="store_true", help="skip the shared multi-task base (qwen3_vl_base)")
+    parser.add_argument("--no-pi0", action="store_true", help="skip the tiny π0 and its warm start")
     args = parser.parse_args()
     build_tokenizer(ASSETS / "tokenizer")
     build_tiny_configs(ASSETS / "tiny_models")
@@ -227,6 +233,10 @@ def main() -> None:
         make_tiny_base(ASSETS / "tiny_models" / "qwen3_vl_base")
     if not args.no_clip:
         make_tiny_clip(ASSETS / "tiny_models" / "clip_reach")
+    if not args.no_pi0:
+        # The tiny π0's config, then its perception warm start (3000 probe steps, about 3 minutes on one thread).
+        write_tiny_pi0()
+        make_pi0_warm_start(ASSETS / "tiny_models" / "pi0_warm_start")
 
 
 if __name__ == "__main__":

@@ -4,10 +4,15 @@ The token path (`mmrl.run.sft`) teaches action tokens by their NLL; a flow polic
 (π0's own training loss): for an expert chunk `a` (normalised), noise `e` and a Beta-drawn time t, the expert regresses
 `e - a` at `t e + (1 - t) a`. The demonstrations are collected as the token path's are (DART: executed with noise,
 labelled with the expert's clean actions at the states reached; `sft.noise`), a label being the expert's next C
-actions; they also give the policy its normalisation statistics (`FlowStats`) when it has none.
+actions along the executed path; they also give the policy its normalisation statistics (`FlowStats`) when it has
+none. A label is taken at every step an episode runs (`every_step`, the default), not only where a chunk starts
+(every C-th step, where the policy replans): C times the labels from the same episodes, the same trajectories, and
+on reach from a vision-trained warm start a better cold start (RESULTS.md#pi0-on-reach).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -35,15 +40,24 @@ def check_flow_run(cfg) -> None:
 
 
 @torch.no_grad()
-def collect_flow_demonstrations(env, chunk: int, episodes: int, noise: float = 0.0, seed: int = 0) -> tuple:
+def collect_flow_demonstrations(
+    env, chunk: int, episodes: int, noise: float = 0.0, seed: int = 0, every_step: bool = True
+) -> tuple:
     """(observation, expert chunk) pairs from a continuous env's scripted expert.
 
+    Each world plays its episode to its end (the expert's action plus noise, clamped); the label of step t is the
+    expert's clean actions at steps t .. t + C - 1 of that path, past the episode's end the expert's action at the
+    frozen world (the envs freeze an ended world until reset). The noise draws are the same in both modes (one per
+    world and step), so the chunk-start rows are a subset of the every-step rows.
+
     Args:
-        env: a continuous env with `expert_action()` `[N, D]` and a proprioceptive state (`obs.proprio`).
-        chunk: C, the actions a label holds (the expert's next C actions, executed one by one).
+        env: a continuous env with `expert_action()` `[N, D]` and a proprioceptive state (`obs.proprio`), whose ended
+            worlds stay frozen until reset.
+        chunk: C, the actions a label holds.
         episodes: how many demonstration episodes (in batches of the env's N worlds).
         noise: scale of the Gaussian noise of the executed actions (labels stay clean).
         seed: seeds the noise (one generator per episode, as the token path) and the worlds (`demo_seed_base`).
+        every_step: a row at every step an episode runs (True) or only at steps 0, C, 2C, ... (False).
 
     Returns:
         `(images [M, (V,) H, W, 3] uint8, instructions [M], proprio [M, P], chunks [M, C, D], success_rate)`, rows
@@ -64,23 +78,24 @@ def collect_flow_demonstrations(env, chunk: int, episodes: int, noise: float = 0
         generators = [torch.Generator().manual_seed(episode_noise_seed(seed, start + i)) for i in range(num)]
         running = torch.arange(num) < episodes - start  # a last batch's spare worlds run unrecorded
         success = torch.zeros(num, dtype=torch.bool)
-        step = 0
-        while running.any():
-            ids = running.nonzero().squeeze(-1).tolist()
-            shown = obs
-            labels = []
-            for _ in range(chunk):
-                label = env.expert_action()  # [N, D]
-                labels.append(label)
-                executed = (label + noise * _normal(generators, label)).clamp(env.action_low, env.action_high)
-                result = env.step(executed)
-                success |= result.info.get("success", torch.zeros(num, dtype=torch.bool)).bool() & running
-                running &= ~(result.terminated | result.truncated)
-                obs = result.obs
-            labels = torch.stack(labels, 1).float()  # [N, C, D]
-            for i in ids:
-                rows.append((start + i, step, shown.image[i], shown.instruction[i], shown.proprio[i], labels[i]))
-            step += 1
+        shown, labels, live = [], [], []  # per step: the observation, the expert's clean action [N, D], running
+        tail = 0  # steps played after every world ended: the last chunks' labels at the frozen worlds
+        while tail < chunk - 1 or running.any():
+            tail += 0 if running.any() else 1
+            label = env.expert_action()  # [N, D]
+            shown.append(obs)
+            labels.append(label)
+            live.append(running.clone())
+            executed = (label + noise * _normal(generators, label)).clamp(env.action_low, env.action_high)
+            result = env.step(executed)
+            success |= result.info.get("success", torch.zeros(num, dtype=torch.bool)).bool() & running
+            running &= ~(result.terminated | result.truncated)
+            obs = result.obs
+        for step in range(0, len(shown) - (chunk - 1), 1 if every_step else chunk):
+            label = torch.stack(labels[step : step + chunk], 1).float()  # [N, C, D]
+            for i in live[step].nonzero()[:, 0].tolist():
+                rows.append((start + i, step, shown[step].image[i], shown[step].instruction[i],
+                             shown[step].proprio[i], label[i]))  # fmt: skip
         successes.append(success[: min(num, episodes - start)])
     rows.sort(key=lambda row: (row[0], row[1]))
     rate = float(torch.cat(successes).float().mean())
@@ -106,9 +121,10 @@ def train_flow_on_demonstrations(
     batch_size: int,
     lr: float,
     seed: int = 0,
+    on_step: Callable[[int, list[float]], None] | None = None,
 ) -> list[float]:
     """Minimise the flow-matching loss on the demonstrations (batches, times and noise drawn from `seed`); returns
-    the loss of every step."""
+    the loss of every step. `on_step(step, losses)`, if given, runs after each step (1-based; e.g. a validation)."""
     from tqdm.auto import tqdm
 
     generator = torch.Generator().manual_seed(seed)
@@ -117,7 +133,7 @@ def train_flow_on_demonstrations(
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
     losses = []
     bar = tqdm(range(steps), desc="flow matching on demos", dynamic_ncols=True)
-    for _ in bar:
+    for step in bar:
         idx = torch.randint(len(instructions), (min(batch_size, len(instructions)),), generator=generator)
         obs = Observation(image=images[idx], instruction=[instructions[i] for i in idx.tolist()], proprio=proprio[idx])
         loss = policy.flow_matching_loss(obs, chunks[idx], generator=generator)
@@ -127,5 +143,7 @@ def train_flow_on_demonstrations(
         optimizer.step()
         losses.append(float(loss.detach()))
         bar.set_postfix(loss=f"{losses[-1]:.3f}")
+        if on_step is not None:
+            on_step(step + 1, losses)
     bar.close()
     return losses
