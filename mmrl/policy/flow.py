@@ -61,14 +61,19 @@ from torch import nn
 from sim.base import Observation
 
 from ..types import Sampling
-from .flow_data import STATS_FILE, FlowRollout, FlowStats, cat_flow_rollouts  # noqa: F401  (re-exported)
-from .options import base_state_dict, is_lora_model, load_lora, require_peft
+from .flow_data import NOISE_METHODS, STATS_FILE, FlowRollout, FlowStats, cat_flow_rollouts  # noqa: F401  (re-exported)
+from .flow_folders import (  # noqa: F401  (is_flow_folder re-exported)
+    check_flow_folder,
+    check_loaded_weights,
+    is_flow_folder,
+    read_folder_stats,
+    read_image_settings,
+)
+from .flow_options import LORA_PARTS, apply_flow_lora, apply_flow_options, train_noise_head  # noqa: F401
+from .options import base_state_dict, is_lora_model, load_lora
 
-NOISE_METHODS = ("flow_sde", "flow_noise")
 NOISE_STD_RANGE = (0.08, 0.16)  # Flow-Noise's [min, max] std per action dimension (RLinf's noise_logvar_range)
 NOISE_HEAD_FILE = "flow_noise_head.safetensors"  # the noise head's weights, beside the PI0 model's
-# LoRA's parts of a PI0 model (`model.lora_target_modules`): where each part's linear layers live.
-LORA_PARTS = {"backbone": "model.vlm.language_model.", "expert": "model.dit."}
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 TINY_PI0 = ASSETS / "tiny_models" / "pi0"
 
@@ -240,11 +245,13 @@ class FlowPolicy:
 
         path = Path(path)
         check_flow_folder(path)
-        model = PI0ForConditionalGeneration.from_pretrained(path, dtype=dtype).to(device)
+        model, loading = PI0ForConditionalGeneration.from_pretrained(path, dtype=dtype, output_loading_info=True)
+        check_loaded_weights(path, loading)  # not a model with random weights where the folder's names did not match
+        model = model.to(device)
         tokenizer = AutoTokenizer.from_pretrained(path)
         saved = json.loads((path / STATS_FILE).read_text()) if (path / STATS_FILE).exists() else {}
         options = {k: saved[k] for k in ("noise_method", "noise_level", "num_steps") if k in saved}
-        policy = cls(model, tokenizer, read_image_settings(path), FlowStats.read(path), **{**options, **kwargs})
+        policy = cls(model, tokenizer, read_image_settings(path), read_folder_stats(path), **{**options, **kwargs})
         if (path / NOISE_HEAD_FILE).exists():
             from safetensors.torch import load_file
 
@@ -252,7 +259,7 @@ class FlowPolicy:
             policy.net.noise_head.load_state_dict(load_file(path / NOISE_HEAD_FILE, device=str(policy.device)))
         if (path / "lora").is_dir():
             load_lora(policy, path / "lora")
-            _train_noise_head(policy)
+            train_noise_head(policy)
         return policy
 
     def save_pretrained(self, path: str | Path) -> None:
@@ -592,83 +599,12 @@ class FlowPolicy:
         return F.mse_loss(v[..., :d], (noise - target)[..., :d])
 
 
-def apply_flow_lora(
-    policy: FlowPolicy, r: int, alpha: int = 32, dropout: float = 0.0, parts: str = "all-linear", seed: int = 0
-) -> FlowPolicy:
-    """Wrap the policy's model in PEFT LoRA adapters on the linear layers of `parts` (`model.lora_target_modules`:
-    "backbone", "expert", "backbone,expert" or "all-linear" for both); everything else is frozen but Flow-Noise's
-    head. `lora_A` draws from `seed` (PEFT draws it from the global generator)."""
-    peft = require_peft()
-    names = ["backbone", "expert"] if parts == "all-linear" else [p.strip() for p in parts.split(",") if p.strip()]
-    bad = [name for name in names if name not in LORA_PARTS]
-    if bad or not names:
-        raise ValueError(f"model.lora_target_modules {parts!r}: a flow policy (π0) takes LoRA on its parts "
-                         f"{', '.join(LORA_PARTS)} (comma-separated) or all-linear for both")  # fmt: skip
-    prefixes = tuple(LORA_PARTS[name] for name in names)
-    targets = [
-        name for name, module in policy.net.named_modules() if isinstance(module, nn.Linear) and name.startswith(prefixes)
-    ]  # fmt: skip
-    config = peft.LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        policy.model = peft.get_peft_model(policy.model, config)
-    _train_noise_head(policy)
-    return policy
-
-
-def _train_noise_head(policy: FlowPolicy) -> None:
-    # PEFT freezes every base weight; Flow-Noise's head starts untrained, so it trains beside the adapters.
-    head = getattr(policy.net, "noise_head", None)
-    if head is not None:
-        head.requires_grad_(True)
-
-
 def _executed(std: torch.Tensor, d: int) -> torch.Tensor:
     """The std of the executed action dimensions: Flow-SDE's `[B, 1, 1]` as is, Flow-Noise's `[B, C, A]` cut to D."""
     return std if std.shape[-1] == 1 else std[..., :d]
 
 
-# ---------------------------------------------------------------------------------------------- folders
-
-
-def read_image_settings(path: Path) -> dict:
-    """The image processor's settings of a π0 folder (`preprocessor_config.json`), read as JSON: the class itself
-    needs torchvision."""
-    file = Path(path) / "preprocessor_config.json"
-    if not file.exists():
-        raise ValueError(f"model.path {path} has no preprocessor_config.json (a π0 folder carries the image "
-                         "processor's settings)")  # fmt: skip
-    settings = json.loads(file.read_text())
-    size = settings.get("size") or {}
-    side = size.get("height") or size.get("max_height") or size.get("shortest_edge")
-    if side is None:
-        raise ValueError(f"{file}: size has no height")
-    settings["size"] = {"height": int(side), "width": int(size.get("width") or size.get("max_width") or side)}
-    settings.setdefault("image_mean", [0.5, 0.5, 0.5])
-    settings.setdefault("image_std", [0.5, 0.5, 0.5])
-    settings.setdefault("image_seq_length", 256)
-    return settings
-
-
-def is_flow_folder(path: str | Path) -> bool:
-    """Whether `path` holds a π0 checkpoint (its config.json says `"model_type": "pi0"`)."""
-    file = Path(path) / "config.json"
-    if not file.exists():
-        return False
-    try:
-        return json.loads(file.read_text()).get("model_type") == "pi0"
-    except json.JSONDecodeError:
-        return False
-
-
-def check_flow_folder(path: Path) -> None:
-    """Refuse a folder that is not a π0 checkpoint, naming what it holds instead."""
-    file = Path(path) / "config.json"
-    if not file.exists():
-        raise ValueError(f"model.path {path} is not a PI0 checkpoint: it has no config.json")
-    model_type = json.loads(file.read_text()).get("model_type")
-    if model_type != "pi0":
-        raise ValueError(f"model.path {path} is not a PI0 checkpoint: its config.json has model_type {model_type!r}")
+# ---------------------------------------------------------------------------------------------- tiny
 
 
 def build_tiny_flow(seed: int = 0, **kwargs) -> FlowPolicy:
@@ -680,47 +616,3 @@ def build_tiny_flow(seed: int = 0, **kwargs) -> FlowPolicy:
         torch.manual_seed(seed)
         model = PI0ForConditionalGeneration(config)
     return FlowPolicy(model, AutoTokenizer.from_pretrained(TINY_PI0), read_image_settings(TINY_PI0), **kwargs)
-
-
-def apply_flow_options(policy: FlowPolicy, cfg) -> FlowPolicy:
-    """Check a `ModelConfig` against what a flow policy supports (its options that are not built for one are
-    refused, naming the field), set its sampling from `model.flow_noise_level`, `model.flow_noise_method` and
-    `model.flow_steps` (each left null keeps the policy's own, e.g. its folder's), and return the policy.
-
-    The settings are attributes the sampler and the scorer read at each call, so applying them to a loaded policy
-    is enough; a checkpoint saved afterwards carries them.
-    """
-    refused = {
-        "model.lora_vision": getattr(cfg, "lora_vision", False),
-        "model.system_prompt": bool(getattr(cfg, "system_prompt", "")),
-        "model.freeze_vision": cfg.freeze_vision,
-        "model.freeze": bool(cfg.freeze),
-        "model.gradient_checkpointing": cfg.gradient_checkpointing,
-        "model.history_turns": cfg.history_turns > 0,
-        "model.min_pixels": cfg.min_pixels > 0 or cfg.max_pixels > 0,
-        "model.action_bins": cfg.action_bins > 0,
-        "model.action_chunk": cfg.action_chunk != 1,
-        "model.generation_backend": cfg.generation_backend != "lean",
-    }
-    bad = [name for name, hit in refused.items() if hit]
-    if bad:
-        raise ValueError(
-            f"{', '.join(bad)}: not built for flow policies (π0); a flow policy's chunk is its config's chunk_size "
-            "and it samples with its own denoising loop"
-        )
-    method = policy.noise_method if cfg.flow_noise_method is None else cfg.flow_noise_method
-    level = policy.noise_level if cfg.flow_noise_level is None else float(cfg.flow_noise_level)
-    steps = policy.num_steps if cfg.flow_steps is None else int(cfg.flow_steps)
-    if method not in NOISE_METHODS:
-        raise ValueError(f"model.flow_noise_method must be one of {NOISE_METHODS}, got {method!r}")
-    if not (math.isfinite(level) and level >= 0):
-        raise ValueError(f"model.flow_noise_level must be >= 0, got {level}")
-    if steps < 2 and level > 0 and method == "flow_sde":
-        raise ValueError(f"model.flow_steps: {steps} denoising step(s) at noise level {level}; Flow-SDE needs >= 2 "
-                         "(sigma is infinite at t = 1): set model.flow_steps >= 2 or model.flow_noise_level=0")  # fmt: skip
-    policy.noise_method, policy.noise_level, policy.num_steps = method, level, steps
-    if method == "flow_noise":
-        policy.attach_noise_head(seed=cfg.seed)  # before the optimiser is built: it trains the head's weights
-    if cfg.lora_r > 0 and policy.model is policy.net:  # a policy loaded from a LoRA checkpoint has its adapters
-        apply_flow_lora(policy, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules, cfg.seed)
-    return policy

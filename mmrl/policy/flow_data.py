@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 STATS_FILE = "processor_config.json"  # where PI0Processor keeps the statistics, and so do we
+NOISE_METHODS = ("flow_sde", "flow_noise")  # how a chain's steps are drawn (FlowRollout.noise_method)
 
 
 # ---------------------------------------------------------------------------------------------- the rollout

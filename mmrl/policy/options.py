@@ -97,9 +97,24 @@ def find_vision_modules(model) -> dict[str, torch.nn.Module]:
 PROJECTOR_NAMES = (*VISION_PROJECTOR_NAMES, "deepstack_merger_list")  # Qwen3-VL's deepstack mergers project too
 
 
-def part_parameters(model) -> dict[str, dict[str, torch.nn.Parameter]]:
+def vision_linear_names(model) -> list[str]:
+    """The qualified names of every linear layer of the vision tower and its projector (`find_vision_modules`), as
+    the plain model names them: what LoRA's vision side (`model.lora_vision`) targets."""
+    plain = plain_model(model)
+    towers = find_vision_modules(plain)
+    return [
+        name
+        for name, module in plain.named_modules()
+        if isinstance(module, torch.nn.Linear) and any(name.startswith(tower + ".") for tower in towers)
+    ]
+
+
+def part_parameters(model, language: str | None = None) -> dict[str, dict[str, torch.nn.Parameter]]:
     """The model's parameters split into `FREEZE_PARTS`: the vision encoder, its projector (mergers), and the rest
-    (the language model with its embeddings and head). `{part: {qualified name: parameter}}`."""
+    (the language model with its embeddings and head). `{part: {qualified name: parameter}}`.
+
+    `language`: a name prefix; given, "language" holds only the parameters under it and the others belong to no part
+    (a flow policy's action expert and its projections, which `model.freeze` never freezes)."""
     plain = plain_model(model)
     towers = [name for name in find_vision_modules(plain) if name.rsplit(".", 1)[-1] in VISION_TOWER_NAMES]
     parts: dict[str, dict[str, torch.nn.Parameter]] = {part: {} for part in FREEZE_PARTS}
@@ -109,17 +124,18 @@ def part_parameters(model) -> dict[str, dict[str, torch.nn.Parameter]]:
             parts["projector"][name] = param
         elif any(name.startswith(tower + ".") for tower in towers):
             parts["vision"][name] = param
-        else:
+        elif language is None or name.startswith(language):
             parts["language"][name] = param
     return parts
 
 
-def freeze_parts(policy: ModelHolder, parts: list[str]) -> list[str]:
-    """Freeze (`requires_grad=False`) the named parts of `FREEZE_PARTS`; returns the frozen parameter names."""
+def freeze_parts(policy: ModelHolder, parts: list[str], language: str | None = None) -> list[str]:
+    """Freeze (`requires_grad=False`) the named parts of `FREEZE_PARTS` (`language`: as `part_parameters`'); returns
+    the frozen parameter names."""
     unknown = [part for part in parts if part not in FREEZE_PARTS]
     if unknown:
         raise ValueError(f"unknown model part(s) {unknown}; choose from {', '.join(FREEZE_PARTS)}")
-    split = part_parameters(policy.model)
+    split = part_parameters(policy.model, language)
     frozen = []
     for part in parts:
         for name, param in split[part].items():
@@ -144,7 +160,12 @@ def enable_gradient_checkpointing(policy: ModelHolder) -> None:
     `enable_input_require_grads` for gradients to flow; transformers registers that hook itself anyway. It is
     active only in training mode; `generate` switches the model to eval, where it is off.
     """
-    model = plain_model(policy.model)
+    checkpoint_layers(plain_model(policy.model))
+
+
+def checkpoint_layers(model) -> None:
+    """Non-reentrant gradient checkpointing on every layer of a transformers model (a `PreTrainedModel`: a whole
+    model, or one part of one such as a vision tower)."""
     kwargs = {"use_reentrant": False}
     if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x; the old name is deprecated
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
@@ -196,12 +217,7 @@ def apply_lora(
     if not vision:
         exclude = "|".join(rf"{re.escape(name)}(\..*)?" for name in towers)
     elif target_modules != "all-linear":  # "all-linear" holds the vision tower's linear layers already
-        plain = plain_model(model)
-        target_modules = list(target_modules) + [
-            name
-            for name, module in plain.named_modules()
-            if isinstance(module, torch.nn.Linear) and any(name.startswith(tower + ".") for tower in towers)
-        ]
+        target_modules = list(target_modules) + vision_linear_names(model)
     kwargs = {}
     if policy.action_codec is not None:
         # The K new action tokens must learn their embedding (and output) rows; PEFT trains just those rows.

@@ -218,8 +218,6 @@ def test_lora_on_one_part_trains_its_adapters_and_freezes_the_other(part):
     assert policy.net.noise_head.net[2].weight.grad.abs().sum() > 0
     with pytest.raises(ValueError, match="model.lora_target_modules 'vision'"):
         apply_model_options(build_tiny_flow(), ModelConfig(path="tiny:pi0", lora_r=4, lora_target_modules="vision"))
-    with pytest.raises(ValueError, match="model.lora_vision: not built for flow policies"):
-        apply_model_options(build_tiny_flow(), ModelConfig(path="tiny:pi0", lora_r=4, lora_vision=True))
 
 
 def test_lora_checkpoint_round_trips_and_export_writes_the_merged_weights(tmp_path):

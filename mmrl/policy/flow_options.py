@@ -1,0 +1,141 @@
+"""A `ModelConfig`'s options applied to a flow policy (π0): sampling, checkpointing, frozen parts, LoRA.
+
+What `mmrl.policy.options.apply_model_options` does for a VLM, for `FlowPolicy` (which calls `apply_flow_options`
+from its `apply_options`), sharing that module's helpers where the operation is the same:
+
+* `model.flow_noise_method` / `flow_noise_level` / `flow_steps`: the sampler's settings (null keeps the policy's);
+* `model.gradient_checkpointing`: the vision tower's (SigLIP) and the action expert's layers recompute their
+  activations in the backward pass. PaliGemma's language model keeps its own: its layers write the prompt's
+  key/value cache that the expert reads, and a layer replayed in the backward pass would write it a second time
+  (transformers drops the cache of a checkpointed layer for that reason); the expert's layers only read the
+  prompt's part (their own keys are cropped after each pass), so they replay on the same cache;
+* `model.freeze_vision`: SigLIP and its projector fixed (openpi's / LeRobot's `freeze_vision_encoder`, with the
+  projector as for a VLM);
+* `model.freeze`: parts fixed, "vision", "projector", "language" (PaliGemma's language model and its embeddings);
+  the action expert and its projections are never frozen by it (LeRobot's `train_expert_only` is all three);
+* `model.lora_r > 0`: LoRA on `model.lora_target_modules`' parts (`LORA_PARTS`), plus the vision tower's and
+  projector's linear layers with `model.lora_vision`.
+
+The options refused (`REFUSED`) name their reason.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .flow_data import NOISE_METHODS
+from .options import checkpoint_layers, freeze_parts, freeze_vision, require_peft, vision_linear_names
+
+# LoRA's parts of a PI0 model (`model.lora_target_modules`): where each part's linear layers live.
+LORA_PARTS = {"backbone": "model.vlm.language_model.", "expert": "model.dit."}
+LANGUAGE_PART = LORA_PARTS["backbone"]  # model.freeze's "language" in a PI0 model
+
+# ModelConfig fields a flow policy refuses, each with why: `(field, is it set?, reason)`.
+REFUSED = (
+    ("system_prompt", lambda cfg: bool(cfg.system_prompt),
+     "π0's prompt is PaliGemma's `<image>... <bos>{instruction}\\n` (PI0Processor's, openpi's), with no chat template "
+     "and so no system turn (the VLM policy refuses it for PaliGemma alike)"),
+    ("history_turns", lambda cfg: cfg.history_turns > 0, "a flow policy sees the current observation only"),
+    ("min_pixels", lambda cfg: cfg.min_pixels > 0 or cfg.max_pixels > 0,
+     "π0's images are resized to its vision tower's fixed size (preprocessor_config.json)"),
+    ("action_bins", lambda cfg: cfg.action_bins > 0, "a flow policy's actions are continuous, not action tokens"),
+    ("action_chunk", lambda cfg: cfg.action_chunk != 1, "a flow policy's chunk is its config's chunk_size"),
+    ("generation_backend", lambda cfg: cfg.generation_backend != "lean",
+     "a flow policy samples with its own denoising loop ('lean')"),
+)  # fmt: skip
+
+
+def apply_flow_options(policy, cfg):
+    """Check a `ModelConfig` against what a flow policy (`mmrl.policy.flow.FlowPolicy`) supports (`REFUSED`, naming
+    the field and why), set its sampling from `model.flow_noise_level`, `model.flow_noise_method` and
+    `model.flow_steps` (each left null keeps the policy's own, e.g. its folder's), apply checkpointing, frozen parts
+    and LoRA (see the module docstring), and return the policy.
+
+    The sampling settings are attributes the sampler and the scorer read at each call, so applying them to a loaded
+    policy is enough; a checkpoint saved afterwards carries them. Call it before the optimiser is built.
+    """
+    bad = [
+        f"model.{name}: not built for flow policies (π0): {reason}" for name, is_set, reason in REFUSED if is_set(cfg)
+    ]
+    if bad:
+        raise ValueError("; ".join(bad))
+    method = policy.noise_method if cfg.flow_noise_method is None else cfg.flow_noise_method
+    level = policy.noise_level if cfg.flow_noise_level is None else float(cfg.flow_noise_level)
+    steps = policy.num_steps if cfg.flow_steps is None else int(cfg.flow_steps)
+    if method not in NOISE_METHODS:
+        raise ValueError(f"model.flow_noise_method must be one of {NOISE_METHODS}, got {method!r}")
+    if not (math.isfinite(level) and level >= 0):
+        raise ValueError(f"model.flow_noise_level must be >= 0, got {level}")
+    if steps < 2 and level > 0 and method == "flow_sde":
+        raise ValueError(f"model.flow_steps: {steps} denoising step(s) at noise level {level}; Flow-SDE needs >= 2 "
+                         "(sigma is infinite at t = 1): set model.flow_steps >= 2 or model.flow_noise_level=0")  # fmt: skip
+    policy.noise_method, policy.noise_level, policy.num_steps = method, level, steps
+    if method == "flow_noise":
+        policy.attach_noise_head(seed=cfg.seed)  # before the optimiser is built: it trains the head's weights
+    if cfg.gradient_checkpointing:
+        enable_flow_checkpointing(policy)
+    if cfg.freeze_vision:
+        freeze_vision(policy)
+    if cfg.freeze:
+        freeze_parts(policy, cfg.freeze, language=LANGUAGE_PART)
+    if cfg.lora_r > 0 and policy.model is policy.net:  # a policy loaded from a LoRA checkpoint has its adapters
+        apply_flow_lora(
+            policy, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules, cfg.seed, cfg.lora_vision
+        )
+    return policy
+
+
+def enable_flow_checkpointing(policy) -> None:
+    """Gradient checkpointing on the vision tower's and the action expert's layers (see the module docstring for
+    why not the backbone's language model). Active in training mode only, as for a VLM."""
+    net = policy.net
+    checkpoint_layers(net.model.vlm.vision_tower)
+    checkpoint_layers(net.model.dit)
+    for layer in net.model.dit.layers:
+        # Its replay in the backward pass appends the expert's keys to the prompt's cache again, after the pass
+        # cropped them: it sees the prompt's keys as in the forward, and the cache is not read afterwards.
+        layer._can_checkpoint_with_cache = True
+
+
+def apply_flow_lora(
+    policy,
+    r: int,
+    alpha: int = 32,
+    dropout: float = 0.0,
+    parts: str = "all-linear",
+    seed: int = 0,
+    vision: bool = False,
+):
+    """Wrap the policy's model in PEFT LoRA adapters on the linear layers of `parts` (`model.lora_target_modules`:
+    "backbone", "expert", "backbone,expert" or "all-linear" for both), and with `vision` on the vision tower's and
+    its projector's too; everything else is frozen but Flow-Noise's head. `lora_A` draws from `seed` (PEFT draws it
+    from the global generator)."""
+    peft = require_peft()
+    names = ["backbone", "expert"] if parts == "all-linear" else [p.strip() for p in parts.split(",") if p.strip()]
+    bad = [name for name in names if name not in LORA_PARTS]
+    if bad or not names:
+        raise ValueError(f"model.lora_target_modules {parts!r}: a flow policy (π0) takes LoRA on its parts "
+                         f"{', '.join(LORA_PARTS)} (comma-separated) or all-linear for both")  # fmt: skip
+    prefixes = tuple(LORA_PARTS[name] for name in names)
+    targets = [
+        name for name, module in policy.net.named_modules() if isinstance(module, nn.Linear) and name.startswith(prefixes)
+    ]  # fmt: skip
+    if vision:
+        targets += vision_linear_names(policy.net)
+    config = peft.LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        policy.model = peft.get_peft_model(policy.model, config)
+    train_noise_head(policy)
+    return policy
+
+
+def train_noise_head(policy) -> None:
+    """Make Flow-Noise's head trainable again: PEFT freezes every base weight, and the head starts untrained, so it
+    trains beside the adapters."""
+    head = getattr(policy.net, "noise_head", None)
+    if head is not None:
+        head.requires_grad_(True)
