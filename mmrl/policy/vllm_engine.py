@@ -70,6 +70,10 @@ class VLLMProcessBackend:
         timeout_s: how long one call (a push, a sample) may take.
         log_file: the child's stdout and stderr (vLLM's log); None: `mmrl-vllm-engine-<pid>.log` in the system's
             temporary folder.
+        threads: the child's torch / OpenMP threads (CPU); None: this process's `torch.get_num_threads()` when the
+            child starts (the trainer's `trainer.threads`). Set before vLLM starts: afterwards vLLM's CPU worker makes
+            `torch.set_num_threads` a no-op, and a child left at torch's default (every core) sampled 7-37x slower
+            with its compiled kernels on a shared 2-core machine (BENCHMARKS.md).
         engine_options: the child's `VLLMBackend` arguments (`gpu_memory_utilization`, `max_model_len`,
             `max_num_seqs`, ...).
     """
@@ -81,11 +85,15 @@ class VLLMProcessBackend:
         start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         log_file: str | os.PathLike | None = None,
+        threads: int | None = None,
         **engine_options,
     ):
         for field, value in (("start_timeout_s", start_timeout_s), ("timeout_s", timeout_s)):
             if not value > 0:
                 raise ValueError(f"the vllm_process backend's {field} must be > 0 seconds, got {value}")
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise ValueError(f"the vllm_process backend's threads must be an integer >= 1 or None, got {threads!r}")
+        self.threads = threads
         self.start_timeout_s, self.timeout_s = float(start_timeout_s), float(timeout_s)
         self.log_file = str(log_file or os.path.join(tempfile.gettempdir(), f"mmrl-vllm-engine-{os.getpid()}.log"))
         self.engine_options = engine_options
@@ -93,6 +101,8 @@ class VLLMProcessBackend:
         self.last_version: int | None = None  # the version that made the last call's samples
         self.next_version: int | None = None  # what the next push is called (the collector sets it); None: count
         self.push_seconds: list[float] = []  # each push's wall time (benchmarks)
+        self.engine_seconds: list[float] = []  # each sample's time inside the engine process (benchmarks)
+        self.engine_threads: int | None = None  # the engine process's torch threads at its last sample
         self._process = None
         self._conn = None
         self._shadow: dict[str, torch.Tensor] = {}
@@ -141,7 +151,10 @@ class VLLMProcessBackend:
         ours, theirs = mp.Pipe()
         open(self.log_file, "a").close()  # noqa: SIM115  (exists before the child writes, so errors can name it)
         self._process = mp.Process(
-            target=_serve, args=(theirs, options, self.log_file), name="mmrl-vllm-engine", daemon=True
+            target=_serve,
+            args=(theirs, options, self.log_file, self.threads or torch.get_num_threads()),
+            name="mmrl-vllm-engine",
+            daemon=True,
         )
         self._process.start()
         theirs.close()
@@ -276,9 +289,10 @@ class VLLMProcessBackend:
         inputs = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in dict(inputs).items()}
         # The first call builds the engine in the child: it has the start-up's time too.
         limit = self.timeout_s + (0 if self._built else self.start_timeout_s)
-        ids, mask, logprobs, version = self._call(
+        ids, mask, logprobs, version, seconds, self.engine_threads = self._call(
             "sampling", "sample", prompts, inputs, images, group_size, sampling, seed, timeout=limit
         )
+        self.engine_seconds.append(seconds)
         self._built = True
         if version != self.version:
             raise EngineProcessError(
@@ -306,12 +320,18 @@ def _send_quietly(conn, obj) -> None:
         pass
 
 
-def _serve(conn, options: dict, log_file: str) -> None:
+def _serve(conn, options: dict, log_file: str, threads: int) -> None:
     """The engine process: a colocated `VLLMBackend` on the policy copy the parent sends first (whose weights the
-    parent writes), serving calls."""
+    parent writes), serving calls, with `threads` torch / OpenMP threads."""
     fd = os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
+    # The thread count, now: vLLM's CPU worker replaces `torch.set_num_threads` with a no-op once it starts, so its
+    # own "reducing torch threads to 1" never happens, and the spawned child would keep torch's default (every core)
+    # for the kernels it compiles; on a 2-core machine shared with the trainer those threads spin against each other
+    # (a sample call 7-37x slower). OMP_NUM_THREADS tells vLLM the count was chosen.
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
     # The engine's own one-process group: under torchrun this process inherited the trainer rank's RANK, WORLD_SIZE
     # and rendezvous address, which vLLM's in-process executor would otherwise try to join.
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_WORLD_SIZE", "1"),
@@ -376,8 +396,13 @@ def _serve(conn, options: dict, log_file: str) -> None:
                 torch.manual_seed(
                     seed
                 )  # after any start-up (dummy weights draw from the generator): same seed, same samples
+                t0 = time.perf_counter()
                 out = backend.sample(shadow, prompts, batch, group_size, sampling)
-                conn.send(("ok", (out.completion_ids, out.completion_mask, out.logprobs, version)))
+                seconds = time.perf_counter() - t0
+                threads_now = torch.get_num_threads()
+                conn.send(
+                    ("ok", (out.completion_ids, out.completion_mask, out.logprobs, version, seconds, threads_now))
+                )
             else:
                 raise ValueError(f"unknown call {kind!r}")
         except BaseException as e:  # noqa: BLE001  (answered, the parent raises it)

@@ -36,7 +36,7 @@ GROUP, SAMPLING, assert_matches, observations = (
 def engine(tmp_path_factory):
     policy = build_tiny("qwen2_vl", seed=0)
     log = tmp_path_factory.mktemp("engine") / "engine.log"
-    backend = VLLMProcessBackend(log_file=log, timeout_s=120, start_timeout_s=400)
+    backend = VLLMProcessBackend(log_file=log, timeout_s=120, start_timeout_s=400, threads=1)
     policy._backend = backend
     yield policy, backend
     backend.close()
@@ -52,6 +52,9 @@ def test_samples_score_as_the_training_forward_before_and_after_a_pushed_update(
     obs = observations("qwen2_vl", 1)
     before = _sample(policy, obs, 0)
     assert backend.alive and backend.last_version == 1 and os.getpid() != backend._process.pid
+    # The child kept the thread count it was given through vLLM's start (left at torch's default, every core, its
+    # compiled kernels ran 7x slower than the colocated engine's here: BENCHMARKS.md).
+    assert backend.engine_threads == backend.threads == 1
     assert_matches(policy, before)
     again = _sample(policy, obs, 0)  # same torch seed in this process: the child samples the same completions
     assert torch.equal(again.completion_ids, before.completion_ids) and backend.last_version == 1
@@ -88,6 +91,12 @@ def test_an_engine_that_cannot_start_is_an_error_naming_the_backend_and_its_log(
         _sample(policy, observations("qwen2_vl", 1), 0)
     backend.close()
     assert not backend.alive
+
+
+@pytest.mark.parametrize("threads", [0, -1, 1.5, True])
+def test_a_bad_thread_count_is_refused_naming_the_field(threads):
+    with pytest.raises(ValueError, match="vllm_process backend's threads"):
+        VLLMProcessBackend(threads=threads)
 
 
 DRIVER = """
