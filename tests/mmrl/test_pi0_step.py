@@ -54,3 +54,11 @@ def test_tiny_run_prints_the_update_step_and_the_sampling_latency(capsys):
     assert update["step_s"] >= update["forward_s"] > 0 and update["backward_s"] > 0
     assert update["peak_gb"] is None  # CPU: no CUDA memory to report
     assert set(results["sample"]) == {1, 2}
+
+
+def test_tiny_run_with_gradient_checkpointing(capsys):
+    results = _bench().main(
+        ["--size", "tiny", "--device", "cpu", "--dtype", "float32", "--repeats", "1", "--rows", "2", "--group", "2",
+         "--batches", "1", "--checkpointing"]
+    )  # fmt: skip
+    assert results["update"]["step_s"] > 0 and "update step (2 rows x K=4" in capsys.readouterr().out
