@@ -73,6 +73,7 @@ def build_policy(size: str, device: str, dtype: torch.dtype, seed: int = 0) -> F
 
     tokenizer = AutoTokenizer.from_pretrained(TINY_PI0)
     if size == "real":
+        tokenizer.model_max_length = 1 << 20  # the tiny tokenizer says 512; π0's prompt is 256 tokens an image + text
         config = real_config(tokenizer.convert_tokens_to_ids("<image>"))
         side = config.vlm_config.vision_config.image_size
         patches = (side // config.vlm_config.vision_config.patch_size) ** 2
