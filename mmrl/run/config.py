@@ -9,6 +9,7 @@ checks are `mmrl.run.folders`'.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,8 +122,8 @@ class ModelConfig:
         )
         unknown = [part for part in self.freeze if part not in FREEZE_PARTS]
         require(not unknown, "model.freeze", f"unknown part(s) {unknown}; choose from {', '.join(FREEZE_PARTS)}")
-        require(
-            self.lora_r > 0 or set(FREEZE_PARTS) - set(self.freeze),
+        require(  # a π0 still trains its action expert with every part frozen
+            self.lora_r > 0 or set(FREEZE_PARTS) - set(self.freeze) or names_pi0(self.path),
             "model.freeze",
             f"freezes every part ({self.freeze}) and model.lora_r is 0: nothing would train",
         )
@@ -160,6 +161,20 @@ class ModelConfig:
             "them",
             sep=": ",
         )
+
+
+def names_pi0(path: str) -> bool:
+    """Whether `model.path` names a π0: `tiny:pi0`, or a local folder whose config.json says model_type "pi0" (read
+    without loading the model; a hub id or a missing folder reads as no π0)."""
+    if path == "tiny:pi0":
+        return True
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        config = Path(__file__).resolve().parents[2] / path / "config.json"  # presets name assets from the repo
+    try:
+        return config.is_file() and json.loads(config.read_text()).get("model_type") == "pi0"
+    except (OSError, ValueError):
+        return False
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import torch
 
 from mmrl.policy.flow import FlowStats, build_tiny_flow
 from mmrl.policy.flow_options import apply_flow_options
-from mmrl.run.config import ModelConfig
+from mmrl.run.config import ConfigError, ModelConfig
 from mmrl.types import Sampling
 from sim.base import Observation
 
@@ -122,3 +122,15 @@ def test_lora_vision_puts_adapters_on_siglip_and_its_projector():
 def test_options_that_make_no_sense_for_a_flow_policy_are_refused_with_the_reason(cfg, reason):
     with pytest.raises(ValueError, match=reason):
         _policy(**cfg)
+
+
+def test_freezing_every_part_of_a_pi0_is_no_config_mistake(tmp_path):
+    """π0's action expert trains whatever `model.freeze` names, so the config's "nothing would train" check (which
+    stands for a VLM) lets a π0 through, named as tiny:pi0 or as a folder whose config.json says so."""
+    every = ["vision", "projector", "language"]
+    ModelConfig(path="tiny:pi0", freeze=every)
+    (tmp_path / "config.json").write_text('{"model_type": "pi0"}')
+    ModelConfig(path=str(tmp_path), freeze=every)
+    (tmp_path / "config.json").write_text('{"model_type": "qwen2_vl"}')
+    with pytest.raises(ConfigError, match=r"model\.freeze.*nothing would train"):
+        ModelConfig(path=str(tmp_path), freeze=every)
