@@ -117,7 +117,7 @@ def train_step(run: Run, step: int, last: int) -> dict[str, float]:
     if old.values is not None:
         extra.update(critic_metrics(old.values, returns, world, warming))
     if tc.max_staleness:  # groups of queued steps dropped as more than k updates stale (only after a smaller k)
-        shaping_metrics["pipeline/dropped_groups"] = run.collector.dropped_groups  # one process (torchrun refuses k)
+        shaping_metrics["pipeline/dropped_groups"] = run.collector.dropped_groups  # alike in every process
     metrics = step_metrics(cfg, collected, {**losses, **shaping_metrics}, extra, run.curriculum, world)
     logged = run.logger.log(step + 1, metrics)
     if run.curriculum.update(logged.get("env/success_rate", logged["reward/total"])):
@@ -145,5 +145,6 @@ def checkpoint_extra(run: Run) -> dict:
     if run.critic is not None:
         extra["critic"] = run.critic.state_dict()
     if run.cfg.trainer.max_staleness:
-        extra["prefetched"] = run.collector.in_flight()  # no wait: what is not played yet is played again on resume
+        # No wait: what is not played yet is played again on resume. Under torchrun a gather (every process is here).
+        extra["prefetched"] = run.collector.checkpointed()
     return extra

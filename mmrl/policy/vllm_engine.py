@@ -8,14 +8,18 @@ transfer below follows vLLM 0.32's interface but has not run here (no GPU was le
 
 How it works:
 
-* **The child** (`torch.multiprocessing`'s spawn context, so no CUDA state is forked) receives once a copy of the
-  policy (`shadow`) whose parameters live in shared memory, wraps it in a colocated `VLLMBackend` of its own, and
-  serves `sample` and `sync` calls over a pipe. Everything vLLM prints goes to `log_file`; every error of this
-  backend names it and quotes its last lines.
-* **Weights, on CPU: shared-memory tensors plus the worker's `reload_weights`.** A push copies the policy's parameters
-  into the shadow's (one memcpy, in this process) and tells the child, which reloads them into vLLM through its
-  backend's `sync_weights` (`collective_rpc("reload_weights")`, the tied head repacked, encoder and prefix caches
-  reset). Nothing is pickled per push. (BENCHMARKS.md has the push's time.)
+* **The child** (`torch.multiprocessing`'s spawn context, so no CUDA state is forked) receives once a shadow of the
+  policy: the policy with its model replaced by a new instance of the model's class built from its config (whole,
+  without adapters, uninitialised: `mmrl.run.distributed.unsharded_module`), whose parameters live in shared
+  memory. It wraps the shadow in a colocated `VLLMBackend` of its own and serves `sample` and `sync` calls over a
+  pipe, with `threads` torch / OpenMP threads (the trainer's, set before vLLM starts: vLLM's CPU worker makes
+  `torch.set_num_threads` a no-op afterwards, and a child left at every core sampled 7x slower than the colocated
+  engine on a shared 2-core machine). Everything vLLM prints goes to `log_file`; every error of this backend names
+  it and quotes its last lines.
+* **Weights, on CPU: shared-memory tensors plus the worker's `reload_weights`.** A push copies the policy's weights
+  (LoRA merged, `merged_named_weights`) into the shadow's (one memcpy, in this process) and tells the child, which
+  reloads them into vLLM through its backend's `sync_weights` (`collective_rpc("reload_weights")`, the tied head
+  repacked, encoder and prefix caches reset). Nothing is pickled per push. (BENCHMARKS.md has the push's time.)
 * **Weights, on GPUs: vLLM's weight-transfer interface.** The engine is built with `weight_transfer_config=
   {"backend": "ipc"}`; this process drives `IPCTrainerWeightTransferEngine` (CUDA IPC handles of the policy's
   tensors) through a client whose `init_weight_transfer_engine` / `start_weight_update` / `update_weights` /
@@ -27,11 +31,17 @@ How it works:
   child seeds its own with it, so the samples depend on this process's seed, not on the child's.
 * **Nothing waits forever.** Starting has `start_timeout_s`, every call `timeout_s`; a child that dies or passes its
   limit is killed and the error names the backend, what it was doing and its log. The next `sample` starts a new one.
-* **Under torchrun** it is refused by name. The simpler design, an engine process per rank, is half built (the child
-  leaves the trainer's process group and forms its own) but a rank's policy is FSDP-sharded, and its copy for the
-  child cannot be made by `deepcopy` (seen under a 2-process torchrun); one engine shared by the ranks would need a
-  request router between ranks. `generation_backend: vllm` (one colocated engine per rank) is the torchrun route,
-  and `trainer.max_staleness` > 0 is refused under torchrun anyway.
+* **Under torchrun each rank has its own engine process**, fed whole weights (as verl's FSDP workers gather whole
+  parameters from the shards before loading them into their rollout engine). The rank's policy is FSDP-sharded, which is why the shadow is built from the
+  config rather than copied; the child leaves the trainer's process group (its own RANK 0 of 1, its own rendezvous
+  port). Whole weights are gathered by the trainer's thread, never here: generation runs inside
+  `distributed.full_weights` (every rank enters it at the same point of the step), where the parameters a push
+  reads are whole; a sharded parameter reaching a push is an error, not a collective. Whether the weights changed is
+  read from the sharded parameters' version counters (`distributed.parameter_versions`: the whole ones gathered by
+  `full_weights` keep theirs). With `trainer.max_staleness` > 0 the collector thread's copy of the policy is built
+  the same way and its snapshots are gathered by the trainer's thread (`mmrl.stages.collect`). Tested with a real
+  2-process torchrun on CPU (tests/vllm/test_engine_torchrun.py); on GPUs each rank's child would build its engine
+  on the rank's device through the CUDA branch above, not run.
 """
 
 from __future__ import annotations
@@ -49,8 +59,10 @@ import torch
 
 from sim.base import Observation
 
+from ..run import distributed
 from ..types import Completions, Sampling
 from .families import Family, family_for
+from .options import plain_model
 from .tokens import GenerationTarget
 from .vllm_backend import VLLMBackend, free_port, merged_named_weights, weights_version
 
@@ -124,22 +136,17 @@ class VLLMProcessBackend:
         return self._process is not None and self._process.is_alive()
 
     def start(self, policy: GenerationTarget) -> None:
-        """Start the child with a shared-memory copy of `policy` (weights as they are now) and wait until its
-        engine is built."""
-        ranks = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
-        if ranks > 1:
-            raise ValueError(
-                "generation_backend='vllm_process' under torchrun is not supported yet: one engine shared by the "
-                "ranks is not built, and an engine per rank needs a copy of the sharded (FSDP) policy, which cannot "
-                "be deep-copied; use generation_backend='vllm' (one colocated engine per rank)"
-            )
+        """Start the child with a shadow of `policy` (its model's class built from its config, whole and without
+        adapters; on CPU in shared memory) and wait until it is ready. The weights come with the first push."""
         mp = torch.multiprocessing.get_context("spawn")
         # A policy's family (`mmrl.policy.families`) holds closures, which pickle cannot carry: it travels by name.
         ForkingPickler.register(Family, _reduce_family)
         shadow = copy.copy(policy)
         shadow.__dict__ = dict(policy.__dict__)
         shadow._backend = None  # the child builds its own
-        shadow.model = copy.deepcopy(policy.model).requires_grad_(False)
+        # Not a deep copy: under torchrun the policy's model is FSDP-sharded, which `deepcopy` refuses, and its
+        # parameters are slices; nor its LoRA adapters: pushes write merged weights, as the engine takes them.
+        shadow.model = distributed.unsharded_module(plain_model(policy.model), policy.device)
         on_gpu = shadow.device.type == "cuda"
         if not on_gpu:
             for tensor in (*shadow.model.parameters(), *shadow.model.buffers()):
@@ -249,10 +256,17 @@ class VLLMProcessBackend:
             + (f"\n--- last lines of the log ---\n{tail}" if tail else "")
         )
 
+    def _started(self, policy: GenerationTarget, what: str) -> None:
+        """Start the child if none is running; a child that died since the last call is an error (the run should
+        know), after which the next call starts a new one."""
+        if self._process is None:
+            self.start(policy)
+        elif not self._process.is_alive():
+            raise self._error(what, f"the engine process died (exit code {self._process.exitcode})")
+
     def push(self, policy: GenerationTarget, version: int | None = None) -> None:
         """Make the engine sample with `policy`'s current weights, called `version` (default: the next count)."""
-        if not self.alive:
-            self.start(policy)
+        self._started(policy, "pushing weights")
         version = version if version is not None else (self.version or 0) + 1
         t0 = time.perf_counter()
         if self._on_gpu and self._built:  # GPU, engine built: vLLM's weight-transfer interface
@@ -261,13 +275,30 @@ class VLLMProcessBackend:
             self._transfer.send_weights()
             self._call("pushing weights", "mark", version)
         else:
-            with torch.no_grad():
-                for name, p in policy.model.named_parameters():
-                    self._shadow[name].copy_(p.detach())
+            self._write_shadow(policy)
             self._call("pushing weights", "sync", version)
         self.push_seconds.append(time.perf_counter() - t0)
         self.version = version
-        self._synced, self._synced_policy = weights_version(policy.model), id(policy)
+        self._synced, self._synced_policy = distributed.parameter_versions(policy.model), id(policy)
+
+    @torch.no_grad()
+    def _write_shadow(self, policy: GenerationTarget) -> None:
+        """Copy `policy`'s weights (LoRA merged) into the shared-memory shadow the child reads."""
+        written = set()
+        for name, tensor in merged_named_weights(policy.model):
+            if type(tensor).__name__ == "DTensor":  # FSDP outside `full_weights`: a slice, and gathering is collective
+                raise ValueError(
+                    "generation_backend='vllm_process' got a sharded (FSDP) parameter: under torchrun generation runs "
+                    "inside mmrl.run.distributed.full_weights, which makes the weights whole in every process"
+                )
+            if name not in self._shadow:
+                raise KeyError(f"generation_backend='vllm_process': the engine's model has no parameter {name!r}")
+            self._shadow[name].copy_(tensor)
+            written.add(name)
+        if len(written) != len(self._shadow):
+            raise KeyError(
+                f"generation_backend='vllm_process': the policy gave no weights for {sorted(set(self._shadow) - written)}"
+            )
 
     @torch.no_grad()
     def sample(
@@ -278,10 +309,9 @@ class VLLMProcessBackend:
         group_size: int,
         sampling: Sampling,
     ) -> Completions:
-        if not self.alive:
-            self.start(policy)
+        self._started(policy, "sampling")
         wanted = self.next_version
-        stale = self._synced != weights_version(policy.model) or self._synced_policy != id(policy)
+        stale = self._synced != distributed.parameter_versions(policy.model) or self._synced_policy != id(policy)
         if self.version is None or stale or (wanted is not None and wanted != self.version):
             self.push(policy, wanted)
         seed = int(torch.randint(0, 2**31 - 1, ()).item())  # this process's generator decides the samples
@@ -337,6 +367,9 @@ def _serve(conn, options: dict, log_file: str, threads: int) -> None:
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_WORLD_SIZE", "1"),
                        ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(free_port()))):  # fmt: skip
         os.environ[key] = value
+    # torchrun's agent also tells its workers to join the TCP store it hosts rather than host one: the engine's
+    # group would wait for good on a store nobody serves at its own port (seen: both ranks' engines hung there).
+    os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
     shadow = conn.recv()
     from transformers import BatchFeature
 

@@ -303,6 +303,53 @@ def _is_sharded(model: torch.nn.Module) -> bool:
     return fsdp is not None and isinstance(model, fsdp.FSDPModule)
 
 
+def is_sharded(model: torch.nn.Module) -> bool:
+    """Whether any module of `model` is sharded by FSDP2 (`shard_model`; a LoRA wrapper's base model included)."""
+    return any(_is_sharded(m) for m in model.modules())
+
+
+def parameter_versions(model: torch.nn.Module) -> tuple[int, ...]:
+    """Version counters of `model`'s parameters, which every in-place update (`optimizer.step()`) bumps, also for a
+    model FSDP2 shards: there the sharded parameters' counters, since inside `full_weights` the whole parameters are
+    all-gathered into the same tensors again without a counter moving (seen: a step left them all at 0), so the
+    whole parameters' counters cannot tell whether the weights changed."""
+    if not is_sharded(model):
+        return tuple(p._version for p in model.parameters() if p.requires_grad)
+    versions = []
+    for module in model.modules():
+        if _is_sharded(module):
+            group = module._get_fsdp_state()._fsdp_param_group  # None for a unit without parameters of its own
+            versions += [fp.sharded_param._version for fp in (group.fsdp_params if group is not None else ())]
+    return tuple(versions)
+
+
+def unsharded_module(module: torch.nn.Module, device: torch.device | str = "cpu") -> torch.nn.Module:
+    """A new, unsharded instance of a transformers model's class (FSDP2's subclass undone), built from a copy of its
+    config on `device` with uninitialised parameters (no random draw: the caller writes them), tied weights tied,
+    `module`'s buffers and generation config copied, not trained.
+
+    What another process or thread samples with while the model itself is sharded: `copy.deepcopy` refuses an FSDP
+    module, and a copy built from the config holds whole weights that need no collective to read.
+    """
+    cls = type(module)
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    if fsdp is not None and issubclass(cls, fsdp.FSDPModule):  # fully_shard made the class FSDP<cls>(FSDPModule, cls)
+        cls = next(c for c in cls.__mro__ if not issubclass(c, fsdp.FSDPModule))
+    dtype = next(module.parameters()).dtype
+    with torch.device("meta"):
+        copy_ = cls._from_config(copy.deepcopy(module.config), dtype=dtype)
+    copy_.to_empty(device=device)
+    copy_.tie_weights()
+    with torch.no_grad():  # buffers (rotary frequencies...) are not sharded, and `to_empty` left them uninitialised
+        own = dict(copy_.named_buffers())
+        for name, buffer in module.named_buffers():
+            if name in own:
+                own[name].copy_(buffer)
+    if getattr(module, "generation_config", None) is not None:
+        copy_.generation_config = copy.deepcopy(module.generation_config)
+    return copy_.requires_grad_(False).eval()
+
+
 @contextlib.contextmanager
 def full_weights(model: torch.nn.Module) -> Iterator[None]:
     """Within the block, `model`'s parameters are whole in every process and its forward passes communicate

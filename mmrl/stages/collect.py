@@ -27,7 +27,11 @@
   one trains on what the uninterrupted one would. Rows are never more than k updates stale: a queued step older
   than that (only after resuming with a smaller k) is dropped whole and collected again with the current weights,
   since the bound is the promise about how off-policy an update may be, and the rollout correction (truncated
-  importance weights on the recomputed old log-probs) is what corrects the staleness within it.
+  importance weights on the recomputed old log-probs) is what corrects the staleness within it. Under torchrun each
+  process's thread plays its own shards with a whole, unsharded copy (`policy_copy`); the snapshots are gathered
+  from the shards by the trainer's thread when they are taken (`weights_snapshot`, the same point of the step in
+  every process), so the thread runs no collective, and a checkpoint gathers every process's queued steps to rank 0
+  (`checkpointed`), each process taking its own back on resume.
 
 A curriculum step rebuilds the env at the new level (`rebuild`).
 """
@@ -49,6 +53,8 @@ from sim.workers import make_vec_env
 
 from ..algos.data import difficulty_filter_keep, dynamic_sampling_keep
 from ..methods.curriculum import Curriculum
+from ..policy.options import plain_model
+from ..policy.vllm_backend import merged_named_weights
 from ..policy.vlm import VLMPolicy
 from ..run import distributed
 from ..run.config import AlgoConfig, TrainConfig
@@ -111,8 +117,76 @@ class Queued:
 
 
 def weights_snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """A detached copy of every parameter of `model`, by name (what a queued step is played with)."""
-    return {name: p.detach().clone() for name, p in model.named_parameters()}
+    """A detached copy of every parameter of `model`, by name (what a queued step is played with).
+
+    For a model FSDP2 shards (torchrun), the whole weights, LoRA merged, as `policy_copy`'s model names them:
+    gathered here, a collective every process enters at the same point of the step (the trainer's thread, in
+    lockstep), so that the collector thread never needs one.
+    """
+    if not distributed.is_sharded(model):
+        return {name: p.detach().clone() for name, p in model.named_parameters()}
+    with distributed.full_weights(model):
+        return {name: p.detach().clone() for name, p in merged_named_weights(model)}
+
+
+def policy_copy(policy: VLMPolicy) -> VLMPolicy:
+    """The collector thread's copy of `policy` (weights written per queued step): a deep copy, or, for a policy whose
+    model FSDP2 shards (which `deepcopy` refuses), a deep copy of the rest around a whole, adapter-free model of the
+    same class (`distributed.unsharded_module`), which samples with no collective."""
+    if not distributed.is_sharded(policy.model):
+        clone = copy.deepcopy(policy)
+    else:
+        if not isinstance(policy, VLMPolicy):  # a flow policy's copy from its config is not built (nor tested)
+            raise ValueError(
+                f"trainer.max_staleness > 0 under torchrun is built for VLM policies, not {type(policy).__name__}: "
+                "use trainer.max_staleness=0, or one trainer process"
+            )
+        whole = distributed.unsharded_module(plain_model(policy.model), policy.device)
+        clone = copy.deepcopy(policy, {id(policy.model): whole})
+    clone.model.requires_grad_(False)
+    return clone
+
+
+def weight_senders(held: list[list[tuple[int, bool]]]) -> dict[int, int]:
+    """Which process sends each version's weight snapshot into a torchrun checkpoint: the first that holds it.
+
+    Args:
+        held: per process, `(version, holds its weights)` of each queued step (a played step's are dropped).
+
+    >>> weight_senders([[(0, False), (1, True)], [(0, True), (1, True)]])
+    {1: 0, 0: 1}
+    """
+    senders: dict[int, int] = {}
+    for rank, entries in enumerate(held):
+        for version, has in entries:
+            if has:
+                senders.setdefault(version, rank)
+    return senders
+
+
+def merge_ranks(gathered: list[list[dict]]) -> dict:
+    """A torchrun checkpoint's queued steps from every process's `in_flight()` entries, of which only the sender's
+    (`weight_senders`) kept `weights`: `{"ranks": the entries without weights, "weights": {version: snapshot}}`."""
+    ranks, snapshots = [], {}
+    for entries in gathered:
+        ranks.append([])
+        for entry in entries:
+            entry = dict(entry)
+            if "weights" in entry:
+                snapshots[entry["version"]] = entry.pop("weights")
+            ranks[-1].append(entry)
+    return {"ranks": ranks, "weights": snapshots}
+
+
+def own_entries(pending: dict, rank: int) -> list[dict]:
+    """Process `rank`'s queued steps of a torchrun checkpoint (`merge_ranks`), each unplayed one with its weights."""
+    weights = pending["weights"]
+    return [e if "collected" in e else {**e, "weights": weights[e["version"]]} for e in pending["ranks"][rank]]
+
+
+def _entries(pending: list[dict] | dict) -> list[dict]:
+    """Every queued step of a checkpoint's `checkpointed()`, all processes'."""
+    return [e for entries in pending["ranks"] for e in entries] if isinstance(pending, dict) else pending
 
 
 class Collector:
@@ -140,8 +214,6 @@ class Collector:
         tc = cfg.trainer
         if tc.rollout_workers and world.size > 1:
             raise ValueError("trainer.rollout_workers > 0 under torchrun is not supported: use one trainer process")
-        if tc.max_staleness and world.size > 1:
-            raise ValueError("trainer.max_staleness > 0 under torchrun is not supported yet: use one trainer process")
         self.cfg, self.world, self.curriculum, self.sampling, self.shaping = cfg, world, curriculum, sampling, shaping
         self.num_shards = generation_shards or tc.generation_shards or world.size
         self.my_shards = distributed.prompt_shards(tc.prompts_per_step, self.num_shards, world)
@@ -169,8 +241,7 @@ class Collector:
         if not missing:
             return
         if self._copy is None:
-            self._copy = copy.deepcopy(policy)
-            self._copy.model.requires_grad_(False)
+            self._copy = policy_copy(policy)
         weights = weights_snapshot(policy.model)  # shared by the steps queued now (one version)
         for s in missing:
             self._submit(Queued(s, step, weights))
@@ -227,14 +298,45 @@ class Collector:
                 kept.append(entry)
             return kept
 
-    def restore(self, pending: list[dict] | tuple[int, Collected] | None) -> None:
-        """Take back a checkpoint's queued steps (`in_flight`): played ones as they are, the others re-queued with
-        their weights, so that a resumed run trains on what the killed one would. (A checkpoint of the one-step
-        pipeline before it was generalised holds `(step, episodes)`.)"""
+    def checkpointed(self) -> list[dict] | dict | None:
+        """What a checkpoint keeps of the queued steps: `in_flight()` in one process. Under torchrun every process
+        must call it at the same point (it gathers): each process played its own shards, so rank 0 gets
+        `{"ranks": [each process's in_flight(), without weights], "weights": {version: snapshot}}`, one snapshot
+        per version (every process holds the same one), sent by one process (`weight_senders`); the others get
+        None."""
+        mine = self.in_flight()
+        if self.world.size == 1:
+            return mine
+        senders = weight_senders(self.world.gather_objects([(e["version"], "weights" in e) for e in mine]))
+        sent, stripped = set(), []
+        for entry in mine:
+            entry = dict(entry)
+            weights = entry.pop("weights", None)
+            version = entry["version"]
+            if weights is not None and senders[version] == self.world.rank and version not in sent:
+                entry["weights"] = weights
+                sent.add(version)
+            stripped.append(entry)
+        gathered = self.world.gather_objects(stripped, everyone=False)
+        return None if gathered is None else merge_ranks(gathered)
+
+    def restore(self, pending: list[dict] | dict | tuple[int, Collected] | None) -> None:
+        """Take back a checkpoint's queued steps (`checkpointed`): played ones as they are, the others re-queued
+        with their weights, so that a resumed run trains on what the killed one would. Under torchrun each process
+        takes its own; the number of processes must be the checkpoint's. (A checkpoint of the one-step pipeline
+        before it was generalised holds `(step, episodes)`.)"""
         if pending is None:
             return
         if isinstance(pending, tuple):
             pending = [{"step": pending[0], "version": pending[0] - 1, "collected": pending[1]}]
+        ranks = len(pending["ranks"]) if isinstance(pending, dict) else 1
+        if ranks != self.world.size and any("collected" in e for e in _entries(pending)):
+            raise ValueError(
+                f"the checkpoint holds steps played ahead (trainer.max_staleness) by {ranks} process(es), each its "
+                f"own share of the prompts; resume it with {ranks} process(es), not {self.world.size}"
+            )
+        if isinstance(pending, dict):  # unplayed steps only, if the number of processes changed: any rank's will do
+            pending = own_entries(pending, self.world.rank if ranks == self.world.size else 0)
         for entry in pending:
             if "collected" in entry:
                 job = Queued(entry["step"], entry["version"], None, entry["collected"])
@@ -264,8 +366,7 @@ class Collector:
         if not self.max_staleness:
             return self._collect(policy, model, step)
         if self._copy is None:
-            self._copy = copy.deepcopy(policy)
-            self._copy.model.requires_grad_(False)
+            self._copy = policy_copy(policy)
         for entry in self._restored:
             self._submit(Queued(entry["step"], entry["version"], entry["weights"]))
         self._restored = []
