@@ -95,7 +95,9 @@ say "the project (--no-deps) and its test tools"
 "$VENV/bin/pip" install --quiet --no-deps -e "$ROOT" || fail "could not install the project into $VENV"
 # MuJoCo (the robotics extra, at the main install's locked version) for the VLA presets' envs (configs/vla_*.yaml).
 MUJOCO=$(grep -m1 '^mujoco==' "$ROOT/requirements-lock.txt" || echo "mujoco>=3.2")
-"${PIP[@]}" pytest pytest-timeout safetensors pillow pyyaml tqdm "$MUJOCO" || fail "could not install the test tools"
+# num2words: transformers' SmolVLMProcessor (which vLLM builds for a SmolVLM2 model) imports it.
+"${PIP[@]}" pytest pytest-timeout safetensors pillow pyyaml tqdm num2words "$MUJOCO" \
+    || fail "could not install the test tools"
 
 say "checking that vLLM and the project import"
 HF_HUB_OFFLINE=1 "$VENV/bin/python" -c "

@@ -54,6 +54,54 @@ class Vision:
 
 
 @dataclass(frozen=True)
+class VLLMFacts:
+    """What the vllm backend (`mmrl.policy.vllm_prompts`, `vllm_backend`) must know of a family beyond its prompt
+    layout, read from vLLM 0.32's processor and model files for it (`vllm/model_executor/models/<family>.py`).
+
+    Attributes:
+        image: what the prompt vLLM takes holds for one image, which its processor replaces with the image's text;
+            None: the chat template's placeholder (`Family.template_image`, vLLM's `PromptReplacement` target for
+            every family here but PaliGemma); "": nothing, vLLM inserts the images at the prompt's start itself
+            (PaliGemma's `PromptInsertion`).
+        after_images: text the family's prompt writes after its images that vLLM inserts with them (PaliGemma's
+            `<bos>`), left out of the prompt it is sent.
+        vocab: literal entries its vLLM processor looks up in the tokenizer's vocabulary (Gemma 3's newline runs, which
+            it merges around each image; PaliGemma's `"\\n"`, which it appends to a prompt): a tokenizer without them
+            (a byte-level BPE writes a newline `Ċ`) is refused before the engine starts.
+        modules: Python modules the Hugging Face processor vLLM builds for it imports (SmolVLM's `num2words`).
+        max_images: the images a prompt may hold in vLLM as the training forward reads them (PaliGemma: vLLM's own
+            limit; LLaVA-OneVision: vLLM lays out several otherwise); None: any.
+        cpu_dtypes: the dtypes its layers run in on vLLM's CPU build (Qwen3.5's Gated DeltaNet kernel: bfloat16
+            only); empty: any.
+        cpu_config: `(text-config attribute, values its CPU kernels take)` pairs (Qwen3.5's Gated DeltaNet head
+            sizes).
+        cpu: why vLLM's CPU build would sample from another distribution than the training forward scores (the
+            backend refuses the family on CPU, saying this); empty: it samples the same.
+        engine_config: `(dotted config attribute, value)` pairs written into the engine's config.json: what vLLM
+            reads from the released checkpoints' config.json and transformers' config class does not carry (GLM-4.1V's
+            `text_config.attention_bias`: transformers' text attention always has q/k/v biases).
+    """
+
+    image: str | None = None
+    after_images: str = ""
+    vocab: tuple[str, ...] = ()
+    modules: tuple[str, ...] = ()
+    max_images: int | None = None
+    cpu_dtypes: tuple[str, ...] = ()
+    cpu_config: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    cpu: str = ""
+    engine_config: tuple[tuple[str, Any], ...] = ()
+
+
+# vLLM's CPU attention (`CPUAttentionBackend`) has no `supports_mm_prefix`: image tokens attend causally there.
+_CPU_CAUSAL = (
+    "vLLM's CPU attention attends every token causally (it has no bidirectional `mm_prefix` attention), where {what}: "
+    "its samples' log-probs would not be the training forward's (about 1e-2 apart on the tiny model; on a GPU vLLM's "
+    "FlashAttention has it)"
+)
+
+
+@dataclass(frozen=True)
 class Family:
     """The facts of one model family (see the module docstring).
 
@@ -86,6 +134,7 @@ class Family:
         forward_inputs: `(per_image) -> forward keyword arguments` where the stored per-image tensors are not the
             forward's own (LLaVA-OneVision's per-image count of its prompt's images becomes the forward's
             `batch_num_images`); None passes them as they are.
+        vllm: what the vllm backend needs to know of it (`VLLMFacts`).
     """
 
     name: str
@@ -105,6 +154,7 @@ class Family:
     prefix_lm: bool = False
     first_position: int = 0
     forward_inputs: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None
+    vllm: VLLMFacts = field(default=VLLMFacts())
 
     def token_types(self, input_ids: torch.Tensor, image_token_id: int, prompt_length: int | None) -> torch.Tensor:
         """`[B, T]` int `token_type_ids` for a forward over `input_ids` whose first `prompt_length` columns are the
@@ -150,7 +200,7 @@ def _qwen_features(units: torch.Tensor, per_image: dict, settings: dict, image_p
     return per_image["image_grid_thw"].prod(-1) // int(settings.get("merge_size", 2)) ** 2
 
 
-def _qwen(name: str, coordinates: str) -> Family:
+def _qwen(name: str, coordinates: str, vllm: VLLMFacts | None = None) -> Family:
     return Family(
         name=name,
         image_token="<|image_pad|>",
@@ -163,6 +213,7 @@ def _qwen(name: str, coordinates: str) -> Family:
         mrope=True,
         patch_rows=True,
         pixel_bounds=True,
+        vllm=vllm or VLLMFacts(),
     )
 
 
@@ -182,6 +233,9 @@ GLM4V = Family(
     patch_rows=True,
     pixel_bounds=True,
     suppress=("<|begin_of_image|>", "<|end_of_image|>"),
+    # vLLM builds the text attention's q/k/v biases only where `text_config.attention_bias` says so (zai-org's
+    # config.json does); transformers' Glm4vTextConfig has no such field (its attention always has them).
+    vllm=VLLMFacts(engine_config=(("text_config.attention_bias", True),)),
 )
 
 
@@ -251,7 +305,7 @@ def _idefics3_features(units: torch.Tensor, per_image: dict, settings: dict, ima
     return units * int(settings["image_seq_len"])
 
 
-def _idefics3_like(name: str) -> Family:
+def _idefics3_like(name: str, vllm: VLLMFacts | None = None) -> Family:
     return Family(
         name=name,
         image_token="<image>",
@@ -263,6 +317,7 @@ def _idefics3_like(name: str) -> Family:
         coordinates="0-1",
         batched_pixels=True,
         suppress=("<fake_token_around_image>", "<global-img>"),
+        vllm=vllm or VLLMFacts(),
     )
 
 
@@ -423,7 +478,16 @@ FAMILIES: dict[str, Family] = {
     "qwen3_vl": _qwen("qwen3_vl", "0-1000"),
     # Qwen3.5: Qwen3-VL's vision stack and tokens in a hybrid (Gated DeltaNet + attention) language model; its
     # coordinates are taken as Qwen3-VL's 0-1000 (not confirmed from a Qwen3.5 model card on this machine).
-    "qwen3_5": _qwen("qwen3_5", "0-1000"),
+    # vLLM's CPU build runs its Gated DeltaNet layers in bfloat16 only ("CPU GDN attention requires BF16"), and its
+    # kernel refuses head sizes 16 ("multiples of 32") and 32 ("Unexpected head dim size"); 64 and 128 ran.
+    "qwen3_5": _qwen(
+        "qwen3_5",
+        "0-1000",
+        VLLMFacts(
+            cpu_dtypes=("bfloat16",),
+            cpu_config=(("linear_key_head_dim", (64, 128)), ("linear_value_head_dim", (64, 128))),
+        ),
+    ),
     # Gemma 3 (google/gemma-3-4b-it model card; the chat template's <start_of_turn>user / model turns). It has no
     # documented box format; PaliGemma's <locYYYY> tokens are 0-1023 bins, and Gemma 3 prompts in the wild ask for
     # 0-1000 boxes, which is what we use.
@@ -437,13 +501,19 @@ FAMILIES: dict[str, Family] = {
         turn_end="<end_of_turn>",
         coordinates="0-1000",
         suppress=("<start_of_image>", "<end_of_image>"),
+        # vLLM re-merges the "\n\n" around each image with the newlines next to it by looking them up (gemma3_mm.py).
+        vllm=VLLMFacts(
+            vocab=("\n", "\n\n", "\n\n\n", "\n\n\n\n"),
+            cpu=_CPU_CAUSAL.format(what="Gemma 3 attends each image's tokens bidirectionally"),
+        ),
     ),
     # Idefics3 / SmolVLM (HuggingFaceTB/SmolVLM-Instruct chat template: "User:"/"Assistant:" turns closed by
     # <end_of_utterance>). SmolVLM's grounding data (and Idefics3's) writes boxes relative, 0-1.
     "idefics3": _idefics3_like("idefics3"),
     # SmolVLM2 (SmolVLMForConditionalGeneration): Idefics3's image layout and prompt strings
     # (`SmolVLMProcessor.replace_image_token` writes the same tiles and tags), its own model classes.
-    "smolvlm": _idefics3_like("smolvlm"),
+    # vLLM builds transformers' SmolVLMProcessor, which imports num2words (for video frame timestamps).
+    "smolvlm": _idefics3_like("smolvlm", VLLMFacts(modules=("num2words",))),
     # PaliGemma (google/paligemma-3b-pt-224; transformers' PaliGemmaProcessor): no chat template; the processor
     # writes `<image>` x N + <bos> + prefix + "\n" and the model answers with the suffix, the prefix (images and
     # text) attended bidirectionally, positions from 1. A single-turn model: a conversation is refused. Its boxes
@@ -461,6 +531,15 @@ FAMILIES: dict[str, Family] = {
         prompt=_paligemma_prompt,
         prefix_lm=True,
         first_position=1,
+        # vLLM inserts `<image>` x N + `<bos>` at the prompt's start itself and appends a "\n" (paligemma.py), one image
+        # a prompt.
+        vllm=VLLMFacts(
+            image="",
+            after_images="<bos>",
+            vocab=("\n",),
+            max_images=1,
+            cpu=_CPU_CAUSAL.format(what="PaliGemma attends its whole prefix (images and text) bidirectionally"),
+        ),
     ),
     # InternVL 3 (OpenGVLab/InternVL3-1B-hf: Qwen2.5's <|im_start|> / <|im_end|> turns). InternVL writes boxes as
     # <box>[[x1, y1, x2, y2]]</box> normalised to 0-1000 (InternVL2 / 3 model cards, "grounding").
@@ -487,6 +566,9 @@ FAMILIES: dict[str, Family] = {
         turn_end="<|im_end|>",
         coordinates="0-1",
         forward_inputs=_onevision_forward_inputs,
+        # vLLM's LLaVA-OneVision tiles every image "anyres" as a lone one; transformers' (and the training forward)
+        # shows each image of a prompt with several as one base view: two-image prompts would differ.
+        vllm=VLLMFacts(max_images=1),
     ),
     # GLM-4.1V (zai-org/GLM-4.1V-9B-Thinking: `[gMASK]<sop>`, then `<|user|>` / `<|assistant|>` turns with no closing
     # token: the model ends its answer with `<|user|>`, `<|observation|>` or `<|endoftext|>`, its EOS tokens), Qwen2-VL's

