@@ -43,7 +43,7 @@ from transformers import AutoConfig, AutoModelForImageTextToText
 import sim
 from mmrl.policy import VLMPolicy, build_tiny
 from mmrl.policy.families import Family
-from mmrl.policy.tiny import ASSETS, tiny_processor
+from mmrl.policy.tiny import ASSETS, FAMILY_ARCHS, tiny_processor
 from mmrl.policy.vllm_prompts import fold_images, unsupported_reason, vllm_requests
 from mmrl.types import Sampling
 from sim.base import Observation
@@ -218,6 +218,27 @@ def test_gemma_prompts_fold_the_image_out_of_the_merged_newlines():
     for request, instruction in zip(vllm_requests(policy, obs, policy.encode(obs)), obs.instruction):
         want = policy.processor.prompt_text(instruction, num_images=2, template=TEMPLATE)
         assert tokenizer.decode(request["prompt_token_ids"]) == want
+
+
+@pytest.mark.parametrize("arch", ["qwen2_vl", *FAMILY_ARCHS])
+def test_folded_prompts_are_the_chat_template_text_with_one_placeholder_per_image(arch):
+    """For every family, folding each image back gives the prompt as the chat template wrote it (vLLM's processor
+    expands it from there); inputs that lost their images' texts (a plain dict, as the engine process receives them)
+    fold the same, the texts computed again from the images."""
+    policy = build_tiny(arch, seed=0, prompt_template=TEMPLATE)
+    if arch in ("gemma3", "paligemma"):
+        with_gemma_newlines(policy)
+    images = 1 if arch == "paligemma" else 2
+    obs = observations(images)
+    inputs = policy.encode(obs)
+    requests = vllm_requests(policy, obs, inputs)
+    assert requests == vllm_requests(policy, obs, dict(inputs))
+    family, tokenizer = policy.processor.family, policy.processor.tokenizer
+    for request, instruction in zip(requests, obs.instruction):
+        text = policy.processor.prompt_text(instruction, num_images=images, template=TEMPLATE)
+        if family.vllm.image == "":  # PaliGemma: vLLM inserts the images and the <bos> after them itself
+            text = text.replace(family.template_image, "").replace(family.vllm.after_images, "", 1)
+        assert tokenizer.decode(request["prompt_token_ids"]) == text
 
 
 def test_paligemma_prompts_leave_the_images_and_their_bos_to_vllm():
