@@ -9,6 +9,7 @@ starts a new one.
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import os
 import signal
@@ -19,6 +20,7 @@ import pytest
 import torch
 
 from mmrl.policy import build_tiny
+from mmrl.policy.options import apply_lora
 from mmrl.policy.vllm_engine import EngineProcessError, VLLMProcessBackend
 
 _spec = importlib.util.spec_from_file_location("vllm_backend_tests", Path(__file__).with_name("test_vllm_backend.py"))
@@ -70,6 +72,22 @@ def test_samples_score_as_the_training_forward_before_and_after_a_pushed_update(
     backend.next_version = None
 
 
+def test_a_lora_policy_samples_through_the_engine_as_its_training_forward_scores(engine):
+    """The engine's model is the plain class built from the config; a LoRA policy's pushes are its merged weights."""
+    pytest.importorskip("peft", reason="LoRA needs peft, which .venv-vllm does not install (make setup-vllm)")
+    policy, backend = engine
+    lora = apply_lora(copy.deepcopy(policy), r=4, seed=0)  # the copy talks to the same engine process
+    assert lora.backend is backend
+    obs = observations("qwen2_vl", 1)
+    rollout = _sample(lora, obs, 3)
+    optimizer = torch.optim.AdamW([p for p in lora.model.parameters() if p.requires_grad], lr=5e-2)
+    (-lora.logprobs(rollout, temperature=SAMPLING.temperature)[rollout.completion_mask].sum()).backward()
+    optimizer.step()  # lora_B leaves zero: the adapters now change the forward
+    after = _sample(lora, obs, 4)
+    assert backend._synced_policy == id(lora)
+    assert_matches(lora, after)
+
+
 def test_an_engine_that_dies_is_an_error_naming_the_backend_and_its_log_and_the_next_call_restarts(engine):
     policy, backend = engine
     obs = observations("qwen2_vl", 1)
@@ -100,6 +118,7 @@ def test_a_bad_thread_count_is_refused_naming_the_field(threads):
 
 
 DRIVER = """
+import copy
 import importlib.util
 import sys
 
