@@ -18,6 +18,13 @@ How it works:
   Starting it sets torch.distributed's RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT where unset, and on
   CPU binds vLLM's OpenMP threads, after which `torch.set_num_threads` is a no-op in this process (tests that hold an
   engine therefore run in a process of their own).
+* **Under torchrun, one engine per rank.** The trainer's process group (torchrun's RANK and WORLD_SIZE) is already
+  started; vLLM's external launcher reuses it, with tensor_parallel_size 1, as an outer data-parallel dimension of
+  engines that each generate alone (as verl's colocated rollout engines do), so the ranks' engines start together at
+  the first generation (their one-rank groups are made collectively) and sample without a collective. The engine is
+  named by the model's own class (`distributed.unsharded_class`, not FSDP2's subclass), gets whole weights from
+  inside `distributed.full_weights`, and tells whether they changed from the shards' version counters
+  (`weights_version`). Tested with a real 2-process torchrun on CPU (tests/vllm/test_vllm_torchrun.py).
 * **Built from the policy, not from a download.** The engine starts from a folder holding only the policy's config,
   tokenizer and image processor, with `load_format="dummy"` (random weights, nothing read from disk), and the
   policy's own weights are pushed before the first generation, so a VLA's resized vocabulary and any in-memory
@@ -87,6 +94,7 @@ import torch
 
 from sim.base import Observation
 
+from ..run import distributed
 from ..types import Completions, Sampling
 from .options import ADAPTER_KEYS, WRAPPER_PARTS, is_lora_model, plain_model
 from .tokens import GenerationTarget
@@ -240,9 +248,23 @@ def merged_named_weights(model) -> Iterator[tuple[str, torch.Tensor]]:
         yield key, value
 
 
+def engine_named_weights(model) -> list[tuple[str, torch.Tensor]]:
+    """What a weight push hands vLLM: `model`'s weights with LoRA merged (`merged_named_weights`), detached, under the
+    names its hub checkpoints use (`vllm_prompts.checkpoint_named_weights`, a tied head named too), in a fixed order.
+
+    Every route sends this: the colocated engine's `sync_weights` (and through it the engine process's CPU route,
+    whose child syncs from its shared-memory shadow) and the engine process's GPU weight transfer
+    (`vllm_engine.weight_source`). The tensors are the model's own, or new ones where a LoRA delta is merged.
+    """
+    weights = [(name, tensor.detach()) for name, tensor in merged_named_weights(model)]
+    return checkpoint_named_weights(model, weights)
+
+
 def weights_version(model) -> tuple[int, ...]:
-    """Version counters of the trainable parameters: they change whenever an optimiser updates them in place."""
-    return tuple(p._version for p in model.parameters() if p.requires_grad)
+    """Version counters of the trainable parameters: they change whenever an optimiser updates them in place. For a
+    model FSDP2 shards (torchrun), those of the shards (`distributed.parameter_versions`): the whole parameters
+    `full_weights` gathers for generation keep theirs across an update."""
+    return distributed.parameter_versions(model)
 
 
 # ---------------------------------------------------------------------------------------------- the engine
@@ -327,7 +349,8 @@ class VLLMBackend:
             raise ValueError(f"generation_backend='vllm' cannot run a {family.name} model here: {reason}")
         self._folder = tempfile.TemporaryDirectory(prefix="mmrl-vllm-")
         config = copy.deepcopy(plain.config)
-        config.architectures = [type(plain).__name__]  # what vLLM picks its implementation by
+        # What vLLM picks its implementation by: the model's own class, not FSDP2's subclass under torchrun.
+        config.architectures = [distributed.unsharded_class(plain).__name__]
         for path, value in family.vllm.engine_config:  # what vLLM reads that transformers' config does not carry
             *parents, key = path.split(".")
             target = config
@@ -435,8 +458,7 @@ class VLLMBackend:
 
     def sync_weights(self, policy: GenerationTarget) -> None:
         """Copy the policy's current weights (LoRA merged) into the engine and drop its encoder and prefix caches."""
-        weights = [(name, tensor.detach()) for name, tensor in merged_named_weights(policy.model)]
-        weights = checkpoint_named_weights(policy.model, weights)
+        weights = engine_named_weights(policy.model)
         try:
             # The engine runs in this process: the list travels by reference, no copy.
             self.llm.collective_rpc(

@@ -323,6 +323,16 @@ def parameter_versions(model: torch.nn.Module) -> tuple[int, ...]:
     return tuple(versions)
 
 
+def unsharded_class(module: torch.nn.Module) -> type:
+    """`module`'s own class: for a module FSDP2 shards, the class `fully_shard` derived `FSDP<cls>(FSDPModule, cls)`
+    from (its name is what transformers' configs and vLLM know the architecture by)."""
+    cls = type(module)
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    if fsdp is not None and issubclass(cls, fsdp.FSDPModule):
+        cls = next(c for c in cls.__mro__ if not issubclass(c, fsdp.FSDPModule))
+    return cls
+
+
 def unsharded_module(module: torch.nn.Module, device: torch.device | str = "cpu") -> torch.nn.Module:
     """A new, unsharded instance of a transformers model's class (FSDP2's subclass undone), built from a copy of its
     config on `device` with uninitialised parameters (no random draw: the caller writes them), tied weights tied,
@@ -331,10 +341,7 @@ def unsharded_module(module: torch.nn.Module, device: torch.device | str = "cpu"
     What another process or thread samples with while the model itself is sharded: `copy.deepcopy` refuses an FSDP
     module, and a copy built from the config holds whole weights that need no collective to read.
     """
-    cls = type(module)
-    fsdp = sys.modules.get("torch.distributed.fsdp")
-    if fsdp is not None and issubclass(cls, fsdp.FSDPModule):  # fully_shard made the class FSDP<cls>(FSDPModule, cls)
-        cls = next(c for c in cls.__mro__ if not issubclass(c, fsdp.FSDPModule))
+    cls = unsharded_class(module)
     dtype = next(module.parameters()).dtype
     with torch.device("meta"):
         copy_ = cls._from_config(copy.deepcopy(module.config), dtype=dtype)
