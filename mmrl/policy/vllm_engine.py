@@ -23,7 +23,9 @@ How it works:
 * **Weights, on GPUs: vLLM's weight-transfer interface.** The engine is built with `weight_transfer_config=
   {"backend": "ipc"}`; this process drives `IPCTrainerWeightTransferEngine` (CUDA IPC handles of the policy's
   tensors) through a client whose `init_weight_transfer_engine` / `start_weight_update` / `update_weights` /
-  `finish_weight_update` are forwarded to the child's worker (`collective_rpc`). Not run here.
+  `finish_weight_update` are forwarded to the child's worker (`collective_rpc`). It sends the CPU route's stream
+  (`weight_source`: LoRA merged, hub checkpoint names, tied head named), rank-locally (no handle all-gather or
+  barrier over the trainer's process group: under torchrun each rank feeds its own engine). Not run here.
 * **A version counter.** Every push carries a version (the collector's: trainer steps completed when the weights
   were taken; else a count of pushes) and every sample comes back with the version of the weights that made it
   (`last_version`); a sample of other weights than the last push is an error.
@@ -64,7 +66,7 @@ from ..types import Completions, Sampling
 from .families import Family, family_for
 from .options import plain_model
 from .tokens import GenerationTarget
-from .vllm_backend import VLLMBackend, free_port, merged_named_weights, weights_version
+from .vllm_backend import VLLMBackend, engine_named_weights, free_port, merged_named_weights, weights_version
 
 DEFAULT_START_TIMEOUT_S = 600.0  # importing vLLM and building the engine: 12-34 s here, minutes for a large model
 DEFAULT_TIMEOUT_S = 600.0
@@ -466,18 +468,42 @@ class _PipeClient:
         self.backend._call("pushing weights", "rpc", "finish_weight_update", ())
 
 
-def _gpu_transfer(backend: VLLMProcessBackend, policy: GenerationTarget):
-    """vLLM's trainer-side CUDA IPC weight transfer over `policy`'s merged weights (GPU only; not run here)."""
+def weight_source(policy: GenerationTarget):
+    """vLLM's `WeightSource` of `policy`'s weights as the GPU weight transfer sends them: `engine_named_weights`
+    (LoRA merged, under the hub checkpoint names, a tied head named), the very stream the CPU route's
+    `VLLMBackend.sync_weights` hands `reload_weights`, so both routes load the same names (LLaVA-OneVision's vision
+    tower and InternVL's head would otherwise be left with dummy weights). `metadata()` lists it without copying."""
     from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
-    from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo, IPCTrainerWeightTransferEngine
 
     class PolicySource(WeightSource):
-        def metadata(self):
-            return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in merged_named_weights(policy.model)]
+        def metadata(self) -> list:
+            return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in engine_named_weights(policy.model)]
 
         def __iter__(self):
-            yield from merged_named_weights(policy.model)
+            yield from engine_named_weights(policy.model)
 
-    return IPCTrainerWeightTransferEngine.trainer_init(
-        IPCTrainerInitInfo(rank=0), client=_PipeClient(backend), source=PolicySource()
+    return PolicySource()
+
+
+def _gpu_transfer(backend: VLLMProcessBackend, policy: GenerationTarget):
+    """vLLM's trainer-side CUDA IPC weight transfer over `policy`'s `weight_source` (GPU only; not run here).
+
+    Rank-local: vLLM's IPC trainer engine all-gathers the IPC handles over torch.distributed's default group and
+    waits at a barrier after each send, for trainer ranks that feed one tensor-parallel engine together. Under
+    torchrun each rank here feeds an engine process of its own, pushes when its own samples need it (the collector
+    thread's pushes included, which must run no collective), and holds whole weights already (`full_weights`): the
+    handles it sends are its own, and the gather and barrier are left out.
+    """
+    from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo, IPCTrainerWeightTransferEngine
+
+    class RankLocalIPC(IPCTrainerWeightTransferEngine):
+        def _all_gather_and_merge_handles(self, handles: list) -> list:
+            return handles
+
+        @staticmethod
+        def _post_send_sync() -> None:
+            torch.cuda.ipc_collect()
+
+    return RankLocalIPC.trainer_init(
+        IPCTrainerInitInfo(rank=0), client=_PipeClient(backend), source=weight_source(policy)
     )

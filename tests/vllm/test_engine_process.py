@@ -15,13 +15,16 @@ import os
 import signal
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from mmrl.policy import build_tiny
-from mmrl.policy.options import apply_lora
-from mmrl.policy.vllm_engine import EngineProcessError, VLLMProcessBackend
+from mmrl.policy.options import apply_lora, plain_model
+from mmrl.policy.vllm_backend import VLLMBackend
+from mmrl.policy.vllm_engine import EngineProcessError, VLLMProcessBackend, weight_source
+from mmrl.run.distributed import unsharded_module
 
 _spec = importlib.util.spec_from_file_location("vllm_backend_tests", Path(__file__).with_name("test_vllm_backend.py"))
 _helpers = importlib.util.module_from_spec(_spec)
@@ -115,6 +118,53 @@ def test_an_engine_that_cannot_start_is_an_error_naming_the_backend_and_its_log(
 def test_a_bad_thread_count_is_refused_naming_the_field(threads):
     with pytest.raises(ValueError, match="vllm_process backend's threads"):
         VLLMProcessBackend(threads=threads)
+
+
+@pytest.mark.parametrize("arch,lora", [("qwen2_vl", False), ("qwen2_vl", True), ("llava_onevision", False)])
+def test_the_gpu_weight_transfer_sends_the_names_and_tensors_the_cpu_route_loads(arch, lora):
+    """The GPU route's `WeightSource` yields, in order, the names and values the CPU route hands vLLM's
+    `reload_weights` (the parent writes the shared-memory shadow, the child's backend syncs from it): the hub
+    checkpoint names, which LLaVA-OneVision's vision tower needs (`vision_tower.vision_model.*`; transformers' own
+    name `model.vision_tower.*` is what the GPU route sent before), with LoRA merged."""
+    if lora:
+        pytest.importorskip("peft", reason="LoRA needs peft, which .venv-vllm does not install (make setup-vllm)")
+    policy = build_tiny(arch, seed=0)
+    if lora:
+        policy = apply_lora(policy, r=4, seed=0)
+        with torch.no_grad():  # B = 0 at the start: move it, so that merging shows
+            for name, p in policy.model.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0, 0.1)
+    # The CPU route, as the engine process runs it: the parent's push into a shadow built from the config...
+    process = VLLMProcessBackend()
+    shadow = copy.copy(policy)
+    shadow.model = unsharded_module(plain_model(policy.model))
+    process._shadow = dict(shadow.model.named_parameters())
+    process._write_shadow(policy)
+    # ...and the child's colocated backend syncing from it (the engine's calls recorded, none started).
+    loaded = []
+    engine = SimpleNamespace(reset_encoder_cache=lambda: None)
+    colocated = VLLMBackend()
+    colocated.llm = SimpleNamespace(
+        collective_rpc=lambda method, kwargs: loaded.extend(kwargs["weights_iterator"]),
+        apply_model=lambda fn: None,
+        llm_engine=engine,
+        reset_prefix_cache=lambda: None,
+    )
+    colocated.sync_weights(shadow)
+    source = weight_source(policy)  # the GPU route's
+    sent = list(source)
+    assert [n for n, _ in sent] == [n for n, _ in loaded] and len(sent) > 10
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(sent, loaded))
+    assert [(m.name, m.dtype, m.shape) for m in source.metadata()] == [(n, t.dtype, tuple(t.shape)) for n, t in sent]
+    if arch == "llava_onevision":
+        names = [n for n, _ in sent]
+        assert any(n.startswith("vision_tower.vision_model.") for n in names)
+        assert not any(n.startswith("model.vision_tower.") for n in names)
+    if lora:
+        base = dict(plain_model(policy.model).named_parameters())
+        assert not any("lora" in n for n, _ in sent)
+        assert any(not torch.equal(t, base[n]) for n, t in sent if n in base)  # merged: differs from the base
 
 
 DRIVER = """
