@@ -1,14 +1,14 @@
 """Does the tiny π0's cold start read the image? The flow-matching loss on held-out demonstrations, with and without
 the images shuffled across rows, during a cold start on reach's scripted expert; then held-out success.
 
-    .venv/bin/python bench/pi0_cold_start.py [--model assets/tiny_models/pi0_warm_start] [--chunk-start]
+    .venv/bin/python bench/pi0_cold_start.py [--model assets/tiny_models/pi0_warm_start] [--every]
         [--episodes 2048] [--steps 1000] [--lr 1e-3] [--patch 8] [--vision-steps 3000]
 
 The gap between the two validation losses is what the policy takes from the image: 0 for a policy that ignores it.
 The cold start is `mmrl.run.flow_sft`'s (the preset's), on reach's expert demonstrations (executed with noise 0.5,
 labelled clean, chunks of the config's length) from `--seed`'s demonstration worlds, with a validation set of 128
-episodes from another seed's. Labels are taken at every step of an episode (flow_sft's default); `--chunk-start`
-takes them only where a chunk starts.
+episodes from another seed's. Labels are taken where a chunk starts (flow_sft's default); `--every` takes them at
+every step of an episode (`sft.every_step`, the preset's).
 
 The model is `--model`, a π0 folder (the preset's perception warm start, `assets/tiny_models/pi0_warm_start`,
 written by `scripts/make_tiny_pi0.py --warm-start`), or by default `assets/tiny_models/pi0`'s config drawn at random
@@ -70,7 +70,7 @@ def main() -> None:
     parser.add_argument("--vision-layers", type=int, default=2)
     parser.add_argument("--episodes", type=int, default=512)
     parser.add_argument("--model", default="", help="start from this π0 folder (e.g. the preset's warm start)")
-    parser.add_argument("--chunk-start", action="store_true", help="labels only where a chunk starts")
+    parser.add_argument("--every", action="store_true", help="a chunk labelled at every step of an episode")
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -89,10 +89,10 @@ def main() -> None:
     if args.vision_steps:
         train_perception(policy, env, steps=args.vision_steps, seed=args.seed)
     images, instructions, proprio, chunks, rate = collect_flow_demonstrations(
-        env, policy.chunk, args.episodes, args.noise, args.seed, every_step=not args.chunk_start
+        env, policy.chunk, args.episodes, args.noise, args.seed, every_step=args.every
     )
     val = collect_flow_demonstrations(
-        env, policy.chunk, 128, noise=args.noise, seed=args.seed + 1000, every_step=not args.chunk_start
+        env, policy.chunk, 128, noise=args.noise, seed=args.seed + 1000, every_step=args.every
     )
     env.close()
     policy.set_stats(FlowStats.from_demonstrations(proprio, chunks))

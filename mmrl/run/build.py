@@ -206,7 +206,7 @@ def flow_starting_policy(cfg: TrainConfig, policy: FlowPolicy, env, out: Path, w
         raise ValueError(f"sft.episodes > 0 needs an env with a scripted expert; {cfg.env.name!r} has none")
     sft = cfg.sft
     images, instructions, proprio, chunks, rate = collect_flow_demonstrations(
-        env, policy.chunk, sft.episodes, noise=sft.noise, seed=cfg.trainer.seed
+        env, policy.chunk, sft.episodes, noise=sft.noise, seed=cfg.trainer.seed, every_step=sft.every_step
     )
     if policy.stats is None:
         policy.set_stats(FlowStats.from_demonstrations(proprio, chunks))

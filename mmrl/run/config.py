@@ -507,6 +507,9 @@ class SFTConfig:
     label_noise: float = 0.0
     # With a curriculum: demonstrations spread evenly over all its levels (True) or at its first level only (False).
     all_levels: bool = False
+    # Flow policies (π0): a chunk labelled at every step an episode runs (True), not only where a chunk starts (False);
+    # `mmrl.run.flow_sft`. The token path labels every step already.
+    every_step: bool = False
 
     def __post_init__(self):
         require(self.episodes >= 0, "sft.episodes", "must be >= 0 (0: no cold start)")

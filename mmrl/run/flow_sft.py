@@ -5,9 +5,9 @@ The token path (`mmrl.run.sft`) teaches action tokens by their NLL; a flow polic
 `e - a` at `t e + (1 - t) a`. The demonstrations are collected as the token path's are (DART: executed with noise,
 labelled with the expert's clean actions at the states reached; `sft.noise`), a label being the expert's next C
 actions along the executed path; they also give the policy its normalisation statistics (`FlowStats`) when it has
-none. A label is taken at every step an episode runs (`every_step`, the default), not only where a chunk starts
-(every C-th step, where the policy replans): C times the labels from the same episodes, the same trajectories, and
-on reach from a vision-trained warm start a better cold start (RESULTS.md#pi0-on-reach).
+none. With `every_step` (`sft.every_step`) a label is taken at every step an episode runs, not only where a chunk
+starts (every C-th step, where the policy replans): about C times the labels from the same trajectories. Not the
+default: on reach from the perception warm start both reach the same held-out success (RESULTS.md#pi0-on-reach).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def check_flow_run(cfg) -> None:
 
 @torch.no_grad()
 def collect_flow_demonstrations(
-    env, chunk: int, episodes: int, noise: float = 0.0, seed: int = 0, every_step: bool = True
+    env, chunk: int, episodes: int, noise: float = 0.0, seed: int = 0, every_step: bool = False
 ) -> tuple:
     """(observation, expert chunk) pairs from a continuous env's scripted expert.
 

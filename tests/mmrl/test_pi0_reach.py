@@ -76,8 +76,8 @@ def test_every_step_labels_slide_along_the_same_path():
     # path, so within an episode row t+1's label is row t's shifted by one; the chunk-start rows (steps 0, 3, 6)
     # are among them, the same observations and labels; the success rate is the same path's.
     env = sim.make("reach", num_envs=4, **REACH)
-    every = collect_flow_demonstrations(env, 3, 6, noise=0.5, seed=2)
-    starts = collect_flow_demonstrations(env, 3, 6, noise=0.5, seed=2, every_step=False)
+    every = collect_flow_demonstrations(env, 3, 6, noise=0.5, seed=2, every_step=True)
+    starts = collect_flow_demonstrations(env, 3, 6, noise=0.5, seed=2)  # the default: where a chunk starts
     env.close()
     images, _, _, chunks, rate = every
     assert rate == starts[4]
