@@ -233,6 +233,8 @@ def make_pi0_warm_start(out: Path = WARM_OUT, steps: int = 3000, seed: int = 0) 
         env.close()
     shutil.rmtree(out, ignore_errors=True)
     policy.save_pretrained(out)  # no statistics: the cold start computes them from its demonstrations
+    for name in ("tokenizer.json", "tokenizer_config.json"):  # the asset's own bytes (a re-save notes how it loaded)
+        shutil.copyfile(OUT / name, out / name)
     (out / "perception_probe.json").write_text(json.dumps({**best, "steps": steps, "seed": seed}, indent=2) + "\n")
     print(f"wrote {out}: probe kept at step {best['step']} (validation presence BCE {best['val_presence_bce']}, "
           f"offsets' MSE {best['val_offset_mse']} against their variance {best['offset_variance']})")  # fmt: skip
