@@ -79,7 +79,12 @@ def evaluate(
             env = sim.make(env_name, num_envs=len(chunk), **env_options)
             protocol = getattr(env, "protocol", None)
         record = mine if first is None and env.max_episode_steps > 1 else 0
-        eps = collect_episodes(policy, env, chunk, 1, greedy, record_frames=record)
+        # Greedy play draws no randomness from a VLM, but a flow policy's ODE starts from noise: it is seeded by the
+        # batch's first seed, so a folder scores the same every time, and the training's random stream is left as
+        # evaluation found it (it is forked).
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(chunk[0])
+            eps = collect_episodes(policy, env, chunk, 1, greedy, record_frames=record)
         parts = {"reward": eps.returns(), **eps.components, "episode_steps": eps.env_steps}
         if eps.success is not None:
             parts["success"] = eps.success
