@@ -508,7 +508,7 @@ class SFTConfig:
     # With a curriculum: demonstrations spread evenly over all its levels (True) or at its first level only (False).
     all_levels: bool = False
     # Flow policies (π0): a chunk labelled at every step an episode runs (True), not only where a chunk starts (False);
-    # `mmrl.run.flow_sft`. The token path labels every step already.
+    # `mmrl.run.flow_sft`. The token path labels every step already (set for a VLM, it is an error).
     every_step: bool = False
 
     def __post_init__(self):
@@ -629,6 +629,12 @@ class TrainConfig:
                 problem = option_problem(cls, option, level)
                 require(problem is None, f"curriculum.levels[{index}]", f"{problem} (values of env option "
                         f"{option!r})", sep=": ")  # fmt: skip
+        require(
+            not (self.sft.every_step and self.sft.episodes) or names_pi0(model.path),
+            "sft.every_step",
+            f"labels a flow policy's (π0's) chunks at every step; model.path {model.path!r} is no π0, and the token "
+            "path labels every step already",
+        )
         if tc.master_weights == "float32":
             require(
                 model.dtype != "float32",

@@ -10,7 +10,7 @@ import torch
 
 from mmrl.policy.flow import FlowStats, build_tiny_flow
 from mmrl.policy.flow_options import apply_flow_options
-from mmrl.run.config import ConfigError, ModelConfig
+from mmrl.run.config import ConfigError, EnvConfig, ModelConfig, SFTConfig, TrainConfig
 from mmrl.types import Sampling
 from sim.base import Observation
 
@@ -134,3 +134,9 @@ def test_freezing_every_part_of_a_pi0_is_no_config_mistake(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "qwen2_vl"}')
     with pytest.raises(ConfigError, match=r"model\.freeze.*nothing would train"):
         ModelConfig(path=str(tmp_path), freeze=every)
+
+
+def test_every_step_labels_are_for_a_pi0_only():
+    TrainConfig(model=ModelConfig(path="tiny:pi0"), env=EnvConfig(name="reach"), sft=SFTConfig(every_step=True, episodes=8))
+    with pytest.raises(ConfigError, match=r"sft\.every_step.*no π0"):
+        TrainConfig(sft=SFTConfig(every_step=True, episodes=8))
