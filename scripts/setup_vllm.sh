@@ -95,8 +95,10 @@ say "the project (--no-deps) and its test tools"
 "$VENV/bin/pip" install --quiet --no-deps -e "$ROOT" || fail "could not install the project into $VENV"
 # MuJoCo (the robotics extra, at the main install's locked version) for the VLA presets' envs (configs/vla_*.yaml).
 MUJOCO=$(grep -m1 '^mujoco==' "$ROOT/requirements-lock.txt" || echo "mujoco>=3.2")
-# num2words: transformers' SmolVLMProcessor (which vLLM builds for a SmolVLM2 model) imports it.
-"${PIP[@]}" pytest pytest-timeout safetensors pillow pyyaml tqdm num2words "$MUJOCO" \
+PEFT=$(grep -m1 '^peft==' "$ROOT/requirements-lock.txt" || echo "peft>=0.15")
+# num2words: transformers' SmolVLMProcessor (which vLLM builds for a SmolVLM2 model) imports it. peft (the lora extra,
+# at the main install's locked version): LoRA policies sampling through vLLM (tests/vllm/test_engine_process.py).
+"${PIP[@]}" pytest pytest-timeout safetensors pillow pyyaml tqdm num2words "$MUJOCO" "$PEFT" \
     || fail "could not install the test tools"
 
 say "checking that vLLM and the project import"

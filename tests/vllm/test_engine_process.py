@@ -77,7 +77,7 @@ def test_samples_score_as_the_training_forward_before_and_after_a_pushed_update(
 
 def test_a_lora_policy_samples_through_the_engine_as_its_training_forward_scores(engine):
     """The engine's model is the plain class built from the config; a LoRA policy's pushes are its merged weights."""
-    pytest.importorskip("peft", reason="LoRA needs peft, which .venv-vllm does not install (make setup-vllm)")
+    pytest.importorskip("peft", reason="LoRA needs peft, which make setup-vllm installs into .venv-vllm")
     policy, backend = engine
     lora = apply_lora(copy.deepcopy(policy), r=4, seed=0)  # the copy talks to the same engine process
     assert lora.backend is backend
@@ -127,7 +127,7 @@ def test_the_gpu_weight_transfer_sends_the_names_and_tensors_the_cpu_route_loads
     checkpoint names, which LLaVA-OneVision's vision tower needs (`vision_tower.vision_model.*`; transformers' own
     name `model.vision_tower.*` is what the GPU route sent before), with LoRA merged."""
     if lora:
-        pytest.importorskip("peft", reason="LoRA needs peft, which .venv-vllm does not install (make setup-vllm)")
+        pytest.importorskip("peft", reason="LoRA needs peft, which make setup-vllm installs into .venv-vllm")
     policy = build_tiny(arch, seed=0)
     if lora:
         policy = apply_lora(policy, r=4, seed=0)
