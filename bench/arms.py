@@ -42,8 +42,8 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mmrl.run.config import load_config  # noqa: E402
-from mmrl.run.logging import read_metrics  # noqa: E402
+from mmrl.runtime.config import load_config  # noqa: E402
+from mmrl.runtime.metrics import read_metrics  # noqa: E402
 from mmrl.trainer import train  # noqa: E402
 
 

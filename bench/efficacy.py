@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from arms import run  # noqa: E402
 
-from mmrl.run.config import load_config  # noqa: E402
+from mmrl.runtime.config import load_config  # noqa: E402
 
 BAR = 0.05  # the share RL must add on its own (issue "Efficacy")
 

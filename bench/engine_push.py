@@ -32,8 +32,8 @@ import torch  # noqa: E402
 
 import sim  # noqa: E402
 from mmrl.policy import build_tiny  # noqa: E402
-from mmrl.policy.vllm_backend import VLLMBackend  # noqa: E402
-from mmrl.policy.vllm_engine import VLLMProcessBackend  # noqa: E402
+from mmrl.policy.engines.vllm_colocated import VLLMBackend  # noqa: E402
+from mmrl.policy.engines.vllm_process import VLLMProcessBackend  # noqa: E402
 from mmrl.types import Sampling  # noqa: E402
 
 

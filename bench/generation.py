@@ -46,7 +46,7 @@ import torch  # noqa: E402
 
 import sim  # noqa: E402
 from mmrl.policy import Sampling, VLMPolicy, build_tiny  # noqa: E402
-from mmrl.policy.tiny import tiny_processor  # noqa: E402
+from mmrl.policy.vlm.tiny import tiny_processor  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -11,7 +11,7 @@ On a GPU, the real size (BENCHMARKS.md, "GPU figures"; peak GPU memory of each r
 
     python bench/grpo_step.py --model random:qwen2_5_vl_3b --device cuda --dtype bfloat16 --repeats 3 --variants matched
 
-`--model` is `tiny:<arch>` for any tiny model of `mmrl.policy.tiny` (default `tiny:qwen2_vl`; `tiny:qwen3_5`,
+`--model` is `tiny:<arch>` for any tiny model of `mmrl.policy.vlm.tiny` (default `tiny:qwen2_vl`; `tiny:qwen3_5`,
 `tiny:gemma3`, `tiny:idefics3` (SmolVLM), `tiny:smolvlm` (SmolVLM2), ...), each family through its own processor
 and chat template on both sides, or `random:qwen2_5_vl_3b`: the real Qwen2.5-VL-3B architecture with random weights
 and the tiny tokenizer (bench/generation.py; nothing is downloaded), the same weights on both sides. Where TRL
@@ -47,9 +47,9 @@ import torch  # noqa: E402
 
 import sim  # noqa: E402
 from mmrl.policy import build_tiny  # noqa: E402
-from mmrl.policy.tiny import ALL_TINY_ARCHS, ASSETS, FAMILY_ARCHS, tiny_processor  # noqa: E402
 from mmrl.policy.vision import to_pil  # noqa: E402
-from mmrl.run.config import AlgoConfig, EnvConfig, ModelConfig, SamplingConfig, TrainConfig, TrainerConfig  # noqa: E402
+from mmrl.policy.vlm.tiny import ALL_TINY_ARCHS, ASSETS, FAMILY_ARCHS, tiny_processor  # noqa: E402
+from mmrl.runtime.config import AlgoConfig, EnvConfig, ModelConfig, SamplingConfig, TrainConfig, TrainerConfig  # noqa: E402
 from mmrl.trainer import train  # noqa: E402
 from rewards import box_iou, format_reward, parse_boxes  # noqa: E402
 from sim.seeds import train_seeds  # noqa: E402

@@ -34,8 +34,8 @@ import torch  # noqa: E402
 from scipy.stats import mannwhitneyu  # noqa: E402  (the render extra, which make setup installs)
 
 import sim  # noqa: E402
-from mmrl.run.build import load_policy  # noqa: E402
-from mmrl.run.config import load_config  # noqa: E402
+from mmrl.build import load_policy  # noqa: E402
+from mmrl.runtime.config import load_config  # noqa: E402
 from mmrl.stages.rollout import collect_episodes  # noqa: E402
 from mmrl.types import Sampling  # noqa: E402
 from sim.seeds import eval_seeds  # noqa: E402

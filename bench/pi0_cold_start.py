@@ -5,7 +5,7 @@ the images shuffled across rows, during a cold start on reach's scripted expert;
         [--episodes 2048] [--steps 1000] [--lr 1e-3] [--patch 8] [--vision-steps 3000]
 
 The gap between the two validation losses is what the policy takes from the image: 0 for a policy that ignores it.
-The cold start is `mmrl.run.flow_sft`'s (the preset's), on reach's expert demonstrations (executed with noise 0.5,
+The cold start is `mmrl.policy.flow.demonstrations`'s (the preset's), on reach's expert demonstrations (executed with noise 0.5,
 labelled clean, chunks of the config's length) from `--seed`'s demonstration worlds, with a validation set of 128
 episodes from another seed's. Labels are taken where a chunk starts (flow_sft's default); `--every` takes them at
 every step of an episode (`sft.every_step`, the preset's).
@@ -40,8 +40,8 @@ from make_tiny_pi0 import REACH, train_perception  # noqa: E402  (scripts/)
 
 import sim  # noqa: E402
 from mmrl.policy.flow import TINY_PI0, FlowPolicy, read_image_settings  # noqa: E402
-from mmrl.policy.flow_data import FlowStats  # noqa: E402
-from mmrl.run.flow_sft import collect_flow_demonstrations, train_flow_on_demonstrations  # noqa: E402
+from mmrl.policy.flow.data import FlowStats  # noqa: E402
+from mmrl.policy.flow.demonstrations import collect_flow_demonstrations, train_flow_on_demonstrations  # noqa: E402
 from mmrl.stages.evaluate import evaluate  # noqa: E402
 from sim.base import Observation  # noqa: E402
 

@@ -18,7 +18,7 @@ What it times, each the median of `--repeats` after one warm-up:
 (b) the latency of sampling one chunk (`FlowPolicy.generate`: the prompt's cache, then K expert passes) at batch 1
     and 8.
 On CUDA it also prints the peak memory allocated by each. `--checkpointing` turns on `model.gradient_checkpointing`
-(the vision tower's and the action expert's layers, `mmrl.policy.flow_options.enable_flow_checkpointing`).
+(the vision tower's and the action expert's layers, `mmrl.policy.flow.options.enable_flow_checkpointing`).
 Only APIs of torch 2.11 and transformers 5.17 are used (the GPU machines' versions).
 """
 
@@ -36,8 +36,8 @@ import torch  # noqa: E402
 
 from mmrl.algos import grpo_advantages, ppo_clip_loss  # noqa: E402
 from mmrl.policy.flow import TINY_PI0, FlowPolicy, FlowStats, read_image_settings  # noqa: E402
-from mmrl.policy.flow_folders import GEMMA_VARIANTS, SIGLIP_SO400M  # noqa: E402
-from mmrl.policy.flow_options import enable_flow_checkpointing  # noqa: E402
+from mmrl.policy.flow.folders import GEMMA_VARIANTS, SIGLIP_SO400M  # noqa: E402
+from mmrl.policy.flow.options import enable_flow_checkpointing  # noqa: E402
 from mmrl.types import Sampling  # noqa: E402
 from sim.base import Observation  # noqa: E402
 

@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
 
     The mistakes are the project's two exception types for them, whichever command and however deep they are raised:
     `sim.errors.InputError` (a dataset record, an env option, a checkpoint or model folder; the message names the
-    file, line and field) and `mmrl.run.config.ConfigError` (a config key or value; the message names the key).
+    file, line and field) and `mmrl.runtime.config.ConfigError` (a config key or value; the message names the key).
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(argv).parse_args(argv)
@@ -55,7 +55,7 @@ def user_error(error: BaseException) -> str | None:
     The types are looked up among the imported modules: an error of a type whose module was never imported cannot
     have been raised, and importing them here would load torch for `mmrl --help`.
     """
-    config = getattr(sys.modules.get("mmrl.run.schema"), "ConfigError", None)
+    config = getattr(sys.modules.get("mmrl.runtime.schema"), "ConfigError", None)
     if config is not None and isinstance(error, config):
         return "config error: "
     inputs = getattr(sys.modules.get("sim.errors"), "InputError", None)
@@ -71,8 +71,8 @@ def run_command(args: argparse.Namespace) -> int:
 
         return run_score(args)
     if args.command == "export":
-        from .run.checkpoint import MANIFEST, checkpoint_problem
-        from .run.export import export
+        from .export import export
+        from .runtime.checkpoint import MANIFEST, checkpoint_problem
 
         if (Path(args.source) / MANIFEST).is_file():  # a training checkpoint folder: it says what it must hold
             problem = checkpoint_problem(args.source)
@@ -104,30 +104,30 @@ def run_command(args: argparse.Namespace) -> int:
             summary = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
             print(f"{name:{width}s} {kind:10s} {image:9s} {steps:6s}  {summary}")
         return 0
-    from .run.config import load_config
-    from .run.folders import check_model_folders
+    from .runtime.config import load_config
+    from .runtime.folders import check_model_folders
 
     try:
         cfg = load_config(args.config, args.overrides)
     except (OSError, UnicodeDecodeError) as e:  # no such file, a folder, unreadable, not UTF-8
         print(f"mmrl: config error: {args.config}: {e}", file=sys.stderr)
         return 2
-    from .policy.tiny import ALL_TINY_ARCHS
+    from .policy.vlm.tiny import ALL_TINY_ARCHS
 
     check_model_folders(cfg, args.command, (*ALL_TINY_ARCHS, "pi0"))  # load_policy builds tiny:pi0 as a flow policy
     if args.command == "train":
-        from .run.distributed import close_world
+        from .runtime.distributed import close_world
         from .trainer import train
 
         try:
-            train(cfg)  # under torchrun, one of K processes (see mmrl.run.distributed)
+            train(cfg)  # under torchrun, one of K processes (see mmrl.runtime.distributed)
         finally:
             close_world()
     else:
+        from .build import load_policy
         from .policy import apply_model_options
-        from .run.build import load_policy
-        from .run.checkpoint import MANIFEST, checkpoint_problem
-        from .run.report import metric_label, write_eval_report, write_sampled_report
+        from .report import metric_label, write_eval_report, write_sampled_report
+        from .runtime.checkpoint import MANIFEST, checkpoint_problem
         from .stages.evaluate import evaluate_k, held_out
 
         if cfg.checkpoint is None:

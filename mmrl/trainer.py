@@ -1,6 +1,6 @@
 """The trainer: one loop, read top to bottom, one call per stage.
 
-    build (config -> policy, reference, critic, env, shaping, optimiser)     mmrl/run/build.py
+    build (config -> policy, reference, critic, env, shaping, optimiser)     mmrl/build.py
     for step:
         collected = collect(...)        # seeds, groups, filters and refill, rollout workers   mmrl/stages/collect.py
         collected = shape(collected)    # every transform between env reward and advantages    mmrl/stages/shaping.py
@@ -8,10 +8,10 @@
         advantages = row_advantages(episodes, old.values)   # GRPO family, step credit, GAE    mmrl/stages/advantages.py
         update(learner, episodes, advantages, old)          # epochs x mini-batches x micro    mmrl/stages/update.py
         shaping.follow(policy)          # GRPO-CARE's EMA reference
-        log / evaluate / checkpoint                                  mmrl/run/report.py, mmrl/stages/evaluate.py, checkpoint.py
+        log / evaluate / checkpoint                                  mmrl/report.py, mmrl/stages/evaluate.py, checkpoint.py
 
 Under torchrun the loop runs in K processes, the model sharded by FSDP2, each collecting its share of the prompts;
-what differs (idle micro-batches, global counts, gathered returns) hides behind `mmrl.run.distributed.World`'s methods,
+what differs (idle micro-batches, global counts, gathered returns) hides behind `mmrl.runtime.distributed.World`'s methods,
 and a single process never touches `torch.distributed`. Rank 0 alone prints and writes.
 """
 
@@ -22,12 +22,12 @@ from contextlib import ExitStack
 
 from tqdm.auto import tqdm
 
+from .build import Run, build
 from .policy import VLMPolicy
-from .run.build import Run, build
-from .run.checkpoint import save_checkpoint
-from .run.config import TrainConfig
-from .run.logging import read_metrics
-from .run.report import report, step_metrics
+from .report import report, step_metrics
+from .runtime.checkpoint import save_checkpoint
+from .runtime.config import TrainConfig
+from .runtime.metrics import read_metrics
 from .stages.advantages import critic_metrics, row_advantages
 from .stages.collect import check_generation_shards
 from .stages.evaluate import held_out

@@ -28,7 +28,7 @@ class Sampling:
     top_k: int = 0
 
     def __post_init__(self):
-        # Checked here, not in mmrl.run.config, because this leaf imports nothing: the config's `sampling` section is this.
+        # Checked here, not in mmrl.runtime.config, because this leaf imports nothing: the config's `sampling` section is this.
         if self.max_new_tokens < 1:
             raise ValueError(f"sampling.max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.temperature < 0:
@@ -62,7 +62,7 @@ class Rollout:
     # its first dimension (a Qwen-VL patch row `[C*T*p*p]`, a Gemma 3 image `[3, H, W]`, an Idefics3 tile), and
     # `image_units` says how many units each image has. `image_inputs` holds the extra forward inputs with one entry
     # per image (Qwen's `image_grid_thw` `[images, 3]`), `unit_inputs` those with one per unit (Idefics3's
-    # `pixel_attention_mask`). Which family lays out what: `mmrl.policy.families`.
+    # `pixel_attention_mask`). Which family lays out what: `mmrl.families`.
     pixel_values: torch.Tensor  # [sum of units over R rows, ...]
     image_units: torch.Tensor  # [sum of images over R rows] long, row by row
     completion_ids: torch.Tensor  # [R, L] right padded after EOS

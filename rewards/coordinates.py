@@ -1,6 +1,6 @@
 """Coordinates as a model family writes them, brought to pixels of the image the reward compares against (and back).
 
-Vision-language model families answer boxes and click points in different units (`mmrl.policy.families` holds each
+Vision-language model families answer boxes and click points in different units (`mmrl.families` holds each
 family's, with its source): absolute pixels of the image *as the model saw it* after its processor resized it
 (Qwen2.5-VL), relative 0-1000 (Qwen2-VL, Qwen3-VL, Gemma 3 as prompted), relative 0-1 (SmolVLM). A reward that reads
 a 0-1000 box as pixels scores a correct answer near zero, so envs convert first; an env's scripted expert writes its

@@ -11,7 +11,7 @@ What it writes:
   the phrases of our synthetic tasks, with Qwen's pre-tokenisation (digits split one by one), Qwen's chat special
   tokens and the Qwen2-VL chat template.
 - assets/tiny_models/<arch>/: config.json + preprocessor_config.json for tiny Qwen2-VL, Qwen2.5-VL and Qwen3-VL
-  (hidden 128, 2 layers, about 1 M parameters). Weights are drawn from a seed by `mmrl.policy.tiny.build_tiny`.
+  (hidden 128, 2 layers, about 1 M parameters). Weights are drawn from a seed by `mmrl.policy.vlm.tiny.build_tiny`.
 - assets/tiny_models/qwen3_vl_warm_start/: the shared warm start every tiny preset starts from, a tiny Qwen3-VL (4 language layers) after a
   supervised cold start on the grounding task (as the RL papers do before RL) that ends by imitating a sloppy
   demonstrator whose boxes are 40% too large on every side; saved in float16 to stay small.

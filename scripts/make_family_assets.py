@@ -3,7 +3,7 @@
     python scripts/make_family_assets.py
 
 Each folder is laid out as the family's checkpoints on the hub, less the weights (drawn from a seed by
-`mmrl.policy.tiny.build_tiny`): config.json (the real `transformers` config class at tiny size), the image
+`mmrl.policy.vlm.tiny.build_tiny`): config.json (the real `transformers` config class at tiny size), the image
 processor's preprocessor_config.json, processor_config.json (the processor's own numbers), and a tokenizer with the
 family's real special tokens and its real chat template: a byte-level BPE trained locally with `tokenizers` on the
 same corpus as assets/tokenizer (scripts/make_assets.py), the special tokens added first so their ids are small.
@@ -193,7 +193,7 @@ GLM4V_TEMPLATE = (
 )  # fmt: skip
 
 
-BUILT = "Built by `python scripts/make_family_assets.py` ({fn}); the weights are drawn from a seed by\n`mmrl.policy.tiny.build_tiny` (`model.path=tiny:{name}`), so the folder holds none.\n\n"
+BUILT = "Built by `python scripts/make_family_assets.py` ({fn}); the weights are drawn from a seed by\n`mmrl.policy.vlm.tiny.build_tiny` (`model.path=tiny:{name}`), so the folder holds none.\n\n"
 PALIGEMMA_README = (
     """# Tiny PaliGemma
 
@@ -205,7 +205,7 @@ src/transformers/models/paligemma/processing_paligemma.py).
 
 No chat template: PaliGemma has none. Its processor writes the prompt (`PaliGemmaProcessor.prepare_inputs_layout`):
 `<image>` x images + `<bos>` + prefix + `\\n`, each `<image>` then `image_seq_length` tokens; the model answers with
-the suffix. mmrl writes the same (`mmrl.policy.families`, "paligemma") and refuses a conversation for it.
+the suffix. mmrl writes the same (`mmrl.families`, "paligemma") and refuses a conversation for it.
 """
 )
 INTERNVL_README = (

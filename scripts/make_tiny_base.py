@@ -41,7 +41,7 @@ from warmstart import box_answer, build_warm_model
 import sim
 from mmrl.policy import Sampling
 from mmrl.policy.vlm import VLMPolicy
-from mmrl.run.sft import sft_loss, supervised_batch
+from mmrl.policy.vlm.demonstrations import sft_loss, supervised_batch
 from sim.seeds import DEMO_SEED_BASE as VAL_SEED_BASE
 from sim.seeds import SFT_SEED_BASE
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build vLLM's own Python environment, .venv-vllm, for `generation_backend="vllm"` (mmrl/policy/vllm_backend.py) and
+# Build vLLM's own Python environment, .venv-vllm, for `generation_backend="vllm"` (mmrl/policy/engines/vllm_colocated.py) and
 # its tests (tests/vllm, run by tests/mmrl/test_vllm_engine.py in a pytest process of their own). Idempotent; exits 0
 # at once when the environment is complete.
 #
@@ -104,7 +104,7 @@ PEFT=$(grep -m1 '^peft==' "$ROOT/requirements-lock.txt" || echo "peft>=0.15")
 say "checking that vLLM and the project import"
 HF_HUB_OFFLINE=1 "$VENV/bin/python" -c "
 import torchvision, transformers, vllm, mmrl
-from mmrl.policy.vllm_backend import require_vllm
+from mmrl.policy.engines.vllm_colocated import require_vllm
 require_vllm()
 print('setup_vllm: vllm', vllm.__version__, '| transformers', transformers.__version__, '| torchvision',
       torchvision.__version__)

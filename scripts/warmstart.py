@@ -24,9 +24,9 @@ from transformers import AutoConfig, AutoModelForImageTextToText
 
 import sim
 from mmrl.policy import Sampling
-from mmrl.policy.tiny import ASSETS, tiny_processor
 from mmrl.policy.vlm import VLMPolicy
-from mmrl.run.sft import sft_loss, supervised_batch
+from mmrl.policy.vlm.demonstrations import sft_loss, supervised_batch
+from mmrl.policy.vlm.tiny import ASSETS, tiny_processor
 from sim.seeds import DEMO_SEED_BASE as VAL_SEED_BASE
 from sim.seeds import SFT_SEED_BASE
 
@@ -148,7 +148,7 @@ def make_warm_start(
     iou = validation_iou(policy, image_size)
     torch.set_num_threads(threads)
     policy.model.to(torch.float16)
-    # It answers boxes in pixels, not in Qwen3-VL's 0-1000: the config reads this (mmrl.run.conventions).
+    # It answers boxes in pixels, not in Qwen3-VL's 0-1000: the config reads this (mmrl.runtime.conventions).
     policy.model.config.grounding_coordinates = "pixels"
     policy.save_pretrained(out_dir)
     print(f"warm start: validation IoU {iou:.3f} after {total} supervised steps -> {out_dir}")

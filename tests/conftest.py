@@ -158,7 +158,7 @@ def tiny_run_config() -> Callable:
     A random "tiny:qwen2_vl", 2 prompts x 2 completions x 6 tokens a step, 4 held-out episodes, a checkpoint
     every step; later overrides win.
     """
-    from mmrl.run.config import load_config
+    from mmrl.runtime.config import load_config
 
     def make(output_dir: str | Path, *overrides: str):
         return load_config(PRESET, [*TINY_RUN, f"output_dir={output_dir}", *overrides])

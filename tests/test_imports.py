@@ -218,14 +218,57 @@ def test_the_update_path_imports_neither_build_nor_report():
     edges = import_edges(REPO, PACKAGES)
     assert {e.source for e in edges} >= set(UPDATE_PATH)
     wrong = [f"{e.source} -> {e.target} ({e.where})" for e in edges if e.source in UPDATE_PATH
-             and e.target in ("mmrl.run.build", "mmrl.run.report", "mmrl.trainer")]  # fmt: skip
+             and e.target in ("mmrl.build", "mmrl.report", "mmrl.trainer")]  # fmt: skip
     assert not wrong, wrong
+
+
+# mmrl's floors, top first: a module imports only from its own floor or below. The top is the run's assembly and output
+# (the loop, the command line, build, report, export); the run's schema and machinery sit below the policy; the pure
+# maths, the data that flows and the per-family facts at the bottom.
+FLOORS = (
+    ("mmrl", "mmrl.__main__", "mmrl.cli", "mmrl.trainer", "mmrl.build", "mmrl.report", "mmrl.plots", "mmrl.export"),
+    ("mmrl.stages",),
+    ("mmrl.methods",),
+    ("mmrl.policy",),
+    ("mmrl.runtime",),
+    ("mmrl.algos", "mmrl.types", "mmrl.families"),
+)
+# Inside the policy package: the shared pieces (interface, LoRA helpers, tokens, vision, sampling) import no kind; the
+# engines import no kind; a kind imports no other kind. `mmrl.policy` itself (the registry of kinds) may import all.
+POLICY_PARTS = ("mmrl.policy.vlm", "mmrl.policy.flow", "mmrl.policy.engines")
+POLICY_MAY_IMPORT = {
+    "mmrl.policy.vlm": ("mmrl.policy.engines",),
+    "mmrl.policy.flow": (),
+    "mmrl.policy.engines": (),
+    "": (),  # the shared modules
+}
+
+
+def _within(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def floor(module: str) -> int:
+    """The floor of an mmrl module (0 the top), by its longest matching prefix."""
+    best, level = -1, None
+    for k, names in enumerate(FLOORS):
+        for name in names:
+            if (module == name or (name != "mmrl" and _within(module, name))) and len(name) > best:
+                best, level = len(name), k
+    assert level is not None, f"{module} is on no floor: add it to FLOORS"
+    return level
+
+
+def test_mmrl_folders_import_only_downwards():
+    edges = [e for e in import_edges(REPO, ("mmrl",)) if e.structural]
+    wrong = [f"{e.source} -> {e.target} ({e.where})" for e in edges if floor(e.target) < floor(e.source)]
+    assert not wrong, "\n".join(wrong)
 
 
 def test_the_checker_sees_the_whole_project():
     edges = import_edges(REPO, PACKAGES)
     assert {"mmrl.trainer", "sim.base", "rewards.box"} <= {e.source for e in edges} | {e.target for e in edges}
-    assert any(e.source == "mmrl.policy.vlm" and e.target == "mmrl.algos.papo" for e in edges)
+    assert any(e.source == "mmrl.policy.vlm.policy" and e.target == "mmrl.algos.papo" for e in edges)
     assert any(e.source == "mmrl.algos.objective" and e.target == "mmrl.algos.papo" for e in edges)
 
 

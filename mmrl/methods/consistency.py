@@ -26,7 +26,7 @@ from rewards.consistency import answer_keys
 
 from ..algos.consistency import care_bonus, ema_update_, vote_rewards
 from ..policy import VLMPolicy
-from ..run.config import AlgoConfig, TrainConfig
+from ..runtime.config import AlgoConfig, TrainConfig
 from ..types import Episodes, Rollout
 
 _ANSWER_OPEN, _ANSWER_CLOSE = re.compile(r"<answer>", re.IGNORECASE), re.compile(r"</answer>", re.IGNORECASE)

@@ -28,7 +28,7 @@ from torch import nn
 
 from sim.seeds import critic_seed
 
-from ..run.distributed import World
+from ..runtime.distributed import World
 
 
 class ValueHead(nn.Module):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..run.config import CurriculumConfig
+from ..runtime.config import CurriculumConfig
 
 
 class Curriculum:

@@ -35,7 +35,7 @@ from sim.ray_workers import init_ray
 
 from ..policy import VLMPolicy
 from ..policy.vision import to_pil
-from ..run.config import JudgeConfig
+from ..runtime.config import JudgeConfig
 
 _NUMBER = re.compile(r"(?<![\d.])\d+(?:\.\d+)?")
 

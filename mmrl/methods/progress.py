@@ -19,10 +19,10 @@ from dataclasses import replace
 import torch
 
 from ..algos.progress import progress_rewards
-from ..policy.options import plain_model
+from ..policy.lora import plain_model
 from ..policy.vlm import VLMPolicy
-from ..run import distributed
-from ..run.config import AlgoConfig
+from ..runtime import distributed
+from ..runtime.config import AlgoConfig
 from ..types import Episodes
 
 

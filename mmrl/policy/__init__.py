@@ -1,9 +1,8 @@
 """Policies: a Hugging Face VLM behind generate / logprobs verbs."""
 
 from ..types import Completions, Rollout, Sampling, cat_rollouts
-from .action_codec import ActionCodec, add_action_tokens
-from .backends import BACKENDS, GenerationBackend
-from .options import (
+from .engines.backends import BACKENDS, GenerationBackend
+from .lora import (
     apply_lora,
     apply_model_options,
     enable_gradient_checkpointing,
@@ -12,10 +11,11 @@ from .options import (
     is_lora,
     merge_lora,
 )
-from .processing import VisionTextProcessor
-from .tiny import ALL_TINY_ARCHS, FAMILY_ARCHS, TINY_ARCHS, build_tiny
 from .tokens import GenerationTarget, ModelHolder, completion_mask_from_ids, token_logprobs
 from .vlm import VLMPolicy
+from .vlm.action_codec import ActionCodec, add_action_tokens
+from .vlm.processing import VisionTextProcessor
+from .vlm.tiny import ALL_TINY_ARCHS, FAMILY_ARCHS, TINY_ARCHS, build_tiny
 
 __all__ = [
     "BACKENDS",

@@ -1,4 +1,4 @@
-"""Token sampling for the lean decoding loop (`mmrl.policy.backends.LeanBackend`): filters and an exact sampler.
+"""Token sampling for the lean decoding loop (`mmrl.policy.engines.backends.LeanBackend`): filters and an exact sampler.
 
 `filter_top_k_top_p` keeps the tokens transformers' `TopKLogitsWarper` then `TopPLogitsWarper` keep (the same
 masks, tested against them), so the lean loop samples the distribution `generate` samples.

@@ -30,7 +30,7 @@ class GenerationTarget(Protocol):
 
 
 class ModelHolder(Protocol):
-    """What the model options (`mmrl.policy.options`) read and replace: the model, a VLA's codec, the backend."""
+    """What the model options (`mmrl.policy.lora`) read and replace: the model, a VLA's codec, the backend."""
 
     model: Any
     action_codec: Any

@@ -16,8 +16,8 @@ import torch
 
 from .. import algos
 from ..algos.data import discounted_returns
-from ..run import distributed
-from ..run.config import AlgoConfig
+from ..runtime import distributed
+from ..runtime.config import AlgoConfig
 from ..types import Episodes
 
 

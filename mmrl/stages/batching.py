@@ -141,7 +141,7 @@ def micro_batches(
         micro_batch_size: rows per slice when `token_budget` is 0.
         token_budget: > 0 packs slices by padded tokens instead (`token_budget_slices`) and trims their padding.
         aggregation: the loss aggregation (`token_mean` weighs by tokens, the others by rows).
-        world: this process's `mmrl.run.distributed.World`.
+        world: this process's `mmrl.runtime.distributed.World`.
         rollout_logprobs: `[R, L]` the sampler's log-probs, sliced alongside, when `rollout.logprobs` are the trainer's.
         idle: this process has no rows in this batch while others have (a mini-batch it holds no group of): its
             slices run `rollout`'s rows with weight 0 and count for nothing in the totals.

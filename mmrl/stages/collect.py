@@ -53,11 +53,11 @@ from sim.workers import make_vec_env
 
 from ..algos.data import difficulty_filter_keep, dynamic_sampling_keep
 from ..methods.curriculum import Curriculum
-from ..policy.options import plain_model
-from ..policy.vllm_backend import merged_named_weights
+from ..policy.engines.vllm_colocated import merged_named_weights
+from ..policy.lora import plain_model
 from ..policy.vlm import VLMPolicy
-from ..run import distributed
-from ..run.config import AlgoConfig, TrainConfig
+from ..runtime import distributed
+from ..runtime.config import AlgoConfig, TrainConfig
 from ..types import Collected, Episodes, Sampling, cat_episodes
 from .rollout import collect_episodes
 from .rollout_workers import RolloutWorkers

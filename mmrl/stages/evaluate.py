@@ -11,9 +11,9 @@ import sim
 from sim.seeds import eval_seeds
 
 from ..policy.vlm import VLMPolicy
-from ..run import distributed
-from ..run.config import TrainConfig
-from ..run.distributed import World, eval_shard
+from ..runtime import distributed
+from ..runtime.config import TrainConfig
+from ..runtime.distributed import World, eval_shard
 from ..types import Episodes, Sampling
 from .rollout import collect_episodes
 

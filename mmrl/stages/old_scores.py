@@ -18,8 +18,8 @@ import torch
 from ..methods import critic as critic_head
 from ..methods.critic import Critic
 from ..policy import VLMPolicy
-from ..run.config import TrainConfig
-from ..run.distributed import World
+from ..runtime.config import TrainConfig
+from ..runtime.distributed import World
 from ..types import Episodes, Sampling
 from .batching import micro_batches, mini_batch_count
 

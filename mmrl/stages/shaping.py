@@ -36,8 +36,8 @@ from ..methods.consistency import CareReference, make_care, with_vote_rewards
 from ..methods.judge import Judge, RemoteJudge, make_judge
 from ..methods.progress import with_progress_rewards
 from ..policy.vlm import VLMPolicy
-from ..run import distributed
-from ..run.config import AlgoConfig, TrainConfig
+from ..runtime import distributed
+from ..runtime.config import AlgoConfig, TrainConfig
 from ..types import Collected, Episodes, Sampling
 
 

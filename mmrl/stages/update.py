@@ -28,10 +28,10 @@ from .. import algos
 from ..methods import critic as critic_head
 from ..methods.critic import Critic
 from ..policy import VLMPolicy
-from ..run import distributed
-from ..run.config import TrainConfig
-from ..run.logging import EXTREMES
-from ..run.precision import MasterWeights
+from ..runtime import distributed
+from ..runtime.config import TrainConfig
+from ..runtime.metrics import EXTREMES
+from ..runtime.precision import MasterWeights
 from ..types import Episodes, Rollout, Sampling
 from .batching import MicroBatch, micro_batches, mini_batch_rows
 from .old_scores import OldScores, optimizer_steps

@@ -2,7 +2,7 @@
 
 **Task.** Each world is an image of 2-4 flat shapes on a light background and the instruction
 `"Find the {colour} {kind}."`. The policy answers with text, ideally `<answer>[x1, y1, x2, y2]</answer>` in the
-model family's units (`coordinates`, chosen from the model by the config, `mmrl.policy.families`): pixels of the image
+model family's units (`coordinates`, chosen from the model by the config, `mmrl.families`): pixels of the image
 as the model saw it (`input_size` on a side after its processor's resize; the image's own size by default), or 0-1000
 or 0-1 relative, which the instruction then names ("Coordinates are relative, 0 to 1000."). Answers are converted to
 pixels of the drawn image before scoring. Episodes last one step.
@@ -96,7 +96,7 @@ class GroundingEnv(SingleStepImageEnv):
         format_weight: Weight of the exact-format term of the reward.
         giou_weight: Weight of the shaping term `(GIoU + 1) / 2` in [0, 1] (0: off); unparsed answers score 0.
         coordinates: The units answers are read in: "pixels", "0-1000" or "0-1" (relative to the image side), as
-            the model family writes boxes (`mmrl.policy.families`); relative units are named in the instruction.
+            the model family writes boxes (`mmrl.families`); relative units are named in the instruction.
         input_size: With "pixels", the side of the image the model sees after its processor resizes it (Qwen-VL
             rounds sides to its patch grid); 0: `image_size`.
         answer_format: "answer" (`<answer>[box]</answer>`, or a bare box without the format term) or "think_answer"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from mmrl.run.config import AlgoConfig
-from mmrl.run.distributed import World
+from mmrl.runtime.config import AlgoConfig
+from mmrl.runtime.distributed import World
 from mmrl.stages.advantages import row_advantages, whitened
 from mmrl.types import Episodes
 

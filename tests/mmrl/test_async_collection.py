@@ -22,8 +22,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from mmrl.run.checkpoint import list_checkpoints
-from mmrl.run.logging import read_metrics
+from mmrl.runtime.checkpoint import list_checkpoints
+from mmrl.runtime.metrics import read_metrics
 from mmrl.trainer import train
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -100,7 +100,7 @@ DRIVER = textwrap.dedent(
     conftest = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(conftest)
     import sim
-    from mmrl.run.config import load_config
+    from mmrl.runtime.config import load_config
     from mmrl.trainer import train
 
     sim.ENVS.register("grounding_letters")(conftest.LetterBonusGroundingEnv)
@@ -154,7 +154,7 @@ def test_an_engine_process_that_cannot_start_is_an_error_naming_the_backend_its_
     """Without vLLM (this environment) the engine process fails at once: the error names the backend, the fix and
     the log file, well within the start limit, and no process is left behind."""
     import sim
-    from mmrl.policy.vllm_engine import EngineProcessError, VLLMProcessBackend
+    from mmrl.policy.engines.vllm_process import EngineProcessError, VLLMProcessBackend
     from mmrl.types import Sampling
 
     policy = tiny_policy("qwen2_vl")

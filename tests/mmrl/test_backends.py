@@ -1,7 +1,7 @@
 """Generation backends: the static-cache backend against the `hf` reference, and the pure parts of the vLLM one.
 
 On CPU the static backend runs without compilation (transformers compiles the decoding step on CUDA only; see
-`mmrl.policy.backends`), so these tests pin what must not change when it is compiled: the same tokens and the
+`mmrl.policy.engines.backends`), so these tests pin what must not change when it is compiled: the same tokens and the
 same sampling-time log-probs as `hf`. vLLM is not installed here and cannot run on CPU: its engine tests skip
 unless vLLM and a GPU are present (`-m gpu`), and only its pure functions run here.
 """
@@ -18,8 +18,8 @@ import torch
 from PIL import Image
 
 from mmrl.policy import TINY_ARCHS, Sampling, VLMPolicy, add_action_tokens
-from mmrl.policy.backends import StaticCacheBackend
-from mmrl.policy.vllm_backend import completions_from_vllm, sampling_params_kwargs, vllm_requests
+from mmrl.policy.engines.backends import StaticCacheBackend
+from mmrl.policy.engines.vllm_colocated import completions_from_vllm, sampling_params_kwargs, vllm_requests
 from sim.base import Observation
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None

@@ -180,9 +180,9 @@ def test_an_unknown_tiny_architecture_is_named(tmp_path, capsys):
 def test_every_preset_passes_the_model_folder_check(preset, monkeypatch):
     """The check refuses no shipped preset's model (a hub id is refused only while the hub is off and the model is
     not in its local cache, as transformers would then fail too)."""
-    from mmrl.policy.tiny import ALL_TINY_ARCHS
-    from mmrl.run.config import ConfigError, load_config
-    from mmrl.run.folders import check_model_folders
+    from mmrl.policy.vlm.tiny import ALL_TINY_ARCHS
+    from mmrl.runtime.config import ConfigError, load_config
+    from mmrl.runtime.folders import check_model_folders
 
     cfg = load_config(preset)
     if cfg.model.path.startswith("./checkpoints/"):  # the user's own folder (pi0_libero: a π0 LIBERO checkpoint)

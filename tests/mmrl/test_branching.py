@@ -10,8 +10,8 @@ import torch
 
 import sim
 from mmrl.policy import Sampling, add_action_tokens
-from mmrl.run.config import ConfigError
-from mmrl.run.logging import read_metrics
+from mmrl.runtime.config import ConfigError
+from mmrl.runtime.metrics import read_metrics
 from mmrl.stages.rollout import collect_episodes
 from mmrl.trainer import train
 from tests.mmrl.test_vla import VLA_RUN

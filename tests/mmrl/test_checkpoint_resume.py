@@ -24,7 +24,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from mmrl.run.checkpoint import (
+from mmrl.runtime.checkpoint import (
     MANIFEST,
     checkpoint_problem,
     latest_checkpoint,
@@ -32,7 +32,7 @@ from mmrl.run.checkpoint import (
     load_training_state,
     save_checkpoint,
 )
-from mmrl.run.logging import MetricsLogger, read_metrics
+from mmrl.runtime.metrics import MetricsLogger, read_metrics
 from mmrl.trainer import train
 from sim.errors import InputError
 
@@ -211,7 +211,7 @@ def test_killed_run_resumes_to_the_weights_of_an_uninterrupted_one(tmp_path):
     assert f"step {int(newest.name.removeprefix('step_')) - 1})" in printed, printed  # resumed from the one before
 
     # The uninterrupted reference, in this process, from the same file.
-    from mmrl.run.config import load_config
+    from mmrl.runtime.config import load_config
 
     whole = tmp_path / "whole"
     train(load_config(config, [f"output_dir={whole}"]))
@@ -286,7 +286,7 @@ def test_a_write_cut_off_mid_checkpoint_then_a_damaged_newest_resumes_from_the_o
 ):
     """What a kill -9 in the middle of writing step 3 leaves (the weights written, the optimiser state not, under the
     temporary name), then step 2 damaged as well: resume takes step 1 and ends where the uninterrupted run ends."""
-    import mmrl.run.checkpoint as checkpoint_module
+    import mmrl.runtime.checkpoint as checkpoint_module
 
     real_save = torch.save
 
@@ -313,7 +313,7 @@ def test_a_write_cut_off_mid_checkpoint_then_a_damaged_newest_resumes_from_the_o
 
 
 def test_resume_with_no_complete_checkpoint_refuses_and_leaves_the_folder_as_it_was(uninterrupted_run, tmp_path):
-    from mmrl.run.checkpoint import resume_checkpoint
+    from mmrl.runtime.checkpoint import resume_checkpoint
 
     shutil.copytree(uninterrupted_run, tmp_path, dirs_exist_ok=True)
     cut(tmp_path / "checkpoints" / "step_00000004" / "model.safetensors")

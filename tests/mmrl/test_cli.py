@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from mmrl.cli import main
-from mmrl.run.checkpoint import latest_checkpoint
+from mmrl.runtime.checkpoint import latest_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 PRESET = str(REPO / "configs" / "grounding_tiny.yaml")

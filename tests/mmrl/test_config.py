@@ -9,7 +9,7 @@ import pytest
 
 import sim
 from mmrl import algos
-from mmrl.run.config import AlgoConfig, ConfigError, TrainConfig, TrainerConfig, load_config
+from mmrl.runtime.config import AlgoConfig, ConfigError, TrainConfig, TrainerConfig, load_config
 
 REPO = Path(__file__).resolve().parents[2]
 PRESETS = sorted((REPO / "configs").glob("*.yaml"))

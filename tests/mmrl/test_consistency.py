@@ -15,7 +15,7 @@ import torch
 import sim
 from mmrl.algos.consistency import care_bonus
 from mmrl.methods.consistency import CareReference, answer_token_mask, with_vote_rewards
-from mmrl.run.config import ConfigError, load_config
+from mmrl.runtime.config import ConfigError, load_config
 from mmrl.stages.rollout import collect_episodes
 from mmrl.trainer import train
 from mmrl.types import Rollout, Sampling

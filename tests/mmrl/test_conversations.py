@@ -12,14 +12,14 @@ import torch
 
 import sim
 from mmrl.policy import TINY_ARCHS, Sampling
-from mmrl.run.config import ConfigError, load_config
-from mmrl.run.sft import (
+from mmrl.policy.vlm.demonstrations import (
     _demonstrated_turns,
     collect_demonstrations,
     supervised_batch,
     target_ids,
     train_on_demonstrations,
 )
+from mmrl.runtime.config import ConfigError, load_config
 from mmrl.stages.rollout import collect_episodes
 from mmrl.trainer import train
 from mmrl.types import Turn

@@ -80,13 +80,13 @@ def resume_after_step_one(config: Path, two: Path, resumed: Path) -> Path:
 
 
 def training_rows(output_dir: Path) -> list[dict]:
-    from mmrl.run.logging import read_metrics
+    from mmrl.runtime.metrics import read_metrics
 
     return [m for m in read_metrics(output_dir / "metrics.jsonl") if "reward/total" in m]
 
 
 def final_weights(output_dir: Path) -> dict[str, torch.Tensor]:
-    from mmrl.run.checkpoint import latest_checkpoint
+    from mmrl.runtime.checkpoint import latest_checkpoint
 
     return load_file(latest_checkpoint(output_dir) / "model.safetensors")
 
@@ -94,7 +94,7 @@ def final_weights(output_dir: Path) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """The same two steps in two processes and in one: (config file, two-process dir, one-process dir)."""
-    from mmrl.run.config import load_config
+    from mmrl.runtime.config import load_config
     from mmrl.trainer import train
 
     root = tmp_path_factory.mktemp("fsdp")
@@ -117,7 +117,7 @@ def test_two_processes_log_what_one_process_logs(runs):
     assert got[1]["loss/kl"] > 0  # step 2 is measured against the (sharded) reference
     assert got[0]["reward/total"] != got[1]["reward/total"]
     # Rank 0 alone wrote the file: held-out rows before and after, one row per step, none twice.
-    from mmrl.run.logging import read_metrics
+    from mmrl.runtime.metrics import read_metrics
 
     assert [m["step"] for m in read_metrics(two / "metrics.jsonl")] == [0, 1, 2, 2]
 
@@ -125,7 +125,7 @@ def test_two_processes_log_what_one_process_logs(runs):
 def test_two_processes_with_epochs_mini_batches_and_a_critic_step_as_one_process(tmp_path):
     """Mini-batches cut from both processes' groups with one draw, the old log-probs recomputed, and a value head whose
     gradients are averaged over the processes: two processes still train what one process with two shards trains."""
-    from mmrl.run.config import load_config
+    from mmrl.runtime.config import load_config
     from mmrl.trainer import train
 
     run = {**RUN, "algo": {"group_size": 2, "kl_coef": 0.0, "advantage": "gae", "ppo_epochs": 2,
@@ -152,7 +152,7 @@ def test_two_processes_evaluate_what_one_process_evaluates(runs):
     """Each process plays its share of the held-out seeds; the sums over processes are one process's."""
     from PIL import Image
 
-    from mmrl.run.logging import read_metrics
+    from mmrl.runtime.metrics import read_metrics
 
     _, two, one = runs
     got, want = ([m for m in read_metrics(d / "metrics.jsonl") if "eval/iou" in m] for d in (two, one))
@@ -177,7 +177,7 @@ def test_each_process_evaluates_only_its_share_of_the_seeds(tmp_path):
 
 
 def test_held_out_seeds_split_into_contiguous_blocks():
-    from mmrl.run.distributed import World, eval_shard
+    from mmrl.runtime.distributed import World, eval_shard
 
     assert [eval_shard(5, World(rank=r, size=2)) for r in range(2)] == [range(0, 3), range(3, 5)]
     assert [len(eval_shard(10, World(rank=r, size=4))) for r in range(4)] == [3, 3, 2, 2]
@@ -187,7 +187,7 @@ def test_held_out_seeds_split_into_contiguous_blocks():
 
 def test_checkpoint_holds_full_weights_that_load_in_one_process(runs):
     from mmrl.policy import VLMPolicy
-    from mmrl.run.checkpoint import latest_checkpoint, load_training_state
+    from mmrl.runtime.checkpoint import latest_checkpoint, load_training_state
 
     _, two, one = runs
     got, want = final_weights(two), final_weights(one)
@@ -230,7 +230,7 @@ def test_resumed_two_process_run_matches_the_uninterrupted_one(runs, tmp_path):
 @pytest.fixture(scope="module")
 def lora_runs(tmp_path_factory):
     """The runs of `runs` with LoRA adapters (rank 4, KL against the sharded PEFT reference as well)."""
-    from mmrl.run.config import load_config
+    from mmrl.runtime.config import load_config
     from mmrl.trainer import train
 
     root = tmp_path_factory.mktemp("fsdp_lora")
@@ -244,7 +244,7 @@ def lora_runs(tmp_path_factory):
 
 
 def final_adapters(output_dir: Path) -> dict[str, torch.Tensor]:
-    from mmrl.run.checkpoint import latest_checkpoint
+    from mmrl.runtime.checkpoint import latest_checkpoint
 
     return load_file(latest_checkpoint(output_dir) / "lora" / "adapter_model.safetensors")
 
@@ -272,8 +272,8 @@ def test_two_process_lora_run_trains_what_one_process_trains(lora_runs):
 
 def test_two_process_lora_checkpoint_resumes_and_merges(lora_runs, tmp_path):
     from mmrl.policy import VLMPolicy
-    from mmrl.policy.options import is_lora, merge_lora
-    from mmrl.run.checkpoint import latest_checkpoint
+    from mmrl.policy.lora import is_lora, merge_lora
+    from mmrl.runtime.checkpoint import latest_checkpoint
 
     config, two, one = lora_runs
     resumed = resume_after_step_one(config, two, tmp_path / "resumed")
@@ -303,7 +303,7 @@ def test_two_process_lora_checkpoint_resumes_and_merges(lora_runs, tmp_path):
 def master_runs(tmp_path_factory):
     """The runs of `runs` in bfloat16 at lr 1e-6 with float32 master weights (FSDP: float32 shards computing in
     bfloat16; one process: `MasterWeights`), and the two-process run resumed after step 1."""
-    from mmrl.run.config import load_config
+    from mmrl.runtime.config import load_config
     from mmrl.trainer import train
 
     root = tmp_path_factory.mktemp("fsdp_masters")
@@ -360,7 +360,7 @@ def test_processes_generate_unevenly_without_deadlock(tmp_path):
 
 
 def test_prompts_split_into_whole_shards_per_process():
-    from mmrl.run.distributed import World, prompt_shards
+    from mmrl.runtime.distributed import World, prompt_shards
     from sim.seeds import sampling_seed
 
     assert prompt_shards(8, 1, World()) == range(0, 1)
@@ -377,7 +377,7 @@ def test_prompts_split_into_whole_shards_per_process():
 def test_without_torchrun_nothing_is_distributed(monkeypatch):
     import torch.distributed as dist
 
-    from mmrl.run.distributed import World, init_world
+    from mmrl.runtime.distributed import World, init_world
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     world = init_world("cpu")
@@ -395,7 +395,7 @@ def _worker() -> None:
 
     import sim
     from mmrl.policy import Sampling, build_tiny
-    from mmrl.run.distributed import clip_grad_norm, close_world, full_weights, init_world, shard_model
+    from mmrl.runtime.distributed import clip_grad_norm, close_world, full_weights, init_world, shard_model
 
     world = init_world("cpu")
     rank = world.rank
@@ -441,7 +441,7 @@ def _eval_worker() -> None:
     torch.set_num_threads(1)
     import mmrl.stages.evaluate
     from mmrl.policy import build_tiny
-    from mmrl.run.distributed import close_world, full_weights, init_world, shard_model
+    from mmrl.runtime.distributed import close_world, full_weights, init_world, shard_model
     from mmrl.stages.evaluate import eval_seeds, evaluate
 
     world = init_world("cpu")

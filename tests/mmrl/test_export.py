@@ -10,9 +10,9 @@ import torch
 from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer
 
 from mmrl.cli import main
+from mmrl.export import export
 from mmrl.policy import Sampling, VLMPolicy
-from mmrl.policy.processing import VisionTextProcessor
-from mmrl.run.export import export
+from mmrl.policy.vlm.processing import VisionTextProcessor
 from mmrl.trainer import train
 
 pytest.importorskip("peft")

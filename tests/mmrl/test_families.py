@@ -1,4 +1,4 @@
-"""The same contract for every model family (`mmrl.policy.families`), on tiny real models of each.
+"""The same contract for every model family (`mmrl.families`), on tiny real models of each.
 
 Qwen3-VL stands for the Qwen-VL family here (tests/mmrl/test_policy.py, test_backends.py and test_conversations.py
 cover Qwen2-VL, Qwen2.5-VL and Qwen3-VL in depth); Qwen3.5, Gemma 3, Idefics3 (SmolVLM), SmolVLM2, PaliGemma,
@@ -20,8 +20,8 @@ import torch
 
 import sim
 from mmrl.policy import VLMPolicy, build_tiny
-from mmrl.policy.processing import user_content
 from mmrl.policy.vision import to_pil
+from mmrl.policy.vlm.processing import user_content
 from mmrl.types import Sampling, Turn
 from sim.base import Observation
 
@@ -239,8 +239,8 @@ def test_a_folder_laid_out_as_the_hubs_loads_with_identical_logprobs(arch, tmp_p
     # PaliGemma has no chat template; Qwen3.5, PaliGemma, GLM-4.1V no processor numbers beyond the image processor's.
     assert (tmp_path / "chat_template.jinja").is_file() == (arch != "paligemma")
     assert (tmp_path / "processor_config.json").is_file() == (arch not in ("qwen3_5", "paligemma", "glm4v"))
-    from mmrl.run.build import load_policy
-    from mmrl.run.config import ModelConfig
+    from mmrl.build import load_policy
+    from mmrl.runtime.config import ModelConfig
 
     loaded = load_policy(ModelConfig(path=str(tmp_path), prompt_template=TEMPLATE))  # as `model.path=<folder>`
     assert isinstance(loaded, VLMPolicy) and loaded.family.name == arch
@@ -340,7 +340,7 @@ def test_papo_masks_pixels_of_every_family_and_patches_only_where_rows_are_patch
 )
 def test_a_judge_of_any_family_scores_a_padded_batch_as_each_prompt_alone(arch):
     from mmrl.methods.judge import Judge
-    from mmrl.run.config import JudgeConfig
+    from mmrl.runtime.config import JudgeConfig
 
     judge = Judge(JudgeConfig(batch_size=3), policy=build_tiny(arch, seed=1))
     pictures = torch.randint(0, 256, (3, 48, 48, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
@@ -377,7 +377,7 @@ def test_progress_embeddings_come_from_every_familys_vision_tower(arch):
 
 @pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl", "idefics3"])  # pixels, 0-1000, 0-1
 def test_grounding_reads_answers_in_the_familys_coordinates(arch):
-    from mmrl.policy.families import family_for
+    from mmrl.families import family_for
     from rewards.coordinates import boxes_to_pixels
 
     coordinates = family_for(arch).coordinates

@@ -10,7 +10,7 @@ import torch
 
 import sim
 import sim.gui  # registers gui_click and gui_task
-from mmrl.run.config import REPO, ConfigError, load_config
+from mmrl.runtime.config import REPO, ConfigError, load_config
 
 
 def _env(cfg, num_envs=2):
@@ -113,9 +113,9 @@ SYSTEM = "You are a careful annotator."
 
 @pytest.mark.parametrize("arch", ["qwen3_vl", "gemma3"])  # its own system turn; folded into Gemma 3's first user turn
 def test_the_system_prompt_reaches_the_prompt_ids_as_the_familys_template_renders_it(arch):
+    from mmrl.build import load_policy
     from mmrl.policy import apply_model_options
     from mmrl.policy.vision import to_pil
-    from mmrl.run.build import load_policy
     from mmrl.types import Sampling
 
     cfg = load_config(None, [f"model.path=tiny:{arch}", f"model.system_prompt={SYSTEM}", "env.options.image_size=64"])
@@ -193,9 +193,9 @@ def test_r1_preset_trains_two_steps(tmp_path):
 @pytest.mark.parametrize("arch", ["qwen3_vl", "gemma3"])
 def test_lora_on_the_vision_tower_trains_its_adapters_moves_no_base_weight_and_round_trips(arch, tmp_path):
     pytest.importorskip("peft")
+    from mmrl.build import load_policy
     from mmrl.policy import VLMPolicy, apply_model_options
-    from mmrl.policy.options import find_vision_modules, plain_model
-    from mmrl.run.build import load_policy
+    from mmrl.policy.lora import find_vision_modules, plain_model
     from mmrl.types import Sampling
 
     overrides = [f"model.path=tiny:{arch}", "model.lora_r=4", "env.options.image_size=64"]
@@ -258,8 +258,8 @@ def test_lora_on_the_vision_tower_trains_its_adapters_moves_no_base_weight_and_r
 
 def test_lora_vision_adds_the_towers_linear_layers_to_named_targets():
     pytest.importorskip("peft")
+    from mmrl.build import load_policy
     from mmrl.policy import apply_model_options
-    from mmrl.run.build import load_policy
 
     cfg = load_config(None, ["model.path=tiny:qwen3_vl", "model.lora_r=2", "model.lora_target_modules=q_proj",
                              "model.lora_vision=true"])  # fmt: skip
@@ -297,8 +297,8 @@ def test_miniwob_clicks_are_brought_to_pixels_before_the_browser_sees_them():
 
 
 def test_a_family_without_a_chat_template_refuses_the_system_prompt():
+    from mmrl.build import load_policy
     from mmrl.policy import apply_model_options
-    from mmrl.run.build import load_policy
 
     cfg = load_config(None, ["model.path=tiny:paligemma", f"model.system_prompt={SYSTEM}"])
     with pytest.raises(ValueError, match=r"model\.system_prompt: a paligemma model has no chat template"):
@@ -306,10 +306,10 @@ def test_a_family_without_a_chat_template_refuses_the_system_prompt():
 
 
 def test_the_config_side_repeats_the_family_tables_units_and_pixel_bounds():
-    """`mmrl.run.conventions` repeats two columns of the family table (the policy package imports the config module,
+    """`mmrl.runtime.conventions` repeats two columns of the family table (the policy package imports the config module,
     not the other way round): they must agree, family for family."""
-    from mmrl.policy.families import FAMILIES
-    from mmrl.run.conventions import FAMILY_COORDINATES, PIXEL_BOUND_FAMILIES
+    from mmrl.families import FAMILIES
+    from mmrl.runtime.conventions import FAMILY_COORDINATES, PIXEL_BOUND_FAMILIES
 
     assert FAMILY_COORDINATES == {name: family.coordinates for name, family in FAMILIES.items()}
     assert {name for name, family in FAMILIES.items() if family.pixel_bounds} == PIXEL_BOUND_FAMILIES

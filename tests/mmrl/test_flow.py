@@ -122,8 +122,8 @@ def test_recorded_logprobs_equal_the_recomputed_ones_and_carry_gradients(policy)
 
 # ---------------------------------------------------------------------------------------------- checkpoints
 def test_checkpoint_round_trips_bit_identically_and_loads_through_model_path(policy, tmp_path):
-    from mmrl.run.build import load_policy
-    from mmrl.run.config import ModelConfig
+    from mmrl.build import load_policy
+    from mmrl.runtime.config import ModelConfig
 
     policy.save_pretrained(tmp_path / "pi0")
     saved = json.loads((tmp_path / "pi0" / "processor_config.json").read_text())
@@ -147,9 +147,9 @@ def test_checkpoint_round_trips_bit_identically_and_loads_through_model_path(pol
 
 # ---------------------------------------------------------------------------------------------- config options
 def test_the_config_sets_what_the_policy_samples_with(tmp_path):
+    from mmrl.build import load_policy
     from mmrl.policy import apply_model_options, build_tiny
-    from mmrl.run.build import load_policy
-    from mmrl.run.config import REPO, load_config
+    from mmrl.runtime.config import REPO, load_config
 
     obs, seed = _obs(2), torch.Generator().manual_seed
     # An override from the command line: noise level 0 turns sampling into the ODE (what greedy runs) ...
@@ -188,7 +188,7 @@ def test_the_config_sets_what_the_policy_samples_with(tmp_path):
 
 def test_bad_flow_options_are_config_errors_naming_the_field():
     from mmrl.policy.flow import NOISE_METHODS
-    from mmrl.run.config import FLOW_NOISE_METHODS, ConfigError, load_config
+    from mmrl.runtime.config import FLOW_NOISE_METHODS, ConfigError, load_config
 
     assert FLOW_NOISE_METHODS == NOISE_METHODS  # the config's copy of the policy's names
     pi0 = "model.path=tiny:pi0"
@@ -215,7 +215,7 @@ def test_bad_flow_options_are_config_errors_naming_the_field():
 
 # ---------------------------------------------------------------------------------------------- bad input
 def test_bad_input_is_an_error_naming_the_field(policy, tmp_path):
-    from mmrl.policy.tiny import ASSETS
+    from mmrl.policy.vlm.tiny import ASSETS
 
     with pytest.raises(ValueError, match="not a PI0 checkpoint: its config.json has model_type 'qwen2_vl'"):
         FlowPolicy.from_pretrained(ASSETS / "tiny_models" / "qwen2_vl")
@@ -291,10 +291,10 @@ def test_ppo_epochs_ratios_are_one_at_lr_zero_and_the_clip_binds_at_a_high_lr(ti
 def test_mmrl_export_writes_a_pi0_folder_transformers_and_model_path_load(tiny_run_config, tmp_path, capsys):
     from transformers import PI0ForConditionalGeneration
 
+    from mmrl.build import load_policy
     from mmrl.cli import main
-    from mmrl.run.build import load_policy
-    from mmrl.run.config import ModelConfig
-    from mmrl.run.export import export
+    from mmrl.export import export
+    from mmrl.runtime.config import ModelConfig
 
     _train(tiny_run_config, tmp_path / "run", "trainer.total_steps=1", "trainer.lr=1e-3", "model.flow_steps=3")
     assert main(["export", str(tmp_path / "run"), str(tmp_path / "out")]) == 0
@@ -319,7 +319,7 @@ def test_mmrl_export_writes_a_pi0_folder_transformers_and_model_path_load(tiny_r
 
 
 def test_flow_rollout_quacks_like_a_rollout_for_the_micro_batches(policy):
-    from mmrl.run.distributed import World
+    from mmrl.runtime.distributed import World
     from mmrl.stages.batching import micro_batches
 
     rollout = policy.generate(_obs(4), 1, Sampling(), generator=torch.Generator().manual_seed(0))

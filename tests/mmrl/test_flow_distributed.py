@@ -42,8 +42,8 @@ COMPARED = ("loss/policy", "grad_norm", "reward/total")
 )  # fmt: skip
 def test_two_processes_train_the_tiny_pi0_as_one_process_with_two_shards(tmp_path, model, algo):
     from mmrl.policy.flow import FlowPolicy
-    from mmrl.run.checkpoint import latest_checkpoint
-    from mmrl.run.config import load_config
+    from mmrl.runtime.checkpoint import latest_checkpoint
+    from mmrl.runtime.config import load_config
     from mmrl.trainer import train
 
     pytest.importorskip("mujoco")

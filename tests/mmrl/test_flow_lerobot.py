@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 from mmrl.policy.flow import FlowPolicy, FlowStats, build_tiny_flow
-from mmrl.policy.flow_folders import check_flow_folder, read_folder_stats
+from mmrl.policy.flow.folders import check_flow_folder, read_folder_stats
 
 # Values float32 holds exactly (the safetensors are float32), so the statistics read compare equal.
 STATE_MEAN, STATE_STD = [0.125, -0.25, 0.375, 0.0], [0.5, 0.25, 2.0, 1.0]

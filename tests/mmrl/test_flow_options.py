@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from mmrl.policy.flow import FlowStats, build_tiny_flow
-from mmrl.policy.flow_options import apply_flow_options
-from mmrl.run.config import ConfigError, EnvConfig, ModelConfig, SFTConfig, TrainConfig
+from mmrl.policy.flow.options import apply_flow_options
+from mmrl.runtime.config import ConfigError, EnvConfig, ModelConfig, SFTConfig, TrainConfig
 from mmrl.types import Sampling
 from sim.base import Observation
 

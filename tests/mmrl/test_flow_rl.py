@@ -106,9 +106,9 @@ def test_flow_noise_log_density_by_hand_recorded_equals_recomputed_and_the_head_
 def test_flow_noise_head_round_trips_with_the_checkpoint_and_the_model_folder_stays_plain_pi0(tmp_path):
     from transformers import PI0ForConditionalGeneration
 
+    from mmrl.build import load_policy
     from mmrl.policy import apply_model_options
-    from mmrl.run.build import load_policy
-    from mmrl.run.config import ModelConfig, load_config
+    from mmrl.runtime.config import ModelConfig, load_config
 
     policy = _noisy()
     with torch.no_grad():
@@ -136,7 +136,7 @@ def test_flow_noise_head_round_trips_with_the_checkpoint_and_the_model_folder_st
 def test_flow_noise_and_a_critic_train_on_reach_ratios_one_at_lr_zero(tiny_run_config, tmp_path):
     """One run at lr 0 with two epochs: every ratio is 1 (recorded = recomputed through the trainer), the critic reads
     values and trains (explained variance finite, its head moved), and the checkpoint carries head and critic."""
-    from mmrl.run.checkpoint import load_training_state
+    from mmrl.runtime.checkpoint import load_training_state
 
     overrides = ("trainer.total_steps=1", "algo.ppo_epochs=2", "algo.mini_batch_groups=1", "trainer.lr=0",
                  "model.flow_noise_method=flow_noise", "algo.advantage=gae", "algo.critic_lr=1e-2")  # fmt: skip
@@ -156,7 +156,7 @@ def test_flow_noise_and_a_critic_train_on_reach_ratios_one_at_lr_zero(tiny_run_c
 def test_a_critic_reads_flow_values_its_loss_falls_on_a_fixed_batch_and_it_round_trips():
     from mmrl.methods.critic import Critic
     from mmrl.policy.flow import FlowStats
-    from mmrl.run.distributed import World
+    from mmrl.runtime.distributed import World
 
     policy = build_tiny_flow(seed=0, stats=FlowStats(*STATS))
     obs = _obs(4)
@@ -199,7 +199,7 @@ def test_a_critic_reads_flow_values_its_loss_falls_on_a_fixed_batch_and_it_round
 def test_lora_on_one_part_trains_its_adapters_and_freezes_the_other(part):
     from mmrl.policy import apply_model_options
     from mmrl.policy.flow import FlowStats
-    from mmrl.run.config import ModelConfig
+    from mmrl.runtime.config import ModelConfig
 
     pytest.importorskip("peft")
     policy = build_tiny_flow(seed=0, stats=FlowStats(*STATS), noise_method="flow_noise")
@@ -223,12 +223,12 @@ def test_lora_on_one_part_trains_its_adapters_and_freezes_the_other(part):
 def test_lora_checkpoint_round_trips_and_export_writes_the_merged_weights(tmp_path):
     from transformers import PI0ForConditionalGeneration
 
+    from mmrl.build import load_policy
+    from mmrl.export import export
     from mmrl.policy import apply_model_options
     from mmrl.policy.flow import FlowStats
-    from mmrl.policy.options import is_lora
-    from mmrl.run.build import load_policy
-    from mmrl.run.config import ModelConfig
-    from mmrl.run.export import export
+    from mmrl.policy.lora import is_lora
+    from mmrl.runtime.config import ModelConfig
 
     pytest.importorskip("peft")
     policy = build_tiny_flow(seed=0, stats=FlowStats(*STATS))
@@ -264,7 +264,7 @@ def test_lora_checkpoint_round_trips_and_export_writes_the_merged_weights(tmp_pa
 
 def test_a_lora_run_on_the_expert_moves_only_its_adapters_and_mmrl_export_merges_them(tiny_run_config, tmp_path):
     from mmrl.cli import main
-    from mmrl.policy.options import is_lora
+    from mmrl.policy.lora import is_lora
 
     pytest.importorskip("peft")
     overrides = ("trainer.total_steps=1", "trainer.lr=1e-2", "model.lora_r=4", "model.lora_target_modules=expert",

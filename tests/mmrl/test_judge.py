@@ -10,7 +10,7 @@ import torch
 import sim
 from mmrl.methods.judge import Judge, RemoteJudge, read_score
 from mmrl.policy.vision import to_pil
-from mmrl.run.config import JudgeConfig
+from mmrl.runtime.config import JudgeConfig
 from mmrl.trainer import train
 
 ANSWERS = ["<answer>[1, 2, 30, 40]</answer>", "no", "<svg viewBox='0 0 {w} {h}'><rect width='9'/></svg> " * 3]
@@ -109,7 +109,7 @@ def test_a_judge_loads_from_a_model_folder_and_names_a_bad_one(tiny_policy, tmp_
 
 
 def test_config_mistakes_name_the_field():
-    from mmrl.run.config import ConfigError, load_config
+    from mmrl.runtime.config import ConfigError, load_config
 
     with pytest.raises(ConfigError, match="judge.rubric must contain {answer}"):
         load_config(None, ["judge.rubric='Rate it.'"])

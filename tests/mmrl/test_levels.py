@@ -9,10 +9,10 @@ import pytest
 import torch
 
 import sim
-from mmrl.run.build import demonstrations, load_policy
-from mmrl.run.config import load_config
-from mmrl.run.report import breakdown_lines, write_eval_report
-from mmrl.run.sft import merge_demonstrations
+from mmrl.build import demonstrations, load_policy
+from mmrl.policy.vlm.demonstrations import merge_demonstrations
+from mmrl.report import breakdown_lines, write_eval_report
+from mmrl.runtime.config import load_config
 from mmrl.stages.evaluate import EvalResult, evaluate, held_out
 
 JIGSAW = "configs/jigsaw_tiny.yaml"

@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from mmrl.run.config import ConfigError
-from mmrl.run.logging import read_metrics, require_backends
+from mmrl.runtime.config import ConfigError
+from mmrl.runtime.metrics import read_metrics, require_backends
 from mmrl.trainer import train
 
 pytest.importorskip("tensorboard")

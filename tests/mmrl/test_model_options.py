@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from mmrl.policy import TINY_ARCHS, Sampling, apply_model_options
-from mmrl.policy.options import FREEZE_PARTS, part_parameters
-from mmrl.run.config import ConfigError, ModelConfig
+from mmrl.policy.lora import FREEZE_PARTS, part_parameters
+from mmrl.runtime.config import ConfigError, ModelConfig
 
 
 @pytest.mark.parametrize("arch", TINY_ARCHS)

@@ -14,9 +14,9 @@ import torch
 from PIL import Image
 
 import sim
+from mmrl.build import native_pixel_bounds
 from mmrl.policy import build_tiny
-from mmrl.run.build import native_pixel_bounds
-from mmrl.run.config import ConfigError, load_config
+from mmrl.runtime.config import ConfigError, load_config
 from mmrl.types import Sampling
 
 REPO = Path(__file__).resolve().parents[2]

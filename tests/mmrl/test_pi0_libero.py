@@ -10,11 +10,11 @@ import pytest
 import torch
 
 import sim
+from mmrl.build import load_policy, tiny_flow_for
 from mmrl.policy.flow import FlowPolicy, FlowStats, apply_flow_options, build_tiny_flow
-from mmrl.run.build import load_policy, tiny_flow_for
-from mmrl.run.config import load_config
-from mmrl.run.folders import check_model_folders
-from mmrl.run.schema import ConfigError
+from mmrl.runtime.config import load_config
+from mmrl.runtime.folders import check_model_folders
+from mmrl.runtime.schema import ConfigError
 from mmrl.stages.rollout import collect_episodes
 from mmrl.types import Sampling
 from sim.base import Observation
@@ -112,7 +112,7 @@ def test_presets_load_and_the_real_size_one_takes_a_pi0_folder_laid_out_as_the_h
 @pytest.mark.slow
 @pytest.mark.skipif(LiberoEnv.unavailable() is not None, reason=str(LiberoEnv.unavailable()))
 def test_held_out_play_on_libero_writes_the_protocol_next_to_the_result(tmp_path):
-    from mmrl.run.report import write_eval_report
+    from mmrl.report import write_eval_report
     from mmrl.stages.evaluate import evaluate
 
     cfg = load_config(REPO / "configs" / "pi0_libero_tiny.yaml", ["trainer.eval_episodes=1"])

@@ -1,6 +1,6 @@
 """configs/pi0_reach_tiny.yaml's parts: the perception warm start it loads through `model.path`
 (assets/tiny_models/pi0_warm_start, scripts/make_tiny_pi0.py) and the cold start's every-step labels
-(mmrl.run.flow_sft). The preset's learning figures are in RESULTS.md#pi0-on-reach."""
+(mmrl.policy.flow.demonstrations). The preset's learning figures are in RESULTS.md#pi0-on-reach."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import sim
+from mmrl.build import load_policy
 from mmrl.policy.flow import FlowPolicy, build_tiny_flow
-from mmrl.run.build import load_policy
-from mmrl.run.config import load_config
-from mmrl.run.flow_sft import collect_flow_demonstrations
+from mmrl.policy.flow.demonstrations import collect_flow_demonstrations
+from mmrl.runtime.config import load_config
 from sim.seeds import SFT_SEED_BASE
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""float32 master weights (`trainer.master_weights: float32`, `mmrl.run.precision`): in bfloat16 an AdamW step of lr 1e-6
+"""float32 master weights (`trainer.master_weights: float32`, `mmrl.runtime.precision`): in bfloat16 an AdamW step of lr 1e-6
 rounds away; with float32 masters it lands, close to the step a float32 model takes, and checkpoints keep it.
 
 The reference for "close" is the same model in float32, started from the same (bfloat16-representable) weights and
@@ -15,10 +15,10 @@ import io
 import pytest
 import torch
 
+from mmrl.build import load_policy
 from mmrl.policy import Sampling, VLMPolicy
-from mmrl.run.build import load_policy
-from mmrl.run.config import ConfigError
-from mmrl.run.precision import MasterWeights, cast_parameters
+from mmrl.runtime.config import ConfigError
+from mmrl.runtime.precision import MasterWeights, cast_parameters
 from mmrl.trainer import train
 
 LR = 1e-6
@@ -136,7 +136,7 @@ def test_trainer_with_float32_masters_moves_bfloat16_weights_at_lr_1e6(bf16_runs
 
 
 def test_resumed_run_with_float32_masters_matches_the_uninterrupted_one(bf16_runs):
-    from mmrl.run.logging import read_metrics
+    from mmrl.runtime.metrics import read_metrics
 
     _, _, masters, resumed = bf16_runs
     got, want = checkpoint_weights(resumed, 2), checkpoint_weights(masters, 2)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mmrl.run.config import TrainConfig, load_config, to_dict
+from mmrl.runtime.config import TrainConfig, load_config, to_dict
 
 REPO = Path(__file__).resolve().parents[2]
 SNAPSHOTS = Path(__file__).with_name("preset_snapshots")

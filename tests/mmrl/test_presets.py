@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import sim
-from mmrl.run.config import load_config
-from mmrl.run.sft import collect_demonstrations, train_on_demonstrations
+from mmrl.policy.vlm.demonstrations import collect_demonstrations, train_on_demonstrations
+from mmrl.runtime.config import load_config
 from mmrl.trainer import train
 from rewards.render import html
 from sim.gui.miniwob import MiniWoBEnv

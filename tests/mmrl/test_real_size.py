@@ -16,7 +16,8 @@ import torch
 from transformers import AutoModelForImageTextToText
 
 from mmrl.policy import Sampling, VLMPolicy, add_action_tokens
-from mmrl.policy.options import (
+from mmrl.policy.engines.vllm_colocated import merged_named_weights
+from mmrl.policy.lora import (
     apply_lora,
     apply_model_options,
     base_state_dict,
@@ -26,8 +27,7 @@ from mmrl.policy.options import (
     is_lora,
     merge_lora,
 )
-from mmrl.policy.vllm_backend import merged_named_weights
-from mmrl.run.config import ModelConfig
+from mmrl.runtime.config import ModelConfig
 from mmrl.stages.batching import token_budget_slices, trim_padding
 
 SAMPLING = Sampling(max_new_tokens=6, temperature=1.0)
@@ -238,7 +238,7 @@ def test_lora_checkpoint_round_trip(trained_lora_vla, tmp_path):
 def test_lora_on_an_untied_head_trains_its_action_rows_too(grounding_obs):
     from transformers import AutoConfig
 
-    from mmrl.policy.tiny import ASSETS, tiny_processor
+    from mmrl.policy.vlm.tiny import ASSETS, tiny_processor
 
     config = AutoConfig.from_pretrained(ASSETS / "tiny_models" / "qwen2_vl")
     config.tie_word_embeddings = config.text_config.tie_word_embeddings = False

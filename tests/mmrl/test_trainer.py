@@ -16,7 +16,7 @@ import pytest
 import torch
 from PIL import Image
 
-from mmrl.run.logging import read_metrics
+from mmrl.runtime.metrics import read_metrics
 from mmrl.trainer import train
 
 TRAIN_KEYS = ("loss/policy", "loss/kl", "grad_norm", "clip_fraction", "approx_kl", "lr", "completion_len")

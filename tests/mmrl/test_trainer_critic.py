@@ -12,9 +12,9 @@ import torch
 from safetensors.torch import load_file
 
 from mmrl.methods.critic import ValueHead, turns_left
-from mmrl.run.checkpoint import latest_checkpoint, load_training_state
-from mmrl.run.config import ConfigError
-from mmrl.run.logging import read_metrics
+from mmrl.runtime.checkpoint import latest_checkpoint, load_training_state
+from mmrl.runtime.config import ConfigError
+from mmrl.runtime.metrics import read_metrics
 from mmrl.trainer import train
 
 GAE = ("algo.advantage=gae", "algo.critic_lr=0.01", "algo.group_size=4", "trainer.prompts_per_step=2")

@@ -14,8 +14,8 @@ import io
 import pytest
 
 from mmrl import algos
-from mmrl.run.config import ConfigError
-from mmrl.run.logging import read_metrics
+from mmrl.runtime.config import ConfigError
+from mmrl.runtime.metrics import read_metrics
 from mmrl.trainer import train
 
 GSPO_RANGE = {"clip_low": 3e-4, "clip_high": 4e-4, "aggregation": "seq_mean_token_mean"}

@@ -33,8 +33,8 @@ def test_token_budget_gives_the_loss_of_row_micro_batches(tmp_path, tiny_run_con
 
 def test_lora_and_frozen_vision_train_only_what_they_should(tmp_path, tiny_run_config, letters_env):
     pytest.importorskip("peft")
-    from mmrl.policy.options import is_lora
-    from mmrl.run.build import load_policy
+    from mmrl.build import load_policy
+    from mmrl.policy.lora import is_lora
 
     cfg = tiny_run_config(
         tmp_path, f"env.name={letters_env}", "trainer.total_steps=1", "model.lora_r=4", "model.freeze_vision=true",
@@ -45,7 +45,7 @@ def test_lora_and_frozen_vision_train_only_what_they_should(tmp_path, tiny_run_c
     assert _step_rows(history)[0]["grad_norm"] > 0
     trained = load_policy(cfg.model, checkpoint=tmp_path / "checkpoints" / "step_00000001")
     assert is_lora(trained)
-    from mmrl.policy.options import merge_lora
+    from mmrl.policy.lora import merge_lora
 
     merged = merge_lora(trained).model.state_dict()
     base = start.model.state_dict()
@@ -77,7 +77,7 @@ def test_rollout_workers_generate_what_the_trainer_generates_in_process(tmp_path
     pytest.importorskip("ray")
     import ray
 
-    from mmrl.run.build import load_policy
+    from mmrl.build import load_policy
 
     common = (
         f"env.name={letters_env}", "trainer.total_steps=3", "algo.group_size=4", "trainer.generation_shards=2",

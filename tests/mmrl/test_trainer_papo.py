@@ -10,7 +10,7 @@ import io
 
 import pytest
 
-from mmrl.run.logging import read_metrics
+from mmrl.runtime.metrics import read_metrics
 from mmrl.trainer import train
 
 PAPO = ("algo.papo_gamma=0.02", "algo.papo_eta=0.03")

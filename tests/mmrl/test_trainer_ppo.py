@@ -13,8 +13,8 @@ import pytest
 import torch
 from transformers import CompileConfig
 
-from mmrl.run.config import ConfigError
-from mmrl.run.logging import read_metrics
+from mmrl.runtime.config import ConfigError
+from mmrl.runtime.metrics import read_metrics
 from mmrl.stages.batching import mini_batch_rows
 from mmrl.trainer import train
 

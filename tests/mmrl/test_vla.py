@@ -13,8 +13,8 @@ import sim
 from mmrl.algos.advantages import step_group_advantages
 from mmrl.methods.curriculum import Curriculum, CurriculumConfig
 from mmrl.policy import ActionCodec, Sampling, VLMPolicy, add_action_tokens
-from mmrl.policy.action_codec import action_rows_seed
-from mmrl.run.sft import collect_demonstrations, episode_noise_seed
+from mmrl.policy.vlm.action_codec import action_rows_seed
+from mmrl.policy.vlm.demonstrations import collect_demonstrations, episode_noise_seed
 from mmrl.stages.rollout import collect_episodes
 from mmrl.trainer import train
 from mmrl.types import cat_episodes
@@ -353,7 +353,7 @@ def test_vla_reach_preset_runs_on_mujoco(tmp_path, preset, options):
     pytest.importorskip("mujoco")
     from pathlib import Path
 
-    from mmrl.run.config import load_config
+    from mmrl.runtime.config import load_config
 
     preset = Path(__file__).resolve().parents[2] / "configs" / preset
     cfg = load_config(

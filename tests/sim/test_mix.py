@@ -8,7 +8,7 @@ import pytest
 import torch
 from PIL import Image
 
-from mmrl.run.config import ConfigError, load_config
+from mmrl.runtime.config import ConfigError, load_config
 from rewards import REWARDS, combine
 from sim import check_vec_env, make
 from sim.mix import MixedRewards

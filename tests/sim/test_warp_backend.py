@@ -161,7 +161,7 @@ def test_vla_preset_trains_on_the_warp_backend(tmp_path):
     import math
     from pathlib import Path
 
-    from mmrl.run.config import load_config
+    from mmrl.runtime.config import load_config
     from mmrl.trainer import train
 
     preset = Path(__file__).resolve().parents[2] / "configs" / "vla_reach_tiny.yaml"

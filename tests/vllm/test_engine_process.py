@@ -1,4 +1,4 @@
-"""vLLM in a process of its own (`generation_backend="vllm_process"`, mmrl/policy/vllm_engine.py) on vLLM's CPU build.
+"""vLLM in a process of its own (`generation_backend="vllm_process"`, mmrl/policy/engines/vllm_process.py) on vLLM's CPU build.
 
 One engine process for the module (starting one takes 30-60 s here: the child imports vLLM and builds the engine).
 What it samples is what the training forward scores (the tolerance of test_vllm_backend.py, same reasons), before and
@@ -21,10 +21,10 @@ import pytest
 import torch
 
 from mmrl.policy import build_tiny
-from mmrl.policy.options import apply_lora, plain_model
-from mmrl.policy.vllm_backend import VLLMBackend
-from mmrl.policy.vllm_engine import EngineProcessError, VLLMProcessBackend, weight_source
-from mmrl.run.distributed import unsharded_module
+from mmrl.policy.engines.vllm_colocated import VLLMBackend
+from mmrl.policy.engines.vllm_process import EngineProcessError, VLLMProcessBackend, weight_source
+from mmrl.policy.lora import apply_lora, plain_model
+from mmrl.runtime.distributed import unsharded_module
 
 _spec = importlib.util.spec_from_file_location("vllm_backend_tests", Path(__file__).with_name("test_vllm_backend.py"))
 _helpers = importlib.util.module_from_spec(_spec)
@@ -178,7 +178,7 @@ spec = importlib.util.spec_from_file_location("suite_conftest", {conftest!r})
 conftest = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(conftest)
 import sim
-from mmrl.run.config import load_config
+from mmrl.runtime.config import load_config
 from mmrl.trainer import train
 
 sim.ENVS.register("grounding_letters")(conftest.LetterBonusGroundingEnv)
@@ -216,8 +216,8 @@ def test_an_asynchronous_run_through_the_engine_killed_and_resumed_equals_the_un
     uninterrupted run's, step for step. 3-6 min on a 2-core machine (three engines start)."""
     import random
 
-    from mmrl.run.checkpoint import list_checkpoints
-    from mmrl.run.logging import read_metrics
+    from mmrl.runtime.checkpoint import list_checkpoints
+    from mmrl.runtime.metrics import read_metrics
 
     whole = _launch(tmp_path, tmp_path / "whole")
     assert whole.wait(timeout=900) == 0, (tmp_path / "whole.log").read_text()[-3000:]

@@ -43,7 +43,7 @@ RUN = {
 COMPARED = ("reward/total", "loss/policy", "grad_norm", "completion_len", "mismatch/kl", "pipeline/stale")
 ONE_PROCESS = """
 import sys
-from mmrl.run.config import load_config
+from mmrl.runtime.config import load_config
 from mmrl.trainer import train
 
 if __name__ == "__main__":  # an engine process is spawned: it re-imports this script
@@ -79,7 +79,7 @@ def one_process(root: Path, config: Path, out: Path, timeout: float = 600) -> No
 
 
 def training_rows(out: Path) -> list[dict]:
-    from mmrl.run.logging import read_metrics
+    from mmrl.runtime.metrics import read_metrics
 
     return [m for m in read_metrics(out / "metrics.jsonl") if "reward/total" in m]
 

@@ -4,7 +4,7 @@ forward scores, before and after an update, or it refuses the family before an e
 One tiny engine per family (module-scoped), built from the real transformers class in assets/tiny_models/, with
 one and (where vLLM takes several) two images a prompt. Each call of the backend checks that the ids vLLM ran on are
 the training prompt's (`Rollout.prompt_ids`, each image expanded by vLLM's own processor for the family from the
-folded prompt, `mmrl.policy.vllm_prompts`); the tests check the sampled log-probs against `VLMPolicy.logprobs` with
+folded prompt, `mmrl.policy.engines.vllm_prompts`); the tests check the sampled log-probs against `VLMPolicy.logprobs` with
 the vision placeholders banned, as tests/vllm/test_vllm_backend.py does for Qwen (see there for that reference).
 
 Per family:
@@ -41,10 +41,10 @@ from tokenizers import AddedToken
 from transformers import AutoConfig, AutoModelForImageTextToText
 
 import sim
+from mmrl.families import Family
 from mmrl.policy import VLMPolicy, build_tiny
-from mmrl.policy.families import Family
-from mmrl.policy.tiny import ASSETS, FAMILY_ARCHS, tiny_processor
-from mmrl.policy.vllm_prompts import fold_images, unsupported_reason, vllm_requests
+from mmrl.policy.engines.vllm_prompts import fold_images, unsupported_reason, vllm_requests
+from mmrl.policy.vlm.tiny import ASSETS, FAMILY_ARCHS, tiny_processor
 from mmrl.types import Sampling
 from sim.base import Observation
 

@@ -20,7 +20,7 @@ import pytest
 import torch
 from torch.distributed.fsdp import FSDPModule
 
-from mmrl.run.distributed import unsharded_class
+from mmrl.runtime.distributed import unsharded_class
 
 _SPEC = importlib.util.spec_from_file_location("_engine_torchrun", Path(__file__).with_name("test_engine_torchrun.py"))
 runs = importlib.util.module_from_spec(_SPEC)

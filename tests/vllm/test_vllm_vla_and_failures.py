@@ -27,7 +27,7 @@ import torch
 
 import sim
 from mmrl.policy import Sampling, add_action_tokens, build_tiny
-from mmrl.policy.vllm_backend import VLLMEngineError
+from mmrl.policy.engines.vllm_colocated import VLLMEngineError
 
 SAMPLING = Sampling(temperature=1.0)
 GROUP = 4

@@ -11,7 +11,7 @@ import torch
 import sim
 from mmrl.algos.progress import progress_rewards
 from mmrl.methods.progress import trajectory_embeddings, with_progress_rewards
-from mmrl.run.config import AlgoConfig
+from mmrl.runtime.config import AlgoConfig
 from mmrl.stages.rollout import collect_episodes
 from mmrl.types import Sampling
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from ..run.config import FLOW_FIELDS, FREEZE_PARTS, ModelConfig
+from ..runtime.config import FLOW_FIELDS, FREEZE_PARTS, ModelConfig
 from .tokens import ModelHolder
 
 LORA_DIR = "lora"  # a LoRA checkpoint's adapters live in this subfolder (see VLMPolicy.save_pretrained)

@@ -14,11 +14,11 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer
 
-from .families import family_for
+from ...families import family_for
+from .policy import VLMPolicy
 from .processing import VisionTextProcessor
-from .vlm import VLMPolicy
 
-ASSETS = Path(__file__).resolve().parents[2] / "assets"
+ASSETS = Path(__file__).resolve().parents[3] / "assets"
 TINY_ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")  # the Qwen-VL family, sharing assets/tokenizer
 FAMILY_ARCHS = (
     "gemma3",

@@ -3,8 +3,8 @@ arguments override any field. Unknown keys are errors that name the key and the 
 
 This module runs past the project's 600 lines on purpose: it is the schema, one dataclass per config
 section whose field comments are the fields' documentation and whose `__post_init__` holds their checks; splitting
-the sections apart would scatter one schema. The machinery (YAML, overrides) is `mmrl.run.schema`'s, model-folder
-checks are `mmrl.run.folders`'.
+the sections apart would scatter one schema. The machinery (YAML, overrides) is `mmrl.runtime.schema`'s, model-folder
+checks are `mmrl.runtime.folders`'.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from .schema import ConfigError, apply_overrides, from_dict, load, require, to_d
 
 REPO = Path(__file__).resolve().parents[2]
 LOG_BACKENDS = ("jsonl", "tensorboard", "wandb")
-FREEZE_PARTS = ("vision", "projector", "language")  # model.freeze: see mmrl.policy.options.part_parameters
+FREEZE_PARTS = ("vision", "projector", "language")  # model.freeze: see mmrl.policy.lora.part_parameters
 # model.flow_noise_method's choices: mmrl.policy.flow.NOISE_METHODS, repeated because the policy package imports this
 # module (not the other way round); a test holds the two equal.
 FLOW_NOISE_METHODS = ("flow_sde", "flow_noise")
@@ -131,7 +131,7 @@ class ModelConfig:
 
     def _check_flow_fields(self) -> None:
         """The flow policy's sampling fields: their values, and that the model named can be a flow policy (a folder
-        is known only when it loads: `mmrl.policy.options.apply_model_options` refuses them for a VLM there)."""
+        is known only when it loads: `mmrl.policy.lora.apply_model_options` refuses them for a VLM there)."""
         level, method, steps = self.flow_noise_level, self.flow_noise_method, self.flow_steps
         require(
             level is None or (math.isfinite(level) and level >= 0),
@@ -439,7 +439,7 @@ class TrainerConfig:
     generation_shards: int = 0
     # "float32" keeps float32 master copies of the trainable weights of a bfloat16/float16 model (model.dtype): the
     # optimiser steps them and the model computes with them rounded, so small updates (lr 1e-6 in bfloat16)
-    # accumulate instead of rounding away; checkpoints hold them in float32 (mmrl.run.precision). A cold start
+    # accumulate instead of rounding away; checkpoints hold them in float32 (mmrl.runtime.precision). A cold start
     # (sft.episodes > 0) then runs on the float32 model. "model": the optimiser steps the model's own weights.
     master_weights: Literal["model", "float32"] = "model"
     # K > 0 generates in K Ray actors (mmrl.stages.rollout_workers), each with a copy of the policy (synced every step) and
@@ -508,7 +508,7 @@ class SFTConfig:
     # With a curriculum: demonstrations spread evenly over all its levels (True) or at its first level only (False).
     all_levels: bool = False
     # Flow policies (π0): a chunk labelled at every step an episode runs (True), not only where a chunk starts (False);
-    # `mmrl.run.flow_sft`. The token path labels every step already (set for a VLM, it is an error).
+    # `mmrl.policy.flow.demonstrations`. The token path labels every step already (set for a VLM, it is an error).
     every_step: bool = False
 
     def __post_init__(self):
@@ -617,7 +617,7 @@ class TrainConfig:
     def __post_init__(self):
         """Checks that read more than one section; each section checks its own fields when it is built."""
         tc, model = self.trainer, self.model
-        # The env's coordinate convention from the model's family unless set (mmrl.run.conventions); frozen: resolved
+        # The env's coordinate convention from the model's family unless set (mmrl.runtime.conventions); frozen: resolved
         # once, here, so the collector, evaluation, rollout workers and config.json all see the values in force.
         options = resolve_coordinates(self)
         if options is not None:

@@ -3,7 +3,7 @@
 `AutoProcessor.from_pretrained` builds a Qwen-VL processor only with a video processor, and the real ones need
 torchvision, which CPU installs lack. We take the tokenizer (with the model's chat template) and the image processor
 and do the one piece of processor logic a policy needs ourselves: each image placeholder the chat template writes
-becomes the text the family's processor writes for that image (`mmrl.policy.families`: `<|image_pad|>` x N for
+becomes the text the family's processor writes for that image (`mmrl.families`: `<|image_pad|>` x N for
 Qwen-VL, Gemma 3's `<start_of_image>` + soft tokens, Idefics3's tiles). The image-token count of every prompt is then
 checked against the features its images give, before any forward pass.
 """
@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 from transformers import AutoImageProcessor, AutoTokenizer
 
-from .families import Family, Vision, family_for
+from ...families import Family, Vision, family_for
 
 
 def user_content(instruction: str, num_images: int, template: str) -> list[dict]:
@@ -70,7 +70,7 @@ class VisionTextProcessor:
     Args:
         tokenizer: a fast tokenizer carrying the model's chat template and the family's image token.
         image_processor: the model's image processor (PIL or fast backend).
-        family: the model family (`mmrl.policy.families`), or its `model_type`.
+        family: the model family (`mmrl.families`), or its `model_type`.
         settings: the processor's own numbers (`processor_config.json`: Gemma 3's `image_seq_length`, Idefics3's
             `image_seq_len`).
     """
@@ -149,7 +149,7 @@ class VisionTextProcessor:
             (Path(path) / "processor_config.json").write_text(json.dumps(extra, indent=2, sort_keys=True) + "\n")
 
     def vision(self, images: list[Image.Image], per_row: list[int] | None = None) -> Vision:
-        """The images in the generic layout (`mmrl.policy.families.Vision`), with each one's placeholder text;
+        """The images in the generic layout (`mmrl.families.Vision`), with each one's placeholder text;
         `per_row` the images of each prompt in order (None: one prompt holds them all)."""
         return self.family.vision(self.image_processor, images, self.settings, per_row)
 

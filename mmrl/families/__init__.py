@@ -55,7 +55,7 @@ class Vision:
 
 @dataclass(frozen=True)
 class VLLMFacts:
-    """What the vllm backend (`mmrl.policy.vllm_prompts`, `vllm_backend`) must know of a family beyond its prompt
+    """What the vllm backend (`mmrl.policy.engines.vllm_prompts`, `vllm_backend`) must know of a family beyond its prompt
     layout, read from vLLM 0.32's processor and model files for it (`vllm/model_executor/models/<family>.py`).
 
     Attributes:

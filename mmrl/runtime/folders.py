@@ -13,12 +13,12 @@ from .schema import require
 def check_model_folders(cfg: TrainConfig, command: str = "train", tiny_archs: tuple[str, ...] = ()) -> None:
     """Refuse, before anything loads, a model folder a command would load that cannot be a model: `model.path` (for
     `train`, unless a resumed run loads its checkpoint instead), `judge.model` (train) and `checkpoint` (eval).
-    "tiny:<arch>" must name one of `tiny_archs` (`mmrl.policy.tiny.ALL_TINY_ARCHS`, which this module cannot import:
+    "tiny:<arch>" must name one of `tiny_archs` (`mmrl.policy.vlm.tiny.ALL_TINY_ARCHS`, which this module cannot import:
     the policy package imports it); empty: not checked.
 
     A folder must hold a `config.json` (what transformers reads first); a path that is no folder is refused where it
     cannot be a hub id either: it is absolute or starts with `.`, or the hub is off (`HF_HUB_OFFLINE`). Relative
-    paths are also looked up in the repository, as `mmrl.run.build.load_policy` does. "tiny:<arch>" is no folder.
+    paths are also looked up in the repository, as `mmrl.build.load_policy` does. "tiny:<arch>" is no folder.
 
     Raises:
         ConfigError: naming the field, the path and what is missing.

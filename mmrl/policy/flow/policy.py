@@ -35,7 +35,7 @@ images and the instruction) joined with the normalised proprioceptive state, whi
 critic's head hooks the tap (as it hooks a VLM's language-model head), so its value is that of the state the chunk
 starts from, independent of the sampled chain (πRL's π0.5 variant, a value "after the VLM", plus the state).
 
-**LoRA** (`model.lora_r > 0`, `mmrl.policy.flow_options` with the other real-size options): PEFT adapters on the
+**LoRA** (`model.lora_r > 0`, `mmrl.policy.flow.options` with the other real-size options): PEFT adapters on the
 linear layers of the parts `model.lora_target_modules` names, `backbone` (PaliGemma's language model), `expert` (the
 action expert), or both (`all-linear`, or `backbone,expert`), and on the vision tower's with `model.lora_vision` (as
 for VLMs); everything else is frozen but Flow-Noise's head, which starts untrained. Checkpoints hold the base weights
@@ -45,7 +45,7 @@ The sampled chain is recorded in the rollout (`FlowRollout.chain` `[R, K+1, C, A
 transition's density under the current weights with gradients, in one pass of the action expert over the K steps
 (the prompt's key/value cache repeated K times). Action and state normalisation statistics (`FlowStats`) belong to
 the policy and are saved with it, in the fields `PI0Processor` uses (`processor_config.json`); a folder may carry
-LeRobot's instead (`mmrl.policy.flow_folders`).
+LeRobot's instead (`mmrl.policy.flow.folders`).
 """
 
 from __future__ import annotations
@@ -61,21 +61,21 @@ import torch.nn.functional as F
 
 from sim.base import Observation
 
-from ..types import Sampling
-from .flow_data import NOISE_METHODS, STATS_FILE, FlowRollout, FlowStats, cat_flow_rollouts  # noqa: F401  (re-exported)
-from .flow_folders import (  # noqa: F401  (is_flow_folder re-exported)
+from ...types import Sampling
+from ..lora import base_state_dict, is_lora_model, load_lora
+from .data import NOISE_METHODS, STATS_FILE, FlowRollout, FlowStats, cat_flow_rollouts  # noqa: F401  (re-exported)
+from .folders import (  # noqa: F401  (is_flow_folder re-exported)
     check_flow_folder,
     check_loaded_weights,
     is_flow_folder,
     read_folder_stats,
     read_image_settings,
 )
-from .flow_options import LORA_PARTS, apply_flow_lora, apply_flow_options, train_noise_head  # noqa: F401
-from .flow_sde import NOISE_STD_RANGE, NoiseHead, ValueTap, gaussian_logprob, sde_schedule, sde_step  # noqa: F401
-from .options import base_state_dict, is_lora_model, load_lora
+from .options import LORA_PARTS, apply_flow_lora, apply_flow_options, train_noise_head  # noqa: F401
+from .sde import NOISE_STD_RANGE, NoiseHead, ValueTap, gaussian_logprob, sde_schedule, sde_step  # noqa: F401
 
 NOISE_HEAD_FILE = "flow_noise_head.safetensors"  # the noise head's weights, beside the PI0 model's
-ASSETS = Path(__file__).resolve().parents[2] / "assets"
+ASSETS = Path(__file__).resolve().parents[3] / "assets"
 TINY_PI0 = ASSETS / "tiny_models" / "pi0"
 
 
@@ -110,7 +110,7 @@ class FlowPolicy:
             raise ValueError(f"model.generation_backend {name!r}: a flow policy samples with its own loop ('lean')")
 
     def apply_options(self, cfg) -> FlowPolicy:
-        """`apply_flow_options(self, cfg)`: what `mmrl.policy.options.apply_model_options` calls for a flow policy."""
+        """`apply_flow_options(self, cfg)`: what `mmrl.policy.lora.apply_model_options` calls for a flow policy."""
         return apply_flow_options(self, cfg)
 
     def close(self) -> None:
@@ -195,9 +195,9 @@ class FlowPolicy:
     def save_pretrained(self, path: str | Path) -> None:
         """Weights, config, tokenizer, image settings, and the statistics and Flow-SDE settings
         (`processor_config.json`, in `PI0Processor`'s fields)."""
-        # From the model's state dict, so a checkpoint's stand-in (`mmrl.run.distributed.checkpoint_views`: the
+        # From the model's state dict, so a checkpoint's stand-in (`mmrl.runtime.distributed.checkpoint_views`: the
         # weights gathered from FSDP's shards, or float32 master weights) saves what it holds. A LoRA model is
-        # written as its unmerged base weights plus lora/ (as `mmrl.policy.options.save_lora`).
+        # written as its unmerged base weights plus lora/ (as `mmrl.policy.lora.save_lora`).
         path, lora = Path(path), is_lora_model(self.model)
         weights = base_state_dict(self.model) if lora else dict(self.model.state_dict())
         head = {k.removeprefix("noise_head."): v for k, v in weights.items() if k.startswith("noise_head.")}

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .flow_data import FlowStats
+from .data import FlowStats
 
 # openpi's Gemma variants (`gemma.get_config`), in transformers' GemmaConfig names: π0's backbone is gemma_2b, its
 # action expert gemma_300m; LeRobot's config.json names them (`paligemma_variant`, `action_expert_variant`).

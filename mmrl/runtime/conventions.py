@@ -2,13 +2,13 @@
 
 Grounding and GUI envs take `coordinates` ("pixels", "0-1000", "0-1") and, for pixels, `input_size` (the side of the
 image as the model sees it after its processor's resize): `rewards.coordinates`. A model answers in its family's
-units (`mmrl.policy.families.Family.coordinates`), so the config fills them in from the model it names, before any
+units (`mmrl.families.Family.coordinates`), so the config fills them in from the model it names, before any
 env is made, and every reader of the config (the collector, evaluation, rollout workers, `config.json`) sees the
 values in force. Order, first found wins:
 
 1. `env.options.coordinates` as the user set it (the override);
 2. `grounding_coordinates` in the model folder's config.json: a checkpoint trained to answer in other units than its
-   family's says so (the tiny warm start learned pixels of 128 px images; `mmrl.run.build` writes the key into
+   family's says so (the tiny warm start learned pixels of 128 px images; `mmrl.build` writes the key into
    the checkpoints of every run that reads coordinates);
 3. the family's convention, from `model.path` ("tiny:<family>", or config.json's `model_type` of a folder or of a
    hub id already in the local cache).
@@ -32,7 +32,7 @@ from sim.registry import ENVS
 from .schema import require
 
 # Each family's answer units and the families whose processor resizes onto a patch grid within min/max pixels
-# (Qwen-VL's smart_resize): the `coordinates` and `pixel_bounds` columns of `mmrl.policy.families.FAMILIES`, repeated
+# (Qwen-VL's smart_resize): the `coordinates` and `pixel_bounds` columns of `mmrl.families.FAMILIES`, repeated
 # because the policy package imports the config module (not the other way round); a test holds the two equal.
 FAMILY_COORDINATES = {
     "qwen2_vl": "0-1000", "qwen2_5_vl": "pixels", "qwen3_vl": "0-1000", "qwen3_5": "0-1000", "gemma3": "0-1000",

@@ -1,6 +1,6 @@
 """A `ModelConfig`'s options applied to a flow policy (π0): sampling, checkpointing, frozen parts, LoRA.
 
-What `mmrl.policy.options.apply_model_options` does for a VLM, for `FlowPolicy` (which calls `apply_flow_options`
+What `mmrl.policy.lora.apply_model_options` does for a VLM, for `FlowPolicy` (which calls `apply_flow_options`
 from its `apply_options`), sharing that module's helpers where the operation is the same:
 
 * `model.flow_noise_method` / `flow_noise_level` / `flow_steps`: the sampler's settings (null keeps the policy's);
@@ -26,8 +26,8 @@ import math
 import torch
 from torch import nn
 
-from .flow_data import NOISE_METHODS
-from .options import checkpoint_layers, freeze_parts, freeze_vision, require_peft, vision_linear_names
+from ..lora import checkpoint_layers, freeze_parts, freeze_vision, require_peft, vision_linear_names
+from .data import NOISE_METHODS
 
 # LoRA's parts of a PI0 model (`model.lora_target_modules`): where each part's linear layers live.
 LORA_PARTS = {"backbone": "model.vlm.language_model.", "expert": "model.dit."}

@@ -9,7 +9,7 @@ read by `VLMPolicy.from_pretrained`; the action tokens themselves are in the tok
 `AutoProcessor` where torchvision is installed (transformers builds Qwen-VL processors with a video processor,
 which needs it).
 
-A flow policy's checkpoint (π0: config.json's model_type "pi0", as `mmrl.run.build.load_policy` tells them apart) is
+A flow policy's checkpoint (π0: config.json's model_type "pi0", as `mmrl.build.load_policy` tells them apart) is
 written by `FlowPolicy.save_pretrained`: the model, which `PI0ForConditionalGeneration.from_pretrained(OUT)` loads,
 its tokenizer, the image settings (`preprocessor_config.json`) and the normalisation statistics with the Flow-SDE
 settings (`processor_config.json`, in `PI0Processor`'s fields), and Flow-Noise's head where it has one;
@@ -26,10 +26,10 @@ from pathlib import Path
 
 import torch
 
-from ..policy import VLMPolicy
-from ..policy.flow import FlowPolicy, is_flow_folder
-from ..policy.options import is_lora, merge_lora
-from .checkpoint import latest_checkpoint
+from .policy import VLMPolicy
+from .policy.flow import FlowPolicy, is_flow_folder
+from .policy.lora import is_lora, merge_lora
+from .runtime.checkpoint import latest_checkpoint
 
 EXPORT_DTYPES = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -1,6 +1,6 @@
 """The cold start of a flow policy (π0): the flow-matching loss on the env's scripted expert's action chunks.
 
-The token path (`mmrl.run.sft`) teaches action tokens by their NLL; a flow policy learns the velocity field instead
+The token path (`mmrl.policy.vlm.demonstrations`) teaches action tokens by their NLL; a flow policy learns the velocity field instead
 (π0's own training loss): for an expert chunk `a` (normalised), noise `e` and a Beta-drawn time t, the expert regresses
 `e - a` at `t e + (1 - t) a`. The demonstrations are collected as the token path's are (DART: executed with noise,
 labelled with the expert's clean actions at the states reached; `sft.noise`), a label being the expert's next C
@@ -19,8 +19,8 @@ import torch
 from sim.base import Observation
 from sim.seeds import demo_seed_base
 
-from ..policy.flow import FlowPolicy
-from .sft import episode_noise_seed
+from ..vlm.demonstrations import episode_noise_seed
+from .policy import FlowPolicy
 
 
 def check_flow_run(cfg) -> None:

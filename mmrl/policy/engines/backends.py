@@ -23,7 +23,7 @@
   thread-local state that a Python thread lacks, and the first compiled call there fails with an AssertionError in
   `cudagraph_trees.get_obj` (seen on an H100 with torch 2.11; pytorch/pytorch#123177). There the backend decodes
   with the static cache, uncompiled.
-* `"vllm"` (`mmrl.policy.vllm_backend.VLLMBackend`): a colocated vLLM engine; see that module.
+* `"vllm"` (`mmrl.policy.engines.vllm_colocated.VLLMBackend`): a colocated vLLM engine; see that module.
 
 Not used: transformers' continuous batching (`generate_batch`, paged attention). In transformers 5.x it takes
 token-id prompts only (`inputs: list[list[int]]`), with no way to pass `pixel_values`, so it cannot serve a VLM
@@ -48,12 +48,12 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 from sim.base import Observation
 
-from ..types import Completions, Sampling
-from .options import plain_model
-from .sampling import filter_top_k_top_p, sample_categorical
-from .tokens import AllowOnly, GenerationTarget, completion_mask_from_ids
-from .vllm_backend import VLLMBackend
-from .vllm_engine import VLLMProcessBackend
+from ...types import Completions, Sampling
+from ..lora import plain_model
+from ..sampling import filter_top_k_top_p, sample_categorical
+from ..tokens import AllowOnly, GenerationTarget, completion_mask_from_ids
+from .vllm_colocated import VLLMBackend
+from .vllm_process import VLLMProcessBackend
 
 BACKENDS = ("lean", "hf", "static", "vllm", "vllm_process")
 STATIC_CACHE_BUCKET = 256  # static KV caches are sized in multiples of this many tokens (one compiled shape each)
@@ -97,7 +97,7 @@ def make_backend(name: str, **options) -> GenerationBackend:
         backend = StaticCacheBackend()
     elif name == "vllm":
         return VLLMBackend(**options)
-    elif name == "vllm_process":  # vLLM in a process of its own (mmrl.policy.vllm_engine)
+    elif name == "vllm_process":  # vLLM in a process of its own (mmrl.policy.engines.vllm_process)
         return VLLMProcessBackend(**options)
     else:
         raise ValueError(f"unknown generation backend {name!r}; choose one of {', '.join(BACKENDS)}")

@@ -1,6 +1,6 @@
 """vLLM in a process of its own behind `VLMPolicy.generate` (`generation_backend="vllm_process"`).
 
-The colocated backend (`mmrl.policy.vllm_backend`) runs the engine in the trainer's process, which then cannot
+The colocated backend (`mmrl.policy.engines.vllm_colocated`) runs the engine in the trainer's process, which then cannot
 update while it samples. Here the engine lives in a child process the backend starts at its first `sample`, so the
 trainer's collector thread (`trainer.max_staleness` = k >= 1, `mmrl.stages.collect`) can sample step s + k there
 while this process updates. Tested on CPU with vLLM's CPU build (tests/vllm/test_engine_process.py); the GPU weight
@@ -10,7 +10,7 @@ How it works:
 
 * **The child** (`torch.multiprocessing`'s spawn context, so no CUDA state is forked) receives once a shadow of the
   policy: the policy with its model replaced by a new instance of the model's class built from its config (whole,
-  without adapters, uninitialised: `mmrl.run.distributed.unsharded_module`), whose parameters live in shared
+  without adapters, uninitialised: `mmrl.runtime.distributed.unsharded_module`), whose parameters live in shared
   memory. It wraps the shadow in a colocated `VLLMBackend` of its own and serves `sample` and `sync` calls over a
   pipe, with `threads` torch / OpenMP threads (the trainer's, set before vLLM starts: vLLM's CPU worker makes
   `torch.set_num_threads` a no-op afterwards, and a child left at every core sampled 7x slower than the colocated
@@ -61,12 +61,12 @@ import torch
 
 from sim.base import Observation
 
-from ..run import distributed
-from ..types import Completions, Sampling
-from .families import Family, family_for
-from .options import plain_model
-from .tokens import GenerationTarget
-from .vllm_backend import VLLMBackend, engine_named_weights, free_port, merged_named_weights, weights_version
+from ...families import Family, family_for
+from ...runtime import distributed
+from ...types import Completions, Sampling
+from ..lora import plain_model
+from ..tokens import GenerationTarget
+from .vllm_colocated import VLLMBackend, engine_named_weights, free_port, merged_named_weights, weights_version
 
 DEFAULT_START_TIMEOUT_S = 600.0  # importing vLLM and building the engine: 12-34 s here, minutes for a large model
 DEFAULT_TIMEOUT_S = 600.0
@@ -141,7 +141,7 @@ class VLLMProcessBackend:
         """Start the child with a shadow of `policy` (its model's class built from its config, whole and without
         adapters; on CPU in shared memory) and wait until it is ready. The weights come with the first push."""
         mp = torch.multiprocessing.get_context("spawn")
-        # A policy's family (`mmrl.policy.families`) holds closures, which pickle cannot carry: it travels by name.
+        # A policy's family (`mmrl.families`) holds closures, which pickle cannot carry: it travels by name.
         ForkingPickler.register(Family, _reduce_family)
         shadow = copy.copy(policy)
         shadow.__dict__ = dict(policy.__dict__)
@@ -291,7 +291,7 @@ class VLLMProcessBackend:
             if type(tensor).__name__ == "DTensor":  # FSDP outside `full_weights`: a slice, and gathering is collective
                 raise ValueError(
                     "generation_backend='vllm_process' got a sharded (FSDP) parameter: under torchrun generation runs "
-                    "inside mmrl.run.distributed.full_weights, which makes the weights whole in every process"
+                    "inside mmrl.runtime.distributed.full_weights, which makes the weights whole in every process"
                 )
             if name not in self._shadow:
                 raise KeyError(f"generation_backend='vllm_process': the engine's model has no parameter {name!r}")

@@ -1,4 +1,4 @@
-"""The machinery under `mmrl.run.config`: nested frozen dataclasses built from YAML and `section.field=value` overrides.
+"""The machinery under `mmrl.runtime.config`: nested frozen dataclasses built from YAML and `section.field=value` overrides.
 
 Nothing here knows mmrl's fields. `from_dict` checks every value against its annotation (Literal choices, unions with
 None, lists, mappings, bools, ints, floats, strings; strings from the command line are converted) and refuses unknown

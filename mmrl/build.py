@@ -2,7 +2,7 @@
 
 `build(cfg, ...)` returns a `Run` holding everything the trainer's loop touches; `load_policy` and
 `starting_policy` are the pieces the CLI and the tests also use. Under torchrun every process builds its own
-`Run` (the model sharded by FSDP2, see `mmrl.run.distributed`); only rank 0 prints and writes.
+`Run` (the model sharded by FSDP2, see `mmrl.runtime.distributed`); only rank 0 prints and writes.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ import torch
 
 import sim
 
-from ..algos import CRITIC_ADVANTAGES
-from ..methods.critic import Critic
-from ..methods.curriculum import Curriculum
-from ..policy import VLMPolicy, add_action_tokens, apply_model_options, build_tiny
-from ..policy.families import FAMILIES
-from ..policy.flow import (
+from .algos import CRITIC_ADVANTAGES
+from .families import FAMILIES
+from .methods.critic import Critic
+from .methods.curriculum import Curriculum
+from .policy import VLMPolicy, add_action_tokens, apply_model_options, build_tiny
+from .policy.flow import (
     TINY_PI0,
     FlowPolicy,
     FlowStats,
@@ -35,20 +35,25 @@ from ..policy.flow import (
     is_flow_folder,
     read_image_settings,
 )
-from ..stages.collect import Collector
-from ..stages.evaluate import held_out
-from ..stages.shaping import Shaping
-from ..stages.update import Learner
-from ..types import Sampling
-from . import distributed, precision
-from .checkpoint import load_training_state, resume_checkpoint, set_rng_state
-from .config import ModelConfig, TrainConfig, to_dict
-from .conventions import model_coordinates
-from .flow_sft import check_flow_run, collect_flow_demonstrations, train_flow_on_demonstrations
-from .logging import MetricsLogger, TensorBoardSink, WandbSink, require_backends
+from .policy.flow.demonstrations import check_flow_run, collect_flow_demonstrations, train_flow_on_demonstrations
+from .policy.vlm.demonstrations import (
+    collect_demonstrations,
+    longest_target,
+    merge_demonstrations,
+    train_on_demonstrations,
+)
 from .report import report_before
-from .schema import require
-from .sft import collect_demonstrations, longest_target, merge_demonstrations, train_on_demonstrations
+from .runtime import distributed, precision
+from .runtime.checkpoint import load_training_state, resume_checkpoint, set_rng_state
+from .runtime.config import ModelConfig, TrainConfig, to_dict
+from .runtime.conventions import model_coordinates
+from .runtime.metrics import MetricsLogger, TensorBoardSink, WandbSink, require_backends
+from .runtime.schema import require
+from .stages.collect import Collector
+from .stages.evaluate import held_out
+from .stages.shaping import Shaping
+from .stages.update import Learner
+from .types import Sampling
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -107,7 +112,7 @@ def load_policy(
     path = Path(cfg.path)
     if not path.is_absolute() and not path.exists():
         # Presets name assets relative to the repository; let them run from any working directory.
-        candidate = Path(__file__).resolve().parents[2] / path
+        candidate = Path(__file__).resolve().parents[1] / path
         path = candidate if candidate.exists() else path
     if is_flow_folder(path):
         return FlowPolicy.from_pretrained(path, dtype=DTYPES[cfg.dtype], device=cfg.device)
@@ -193,7 +198,7 @@ def _model_options(policy: VLMPolicy | FlowPolicy, cfg: ModelConfig) -> VLMPolic
 
 def flow_starting_policy(cfg: TrainConfig, policy: FlowPolicy, env, out: Path, world: distributed.World) -> FlowPolicy:
     """`starting_policy` for a flow policy: checked against the env before anything trains, then cold-started by
-    the flow-matching loss on the env's expert (`mmrl.run.flow_sft`) when `sft.episodes > 0`; the demonstrations
+    the flow-matching loss on the env's expert (`mmrl.policy.flow.demonstrations`) when `sft.episodes > 0`; the demonstrations
     give the normalisation statistics when the policy carries none."""
     check_flow_run(cfg)
     policy.check_env(env)
@@ -340,7 +345,7 @@ def build(cfg: TrainConfig, policy: VLMPolicy | None, generation_shards: int | N
         policy = _model_options(load_policy(load_cfg.model, checkpoint=resume_from), cfg.model)
     live.callback(policy.close)  # its vLLM engine, if it starts one, shuts down however the run ends (even in `build`)
     if "coordinates" in cfg.env.options and not isinstance(policy, FlowPolicy):
-        # Its checkpoints say which units it answers in, whatever its family's (mmrl.run.conventions reads them).
+        # Its checkpoints say which units it answers in, whatever its family's (mmrl.runtime.conventions reads them).
         policy.model.config.grounding_coordinates = cfg.env.options["coordinates"]
     if use_masters:
         precision.cast_parameters(policy.model, torch.float32)  # no-op for a float32 load, not for a policy passed in

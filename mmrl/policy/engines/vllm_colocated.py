@@ -6,7 +6,7 @@ and Qwen3-VL, with one and two images per prompt, the sampled tokens' log-probs 
 rescoring before and after an optimiser step, in two-turn conversations, and for a VLA's action tokens; a failing
 engine (a worker raising mid-call, a wedged one, one without KV-cache memory) is a named error. The other families
 (Gemma 3, Idefics3 / SmolVLM, Qwen3.5, InternVL, LLaVA-OneVision, GLM-4.1V, PaliGemma) go through
-`mmrl.policy.vllm_prompts` (their prompts, weight names, and the refusals of what vLLM cannot run here). The GPU paths (sleep mode, the CUDA build) follow the same calls but
+`mmrl.policy.engines.vllm_prompts` (their prompts, weight names, and the refusals of what vLLM cannot run here). The GPU paths (sleep mode, the CUDA build) follow the same calls but
 have not run here.
 
 How it works:
@@ -94,10 +94,10 @@ import torch
 
 from sim.base import Observation
 
-from ..run import distributed
-from ..types import Completions, Sampling
-from .options import ADAPTER_KEYS, WRAPPER_PARTS, is_lora_model, plain_model
-from .tokens import GenerationTarget
+from ...runtime import distributed
+from ...types import Completions, Sampling
+from ..lora import ADAPTER_KEYS, WRAPPER_PARTS, is_lora_model, plain_model
+from ..tokens import GenerationTarget
 from .vllm_prompts import checkpoint_named_weights, unsupported_reason, vllm_requests
 
 BANNED_LOGIT_BIAS = -100.0  # vLLM's logit_bias for tokens never to sample (the OpenAI API's floor)

@@ -13,14 +13,14 @@ from typing import Any
 
 import torch
 
-from ..algos.data import dynamic_sampling_keep
-from ..methods.curriculum import Curriculum
-from ..stages.evaluate import EvalResult, SampledResult
-from ..types import Collected
 from . import plots
-from .config import TrainConfig
-from .distributed import World
-from .logging import EXTREMES, read_metrics
+from .algos.data import dynamic_sampling_keep
+from .methods.curriculum import Curriculum
+from .runtime.config import TrainConfig
+from .runtime.distributed import World
+from .runtime.metrics import EXTREMES, read_metrics
+from .stages.evaluate import EvalResult, SampledResult
+from .types import Collected
 
 METRIC_LABELS = {"iou": "mean IoU", "reward": "mean reward", "success": "success"}
 

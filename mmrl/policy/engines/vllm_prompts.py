@@ -47,10 +47,10 @@ import torch
 
 from sim.base import Observation
 
-from .families import Family
-from .options import plain_model
-from .tokens import GenerationTarget
-from .vision import to_pil
+from ...families import Family
+from ..lora import plain_model
+from ..tokens import GenerationTarget
+from ..vision import to_pil
 
 
 def _tokens(tokenizer, text: str, cache: dict[str, list[int]]) -> list[int]:

@@ -7,8 +7,8 @@ import torch
 from sim.base import Observation
 from sim.seeds import demo_seed_base, stream_seed
 
-from ..policy.vlm import VLMPolicy
-from ..types import Rollout, Turn
+from ...types import Rollout, Turn
+from .policy import VLMPolicy
 
 
 def target_ids(policy: VLMPolicy, target: str) -> list[int]:

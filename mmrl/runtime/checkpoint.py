@@ -73,7 +73,7 @@ def save_checkpoint(
 
     Under torchrun (`world` of K > 1 processes) every process must call this: the full weights and optimiser state
     are gathered from the shards and rank 0 writes them (the others return None). With float32 master weights
-    (`master`, a `mmrl.run.precision.MasterWeights`), those are saved rather than the model's rounding of them.
+    (`master`, a `mmrl.runtime.precision.MasterWeights`), those are saved rather than the model's rounding of them.
     `extra` (the critic's head and optimiser, ...) is saved with the optimiser's state, under its keys.
     """
     world = world or distributed.World()

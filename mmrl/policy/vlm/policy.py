@@ -1,5 +1,5 @@
 """`VLMPolicy`: the only module that knows chat templates, padding sides and a model's vision inputs (through its
-processor and the family table, `mmrl.policy.families`).
+processor and the family table, `mmrl.families`).
 
 Verbs: `generate(obs, group_size, sampling)` samples G completions per prompt and keeps the sampling-time
 per-token log-probs; `logprobs(batch)` recomputes them under the current weights (with gradients); `masked(batch,
@@ -19,23 +19,23 @@ from transformers import AutoModelForImageTextToText
 
 from sim.base import Observation
 
-from ..algos.losses import entropy_from_logits
-from ..algos.papo import masked_images
-from ..types import Rollout, Sampling, Turn
+from ...algos.losses import entropy_from_logits
+from ...algos.papo import masked_images
+from ...families import Vision
+from ...types import Rollout, Sampling, Turn
+from ..engines.backends import forget_compiled_calls, make_backend
+from ..lora import LORA_DIR, is_lora, load_lora, plain_model, save_lora
+from ..tokens import AllowOnly, completion_mask_from_ids, token_logprobs  # noqa: F401  (re-exported)
+from ..vision import to_pil
 from .action_codec import load_action_codec
-from .backends import forget_compiled_calls, make_backend
-from .families import Vision
-from .options import LORA_DIR, is_lora, load_lora, plain_model, save_lora
 from .processing import VisionTextProcessor, check_image_tokens
-from .tokens import AllowOnly, completion_mask_from_ids, token_logprobs  # noqa: F401  (re-exported)
-from .vision import to_pil
 
 
 class VLMPolicy:
     """A Hugging Face image-text-to-text model with its processor, as a policy over text actions.
 
     Args:
-        model: an `AutoModelForImageTextToText` model of a family in `mmrl.policy.families.FAMILIES` (Qwen2-VL,
+        model: an `AutoModelForImageTextToText` model of a family in `mmrl.families.FAMILIES` (Qwen2-VL,
             Qwen2.5-VL, Qwen3-VL, Gemma 3, Idefics3 / SmolVLM tested).
         processor: its `VisionTextProcessor`.
         prompt_template: how an env instruction becomes the user turn: `{instruction}` is replaced by it, and
@@ -43,7 +43,7 @@ class VLMPolicy:
         generation_backend: what runs `generate`'s decoding loop: "lean" (a sampling loop over the model's
             forward, the default), "hf" (transformers' `generate`, the reference), "static" (static KV cache,
             decoding compiled on CUDA) or "vllm" (a colocated vLLM engine); see
-            `mmrl.policy.backends`. Also settable later: `policy.generation_backend = "static"`, or
+            `mmrl.policy.engines.backends`. Also settable later: `policy.generation_backend = "static"`, or
             `policy.set_generation_backend("vllm", gpu_memory_utilization=0.3)` for a backend with options.
     """
 
@@ -112,11 +112,11 @@ class VLMPolicy:
     def save_pretrained(self, path: str | Path) -> None:
         """Write the model, processor and action codec to `path`, loadable by `VLMPolicy.from_pretrained`.
 
-        A LoRA policy (see `mmrl.policy.options.apply_lora`) is written as its *unmerged* base weights, a plain
+        A LoRA policy (see `mmrl.policy.lora.apply_lora`) is written as its *unmerged* base weights, a plain
         Hugging Face checkpoint, plus its adapters (and trained action-token rows) in `path/lora/`; `from_pretrained`
         re-attaches them, trainable, so a resumed run continues from exactly the weights and optimiser state it
         left. Loading the folder with plain `transformers` gives the base model WITHOUT the adapters: for a
-        standalone model call `mmrl.policy.options.merge_lora(policy)` first (export).
+        standalone model call `mmrl.policy.lora.merge_lora(policy)` first (export).
         """
         if is_lora(self):
             save_lora(self, path)

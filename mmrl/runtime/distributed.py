@@ -51,7 +51,7 @@ from typing import Any
 
 import torch
 
-from .logging import to_float
+from .metrics import to_float
 
 
 @dataclass(frozen=True)
@@ -270,7 +270,7 @@ def shard_model(
             since no backward would free it.
         compute_dtype: with a float32 model, run forward and backward in this dtype: FSDP gathers the parameters
             in it, and reduces gradients in float32 into the float32 shards, which are the master weights
-            (`trainer.master_weights`; see `mmrl.run.precision`). None: compute in the parameters' dtype.
+            (`trainer.master_weights`; see `mmrl.runtime.precision`). None: compute in the parameters' dtype.
     """
     if world.size == 1:
         return model
@@ -279,7 +279,7 @@ def shard_model(
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     # Inputs are not cast (FSDP's default casts every unit's floating inputs, rotary tables included): the units then
-    # compute exactly what a model loaded in compute_dtype computes in one process (`mmrl.run.precision`).
+    # compute exactly what a model loaded in compute_dtype computes in one process (`mmrl.runtime.precision`).
     mixed = MixedPrecisionPolicy(
         param_dtype=compute_dtype, reduce_dtype=torch.float32 if compute_dtype else None, cast_forward_inputs=False
     )
@@ -460,7 +460,7 @@ def checkpoint_views(policy, optimizer: torch.optim.Optimizer, world: World):
 
 def with_weights(policy, weights: dict[str, torch.Tensor]):
     """A view of `policy` whose `save_pretrained` writes `weights` (a full state dict of its model) instead of the
-    model's own: the full weights gathered from the shards, or float32 master weights (`mmrl.run.precision`)."""
+    model's own: the full weights gathered from the shards, or float32 master weights (`mmrl.runtime.precision`)."""
     view = copy.copy(policy)
     view.model = _GatheredModel(policy.model, weights)
     return view
