@@ -41,8 +41,10 @@ from make_tiny_pi0 import REACH, train_perception  # noqa: E402  (scripts/)
 import sim  # noqa: E402
 from mmrl.policy.flow import TINY_PI0, FlowPolicy, read_image_settings  # noqa: E402
 from mmrl.policy.flow.data import FlowStats  # noqa: E402
-from mmrl.policy.flow.demonstrations import collect_flow_demonstrations, train_flow_on_demonstrations  # noqa: E402
+from mmrl.policy.flow.demonstrations import collect_flow_demonstrations  # noqa: E402
+from mmrl.stages.cold_start import imitate  # noqa: E402
 from mmrl.stages.evaluate import evaluate  # noqa: E402
+from mmrl.types import Demonstrations  # noqa: E402
 from sim.base import Observation  # noqa: E402
 
 
@@ -123,10 +125,8 @@ def main() -> None:
                    "val_images_shuffled": val_loss(True), "s": round(time.time() - start, 1)}  # fmt: skip
             print(json.dumps(row), flush=True)
 
-    train_flow_on_demonstrations(
-        policy, images, instructions, proprio, chunks, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-        seed=args.seed, on_step=log,
-    )  # fmt: skip
+    demos = Demonstrations(images, instructions, chunks, rate, args.episodes, {"proprio": proprio})
+    imitate(policy, demos, steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed, on_step=log)
     model.eval()
     if args.eval_episodes:
         result = evaluate(policy, "reach", options, episodes=args.eval_episodes, batch_size=100)

@@ -26,7 +26,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import sim  # noqa: E402
-from mmrl.build import load_policy  # noqa: E402
+from mmrl.policy import load_policy  # noqa: E402
 from mmrl.runtime.config import load_config  # noqa: E402
 from mmrl.stages.rollout import collect_episodes  # noqa: E402
 from mmrl.types import Sampling  # noqa: E402

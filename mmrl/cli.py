@@ -112,9 +112,9 @@ def run_command(args: argparse.Namespace) -> int:
     except (OSError, UnicodeDecodeError) as e:  # no such file, a folder, unreadable, not UTF-8
         print(f"mmrl: config error: {args.config}: {e}", file=sys.stderr)
         return 2
-    from .policy.vlm.tiny import ALL_TINY_ARCHS
+    from .policy import check_run, tiny_names
 
-    check_model_folders(cfg, args.command, (*ALL_TINY_ARCHS, "pi0"))  # load_policy builds tiny:pi0 as a flow policy
+    check_model_folders(cfg, args.command, tiny_names())  # the tiny models the registered policy kinds build
     if args.command == "train":
         from .runtime.distributed import close_world
         from .trainer import train
@@ -124,8 +124,7 @@ def run_command(args: argparse.Namespace) -> int:
         finally:
             close_world()
     else:
-        from .build import load_policy
-        from .policy import apply_model_options
+        from .policy import load_policy
         from .report import metric_label, write_eval_report, write_sampled_report
         from .runtime.checkpoint import MANIFEST, checkpoint_problem
         from .stages.evaluate import evaluate_k, held_out
@@ -141,8 +140,9 @@ def run_command(args: argparse.Namespace) -> int:
             if problem is not None:
                 print(f"mmrl eval: checkpoint {cfg.checkpoint} is damaged: {problem}", file=sys.stderr)
                 return 2
+        check_run(cfg)  # what the options ask of the checkpoint's kind, before it loads
         # The training run's model options too (pixel range, history), so the checkpoint sees what it trained on.
-        policy = apply_model_options(load_policy(cfg.model, checkpoint=cfg.checkpoint), cfg.model)
+        policy = load_policy(cfg.model, checkpoint=cfg.checkpoint).apply_options(cfg.model)
         result = held_out(policy, cfg)
         label = metric_label(cfg)
         for key, value in sorted(result.metrics.items()):

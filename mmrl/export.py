@@ -9,7 +9,7 @@ read by `VLMPolicy.from_pretrained`; the action tokens themselves are in the tok
 `AutoProcessor` where torchvision is installed (transformers builds Qwen-VL processors with a video processor,
 which needs it).
 
-A flow policy's checkpoint (π0: config.json's model_type "pi0", as `mmrl.build.load_policy` tells them apart) is
+A flow policy's checkpoint (π0: config.json's model_type "pi0", as `mmrl.policy.kind_of` tells them apart) is
 written by `FlowPolicy.save_pretrained`: the model, which `PI0ForConditionalGeneration.from_pretrained(OUT)` loads,
 its tokenizer, the image settings (`preprocessor_config.json`) and the normalisation statistics with the Flow-SDE
 settings (`processor_config.json`, in `PI0Processor`'s fields), and Flow-Noise's head where it has one;
@@ -26,10 +26,10 @@ from pathlib import Path
 
 import torch
 
-from .policy import VLMPolicy
-from .policy.flow import FlowPolicy, is_flow_folder
+from .policy import kind_of
 from .policy.lora import is_lora, merge_lora
 from .runtime.checkpoint import latest_checkpoint
+from .runtime.config import ModelConfig
 
 EXPORT_DTYPES = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -60,24 +60,13 @@ def export(source: str | Path, out: str | Path, dtype: str = "auto") -> Path:
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not empty; export writes a fresh folder")
     checkpoint = checkpoint_of(source)
-    if is_flow_folder(checkpoint):
-        flow = FlowPolicy.from_pretrained(checkpoint, dtype=EXPORT_DTYPES[dtype])
-        merged = is_lora(flow)
-        if merged:
-            merge_lora(flow)
-        out.mkdir(parents=True, exist_ok=True)
-        flow.save_pretrained(out)
-        _write_note(out, checkpoint, merged=merged, dtype=flow.model.dtype)
-        return out
-    policy = VLMPolicy.from_pretrained(checkpoint, dtype=EXPORT_DTYPES[dtype])
+    # Its own kind loads it (`kind_of`) and writes it back as a plain folder once any LoRA is merged.
+    policy = kind_of(checkpoint).load(checkpoint, ModelConfig(path=str(checkpoint)), EXPORT_DTYPES[dtype])
     merged = is_lora(policy)
     if merged:
         merge_lora(policy)
     out.mkdir(parents=True, exist_ok=True)
-    policy.model.save_pretrained(out)
-    policy.processor.save_pretrained(out)
-    if policy.action_codec is not None:
-        policy.action_codec.save(out)
+    policy.save_pretrained(out)
     _write_note(out, checkpoint, merged, policy.model.dtype)
     return out
 

@@ -1,6 +1,8 @@
 """The trainer: one loop, read top to bottom, one call per stage.
 
-    build (config -> policy, reference, critic, env, shaping, optimiser)     mmrl/build.py
+    build (config -> env, shaping, the starting policy)                      mmrl/build.py
+    cold_start (imitation of the env expert's demonstrations)                mmrl/stages/cold_start.py
+    assemble (reference, resumed weights, optimiser, critic, initial evaluation)   mmrl/build.py
     for step:
         collected = collect(...)        # seeds, groups, filters and refill, rollout workers   mmrl/stages/collect.py
         collected = shape(collected)    # every transform between env reward and advantages    mmrl/stages/shaping.py
@@ -22,13 +24,14 @@ from contextlib import ExitStack
 
 from tqdm.auto import tqdm
 
-from .build import Run, build
-from .policy import VLMPolicy
+from .build import Run, assemble, build
+from .policy import Policy
 from .report import report, step_metrics
 from .runtime.checkpoint import save_checkpoint
 from .runtime.config import TrainConfig
 from .runtime.metrics import read_metrics
 from .stages.advantages import critic_metrics, row_advantages
+from .stages.cold_start import cold_start
 from .stages.collect import check_generation_shards
 from .stages.evaluate import held_out
 from .stages.old_scores import old_scores
@@ -37,7 +40,7 @@ from .stages.update import update
 
 def train(
     cfg: TrainConfig,
-    policy: VLMPolicy | None = None,
+    policy: Policy | None = None,
     stop_after: int | None = None,
     generation_shards: int | None = None,
 ) -> list[dict]:
@@ -53,7 +56,10 @@ def train(
     """
     check_generation_shards(cfg, generation_shards)  # before anything is loaded
     with ExitStack() as live:  # what holds processes (env, rollout workers): closed however the run ends
-        run = build(cfg, policy, generation_shards, live)
+        setup = build(cfg, policy, generation_shards, live)  # the env, and the starting policy fitted to it
+        if setup.needs_cold_start:  # imitation of the env's expert before RL (sft.episodes), with its own evaluation
+            setup.policy = cold_start(setup.cfg, setup.policy, setup.collector.env, setup.out, setup.world)
+        run = assemble(setup)  # reference, optimiser, critic, resumed state, the initial model's held-out score
         last = min(stop_after or cfg.trainer.total_steps, cfg.trainer.total_steps)
         bar = tqdm(
             range(run.start_step, last), initial=run.start_step, total=cfg.trainer.total_steps, desc="grpo",
@@ -91,11 +97,10 @@ def train_step(run: Run, step: int, last: int) -> dict[str, float]:
     collected, shaping_metrics = run.shaping.collected(collected, run.policy, run.sampling)
     episodes = collected.episodes
 
-    # ---- a colocated vLLM engine frees its weights and KV cache for the update (sleep mode, where the platform has it;
-    # the next generation wakes it and re-syncs); not while a collector thread may be generating with it
-    backend = getattr(run.policy, "backend", None)  # a flow policy has none
-    if not tc.max_staleness and hasattr(backend, "sleep"):
-        backend.sleep()
+    # ---- a generation engine frees its weights and KV cache for the update (the next generation takes them back);
+    # not while a collector thread may be generating with it
+    if not tc.max_staleness:
+        run.policy.release_memory()
 
     # ---- old scores: before the weights move, the old log-probs (several updates per rollout) and the critic's values
     old = old_scores(run.policy, run.critic, episodes, cfg, run.sampling, world)

@@ -94,6 +94,11 @@ class Rollout:
         """The rows `rows` (a `[r]` long tensor), e.g. the groups dynamic sampling keeps."""
         return _select(self, rows)
 
+    @staticmethod
+    def cat_rows(parts: list[Rollout], pad_token_id: int = 0) -> Rollout:
+        """`cat_rollouts`: every kind of rollout joins its own rows (`type(rollout).cat_rows`)."""
+        return cat_rollouts(parts, pad_token_id)
+
     def rows(self, start: int, stop: int) -> Rollout:
         """Rows [start, stop) as a self-contained rollout (a micro-batch)."""
         first = torch.cat([torch.zeros(1, dtype=torch.long), self.image_counts().cumsum(0)])  # [R+1] image offsets
@@ -291,9 +296,8 @@ def cat_episodes(parts: list[Episodes], pad_token_id: int = 0) -> Episodes:
         elif all(isinstance(v, list) for v in values):
             info[k] = [x for v in values for x in v]
     rollouts = [p.rollout for p in parts]
-    join = getattr(rollouts[0], "cat_rows", None)  # a rollout of another kind joins its own (a flow policy's chains)
     return Episodes(
-        rollout=join(rollouts, pad_token_id) if join is not None else cat_rollouts(rollouts, pad_token_id),
+        rollout=type(rollouts[0]).cat_rows(rollouts, pad_token_id),  # each kind of rollout joins its own rows
         world=torch.cat([p.world + offsets[i] for i, p in enumerate(parts)]),
         turn=torch.cat([p.turn for p in parts]),
         step_rewards=torch.cat([pad_t(p.step_rewards) for p in parts]),
@@ -323,3 +327,26 @@ def _select_info(info: dict[str, Any], worlds: torch.Tensor, n: int) -> dict[str
         elif isinstance(v, list) and len(v) == n:
             out[k] = [v[i] for i in worlds.tolist()]
     return out
+
+
+@dataclass
+class Demonstrations:
+    """A cold start's rows: what the policy is shown and the expert's labels, in the kind's own form.
+
+    `images[m]`, `instructions[m]` and `labels[m]` describe row m; `extra` holds what a kind needs beside them (the
+    proprioceptive state, an episode's previous row).
+    """
+
+    images: torch.Tensor  # [M, (V,) H, W, 3] uint8
+    instructions: list[str]  # [M]
+    labels: Any  # [M, ...] tensor, or M strings (text answers)
+    success_rate: float  # the demonstrator's, over its episodes
+    episodes: int
+    extra: dict[str, Any]
+
+    def __len__(self) -> int:
+        return len(self.instructions)
+
+    def describe(self) -> str:
+        return (f"{len(self)} demonstration rows from {self.episodes} episodes (demonstrator success "
+                f"{self.success_rate:.2f})")

@@ -265,6 +265,21 @@ def test_mmrl_folders_import_only_downwards():
     assert not wrong, "\n".join(wrong)
 
 
+def test_policy_kinds_and_engines_import_no_other_kind():
+    edges = [e for e in import_edges(REPO, ("mmrl",)) if e.structural]
+    wrong = []
+    for e in edges:
+        if not _within(e.source, "mmrl.policy") or e.source == "mmrl.policy" or not _within(e.target, "mmrl.policy"):
+            continue
+        part = next((p for p in POLICY_PARTS if _within(e.source, p)), "")
+        target = next((p for p in POLICY_PARTS if _within(e.target, p)), None)
+        if target is not None and target != part and target not in POLICY_MAY_IMPORT[part]:
+            wrong.append(f"{e.source} -> {e.target} ({e.where})")
+        if target is None and e.target == "mmrl.policy":
+            wrong.append(f"{e.source} -> {e.target} ({e.where}): the package registers the kinds; import its modules")
+    assert not wrong, "\n".join(wrong)
+
+
 def test_the_checker_sees_the_whole_project():
     edges = import_edges(REPO, PACKAGES)
     assert {"mmrl.trainer", "sim.base", "rewards.box"} <= {e.source for e in edges} | {e.target for e in edges}

@@ -25,7 +25,7 @@ import torch
 from rewards.consistency import answer_keys
 
 from ..algos.consistency import care_bonus, ema_update_, vote_rewards
-from ..policy import VLMPolicy
+from ..policy import Policy
 from ..runtime.config import AlgoConfig, TrainConfig
 from ..types import Episodes, Rollout
 
@@ -106,7 +106,7 @@ class CareReference:
         micro_batch_size: rows per scoring forward.
     """
 
-    def __init__(self, policy: VLMPolicy, decay: float, coef: float, group_size: int, micro_batch_size: int):
+    def __init__(self, policy: Policy, decay: float, coef: float, group_size: int, micro_batch_size: int):
         self.policy = copy.deepcopy(policy)
         self.policy.model.requires_grad_(False).eval()
         self.decay, self.coef, self.group_size, self.micro_batch_size = decay, coef, group_size, micro_batch_size
@@ -147,12 +147,12 @@ class CareReference:
         }
         return shaped, metrics
 
-    def follow(self, policy: VLMPolicy) -> None:
+    def follow(self, policy: Policy) -> None:
         """One EMA step towards `policy`'s current weights (after each update)."""
         ema_update_(self.policy.model.parameters(), policy.model.parameters(), decay=self.decay)
 
 
-def make_care(cfg: TrainConfig, policy: VLMPolicy, world_size: int = 1) -> CareReference | None:
+def make_care(cfg: TrainConfig, policy: Policy, world_size: int = 1) -> CareReference | None:
     """The run's GRPO-CARE reference (with `algo.care_coef > 0`; else None)."""
     ac = cfg.algo
     if ac.care_coef <= 0:

@@ -66,13 +66,17 @@ def turns_left(turn: torch.Tensor, turns: int) -> torch.Tensor:
 
 class Critic:
     """The value head, its optimiser, and the hook that reads the policy's hidden state. `seed` is the run's
-    (`trainer.seed`): the head's initial weights draw from its own stream (`sim.seeds.critic_seed`)."""
+    (`trainer.seed`): the head's initial weights draw from its own stream (`sim.seeds.critic_seed`).
+
+    Args:
+        tap: the module whose input (at position 0) is the row's state (`Policy.value_input`: a VLM's
+            language-model head, a flow policy's `value_tap`).
+    """
 
     def __init__(
-        self, model: nn.Module, *, width: int, lr: float, trunk_grad: bool, seed: int, device: str, time: bool = False
+        self, tap: nn.Module, *, width: int, lr: float, trunk_grad: bool, seed: int, device: str, time: bool = False
     ):
-        tap = getattr(model, "value_tap", None)  # a flow policy's state features (it has no language-model head)
-        self.lm_head = tap if tap is not None else model.get_output_embeddings()
+        self.lm_head = tap
         hidden_size = (
             self.lm_head.in_features if hasattr(self.lm_head, "in_features") else self.lm_head.weight.shape[1]
         )

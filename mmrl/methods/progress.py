@@ -19,15 +19,15 @@ from dataclasses import replace
 import torch
 
 from ..algos.progress import progress_rewards
+from ..policy import Policy
 from ..policy.lora import plain_model
-from ..policy.vlm import VLMPolicy
 from ..runtime import distributed
 from ..runtime.config import AlgoConfig
 from ..types import Episodes
 
 
 @torch.no_grad()
-def trajectory_embeddings(policy: VLMPolicy, episodes: Episodes) -> torch.Tensor:
+def trajectory_embeddings(policy: Policy, episodes: Episodes) -> torch.Tensor:
     """`[R, 2H]` one vector per episode: mean over its turns of the turn's image features, then its last turn's."""
     rollout = episodes.rollout
     model = plain_model(policy.model)
@@ -59,7 +59,7 @@ def trajectory_embeddings(policy: VLMPolicy, episodes: Episodes) -> torch.Tensor
     return torch.cat([mean, last], dim=-1)
 
 
-def with_progress_rewards(policy: VLMPolicy, episodes: Episodes, ac: AlgoConfig) -> tuple[Episodes, dict[str, float]]:
+def with_progress_rewards(policy: Policy, episodes: Episodes, ac: AlgoConfig) -> tuple[Episodes, dict[str, float]]:
     """The episodes with SRPO's progress reward added at each failed episode's last turn (component `progress`),
     and its metrics. Unchanged where `algo.progress_coef` is 0 or the env reports no success."""
     if ac.progress_coef <= 0 or episodes.success is None:

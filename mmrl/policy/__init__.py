@@ -1,32 +1,68 @@
-"""Policies: a Hugging Face VLM behind generate / logprobs verbs."""
+"""Policies: each kind a sub-package behind one interface (`mmrl.policy.base.Policy`), registered in `POLICY_KINDS`.
 
+Kinds: `vlm` (`VLMPolicy`, a transformers image-text-to-text model over tokens; a VLA with an action codec) and `flow`
+(`FlowPolicy`, transformers' π0). Importing this package registers them. `load_policy` is the one way a config's
+model becomes a policy: the kind the path holds (`kind_of`), loaded from a folder or built tiny.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..runtime.config import ModelConfig, TrainConfig
+from ..runtime.paths import TINY_PREFIX, local_path
+from ..runtime.precision import DTYPES
 from ..types import Completions, Rollout, Sampling, cat_rollouts
+from .base import FEATURES, POLICY_KINDS, Feature, Policy, kind_of, tiny_names
 from .engines.backends import BACKENDS, GenerationBackend
-from .lora import (
-    apply_lora,
-    apply_model_options,
-    enable_gradient_checkpointing,
-    find_vision_modules,
-    freeze_vision,
-    is_lora,
-    merge_lora,
-)
+from .flow import FlowPolicy
+from .lora import apply_lora, enable_gradient_checkpointing, find_vision_modules, freeze_vision, is_lora, merge_lora
 from .tokens import GenerationTarget, ModelHolder, completion_mask_from_ids, token_logprobs
-from .vlm import VLMPolicy
+from .vlm import VLMPolicy, build_tiny
 from .vlm.action_codec import ActionCodec, add_action_tokens
+from .vlm.options import apply_model_options
 from .vlm.processing import VisionTextProcessor
-from .vlm.tiny import ALL_TINY_ARCHS, FAMILY_ARCHS, TINY_ARCHS, build_tiny
+from .vlm.tiny import ALL_TINY_ARCHS, FAMILY_ARCHS, TINY_ARCHS
+
+
+def load_policy(cfg: ModelConfig, checkpoint: str | Path | None = None, action_dim: int | None = None) -> Policy:
+    """The policy a config names: `checkpoint` when given (a run's checkpoint folder), else `cfg.path` (a model
+    folder, a repository-relative preset path, a hub id, or "tiny:<name>", a random tiny model of the kind that
+    builds it). `action_dim` (the env's) sizes a tiny model's actions where its kind needs it. The options of
+    `cfg` are not applied: `Policy.fit` does that for a run."""
+    path = str(checkpoint if checkpoint is not None else cfg.path)
+    kind = kind_of(path)
+    if path.startswith(TINY_PREFIX):
+        policy = kind.tiny(path.removeprefix(TINY_PREFIX), cfg, action_dim)
+        policy.model.to(device=cfg.device, dtype=DTYPES[cfg.dtype])
+        return policy
+    return kind.load(local_path(path), cfg, DTYPES[cfg.dtype])
+
+
+def check_run(cfg: TrainConfig, world_size: int = 1) -> type[Policy]:
+    """The kind `cfg`'s model is (its checkpoint's, for `mmrl eval`), checked against what `cfg` asks of it before
+    anything loads: a feature it lacks is one `ConfigError` naming every field (`Policy.check_config`)."""
+    kind = kind_of(cfg.checkpoint or cfg.model.path)
+    kind.check_config(cfg, world_size)
+    return kind
+
 
 __all__ = [
+    "ALL_TINY_ARCHS",
     "BACKENDS",
+    "DTYPES",
+    "FAMILY_ARCHS",
+    "FEATURES",
+    "POLICY_KINDS",
+    "TINY_ARCHS",
     "ActionCodec",
     "Completions",
+    "Feature",
+    "FlowPolicy",
     "GenerationBackend",
     "GenerationTarget",
     "ModelHolder",
-    "TINY_ARCHS",
-    "FAMILY_ARCHS",
-    "ALL_TINY_ARCHS",
+    "Policy",
     "Rollout",
     "Sampling",
     "VLMPolicy",
@@ -36,11 +72,15 @@ __all__ = [
     "apply_model_options",
     "build_tiny",
     "cat_rollouts",
+    "check_run",
     "completion_mask_from_ids",
     "enable_gradient_checkpointing",
     "find_vision_modules",
     "freeze_vision",
     "is_lora",
+    "kind_of",
+    "load_policy",
     "merge_lora",
+    "tiny_names",
     "token_logprobs",
 ]

@@ -1,35 +1,28 @@
-"""Real-size training on one GPU: gradient checkpointing, a frozen vision tower, LoRA adapters, the backend.
+"""What every kind shares of a model's real-size options: LoRA adapters (PEFT), frozen parts, gradient checkpointing,
+and the weights with adapters merged in.
 
-`apply_model_options(policy, cfg.model)` applies what a `ModelConfig` asks for to a loaded policy, in this order:
-
-1. the generation backend (`generation_backend`, `vllm_gpu_memory_utilization`), the conversation length
-   (`history_turns`) and the system prompt (`system_prompt`, a system turn the chat template renders);
-2. gradient checkpointing: every decoder and vision block recomputes its activations in the backward pass
-   (non-reentrant `torch.utils.checkpoint`), so a micro-batch keeps one activation per block boundary instead
-   of every intermediate;
-3. `freeze_vision`: the vision tower and its merger/projector get `requires_grad=False`; autograd then records
-   nothing for them, so they cost no activation memory, no gradients and no optimiser state;
-4. `lora_r > 0`: PEFT LoRA adapters on the language model's linear layers (never `lm_head`; the vision tower's and
-   its projector's only with `lora_vision`); everything else is frozen. A VLA's added action-token rows stay trainable (PEFT's
-   `trainable_token_indices`: only those rows of the embedding, and of `lm_head` when it is not tied, train).
-
-Call it after the action codec is attached (`add_action_tokens`), since LoRA needs to know the action tokens, and
-before the optimiser is built. It is idempotent: a policy loaded from a LoRA checkpoint already carries its
-adapters and gets no second set.
+LoRA adapters go on the language model's linear layers (never `lm_head`; the vision tower's and its projector's only
+with `lora_vision`); everything else is frozen. A VLA's added action-token rows stay trainable (PEFT's
+`trainable_token_indices`: only those rows of the embedding, and of `lm_head` when it is not tied, train). Freezing
+gives parameters `requires_grad=False`, so autograd records nothing for them: no activation memory, no gradients, no
+optimiser state. Gradient checkpointing recomputes each block's activations in the backward pass (non-reentrant
+`torch.utils.checkpoint`).
 
 Checkpoints of a LoRA policy hold the unmerged base weights plus `lora/` (see `VLMPolicy.save_pretrained`), so a
-resumed run continues exactly; `merge_lora` folds the adapters in for export. `peft` is imported only here and only
-when LoRA is used: `pip install 'mmrl[lora]'`.
+resumed run continues exactly; `merge_lora` folds the adapters in for export, `merged_named_weights` for an engine.
+`peft` is imported only here and only when LoRA is used: `pip install 'mmrl[lora]'`. Each kind applies its options
+in its own `fit` (`mmrl.policy.vlm.options`, `mmrl.policy.flow.options`).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
-from ..runtime.config import FLOW_FIELDS, FREEZE_PARTS, ModelConfig
+from ..runtime.config import FREEZE_PARTS
 from .tokens import ModelHolder
 
 LORA_DIR = "lora"  # a LoRA checkpoint's adapters live in this subfolder (see VLMPolicy.save_pretrained)
@@ -300,45 +293,35 @@ def load_lora(policy: ModelHolder, folder: str | Path) -> ModelHolder:
     return policy
 
 
-# ---------------------------------------------------------------------------------------------- all at once
-def apply_model_options(policy: ModelHolder, cfg: ModelConfig) -> ModelHolder:
-    """Apply a `ModelConfig`'s real-size options to a loaded policy (see the module docstring for the order); a flow
-    policy (π0) takes `mmrl.policy.flow.apply_flow_options`, and a VLM refuses the flow-policy fields."""
-    if hasattr(policy, "apply_options"):  # a flow policy checks and applies its own (mmrl.policy.flow imports this)
-        return policy.apply_options(cfg)
-    flow_fields = [f"model.{name}" for name in FLOW_FIELDS if getattr(cfg, name) is not None]
-    if flow_fields:
-        raise ValueError(f"{', '.join(flow_fields)}: set for a flow policy (π0) only; this model is a "
-                         f"{policy.model.config.model_type} VLM")  # fmt: skip
-    policy.history_turns = cfg.history_turns
-    if cfg.system_prompt and getattr(policy.family, "prompt", None) is not None:
-        raise ValueError(f"model.system_prompt: a {policy.family.name} model has no chat template to put it in")
-    policy.processor.system_prompt = cfg.system_prompt  # a system turn before every prompt (processing.chat)
-    options = {"gpu_memory_utilization": cfg.vllm_gpu_memory_utilization} if cfg.generation_backend == "vllm" else {}
-    if cfg.generation_backend != policy.generation_backend or options:
-        policy.set_generation_backend(cfg.generation_backend, **options)
-    if cfg.min_pixels or cfg.max_pixels:
-        policy.processor.set_pixel_range(cfg.min_pixels, cfg.max_pixels)
-    if cfg.gradient_checkpointing:
-        enable_gradient_checkpointing(policy)
-    if cfg.freeze_vision:
-        freeze_vision(policy)
-    if cfg.freeze:
-        freeze_parts(policy, cfg.freeze)
-    if cfg.lora_r > 0 and not is_lora(policy):
-        apply_lora(
-            policy,
-            r=cfg.lora_r,
-            alpha=cfg.lora_alpha,
-            dropout=cfg.lora_dropout,
-            target_modules=cfg.lora_target_modules,
-            vision=cfg.lora_vision,
-            seed=cfg.seed,
-        )
-    return policy
+def merged_named_weights(model) -> Iterator[tuple[str, torch.Tensor]]:
+    """`(name, tensor)` of every parameter as the plain transformers model names it, LoRA adapters merged in.
 
-
-def trainable_parameters(policy: ModelHolder) -> dict[str, int]:
-    """`{"trainable": n, "total": n}` parameter counts, for a log line."""
-    params = list(policy.model.parameters())
-    return {"trainable": sum(p.numel() for p in params if p.requires_grad), "total": sum(p.numel() for p in params)}
+    For a plain model these are its `named_parameters`; for a PEFT model each LoRA layer's base weight gets its
+    `get_delta_weight` added (a new tensor, the model untouched), trainable-token layers give their merged rows,
+    and PEFT's own tensors are skipped. These are the names vLLM's `load_weights` maps to its own modules.
+    """
+    if not is_lora_model(model):
+        yield from model.named_parameters()
+        return
+    plain = model.get_base_model()
+    deltas: dict[str, torch.Tensor] = {}
+    for name, module in plain.named_modules():
+        if hasattr(module, "get_delta_weight") and hasattr(module, "base_layer"):  # a LoRA layer
+            for adapter in getattr(module, "active_adapters", ["default"]):
+                if adapter in getattr(module, "lora_A", {}):
+                    delta = module.get_delta_weight(adapter)
+                    deltas[f"{name}.base_layer.weight"] = deltas.get(f"{name}.base_layer.weight", 0) + delta
+        if hasattr(module, "get_merged_weights") and hasattr(module, "trainable_tokens_delta"):  # action rows
+            deltas[f"{name}.base_layer.weight"] = module.get_merged_weights(module.active_adapters)
+    # Parameters, not the state dict: a tied head is listed once (as `named_parameters` of the plain model does)
+    # and no buffer reaches vLLM's `load_weights`, which refuses names it does not know.
+    for key, value in plain.named_parameters():
+        if any(part in key for part in ADAPTER_KEYS):
+            continue
+        value = value.detach()
+        if key in deltas:
+            delta = deltas[key]
+            value = delta.to(value.dtype) if "token_adapter" in key else (value + delta.to(value.dtype))
+        for wrapped, bare in WRAPPER_PARTS:
+            key = key.replace(wrapped, bare)
+        yield key, value

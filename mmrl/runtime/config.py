@@ -9,8 +9,6 @@ checks are `mmrl.runtime.folders`'.
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -26,13 +24,8 @@ from ..types import Sampling
 from .conventions import resolve_coordinates
 from .schema import ConfigError, apply_overrides, from_dict, load, require, to_dict  # noqa: F401 (re-exported)
 
-REPO = Path(__file__).resolve().parents[2]
 LOG_BACKENDS = ("jsonl", "tensorboard", "wandb")
 FREEZE_PARTS = ("vision", "projector", "language")  # model.freeze: see mmrl.policy.lora.part_parameters
-# model.flow_noise_method's choices: mmrl.policy.flow.NOISE_METHODS, repeated because the policy package imports this
-# module (not the other way round); a test holds the two equal.
-FLOW_NOISE_METHODS = ("flow_sde", "flow_noise")
-FLOW_FIELDS = ("flow_noise_level", "flow_noise_method", "flow_steps")  # ModelConfig's flow-policy fields
 # Each policy loss's own clip range and aggregation: what algo.clip_low, algo.clip_high and algo.aggregation left at
 # null resolve to (a loss not listed takes ppo_clip's). PPO's token ratio: DAPO's clip-higher range
 # (https://arxiv.org/abs/2503.14476), room for unlikely tokens to rise, averaged over tokens. GSPO's sequence ratio, the
@@ -95,7 +88,8 @@ class ModelConfig:
     generation_backend: Literal["lean", "hf", "static", "vllm", "vllm_process"] = "lean"
     vllm_gpu_memory_utilization: float = 0.3  # share of GPU memory the colocated vLLM engine may take
     # A flow policy's (π0's) sampling; null keeps the model folder's own (processor_config.json), else the policy's
-    # defaults (flow_sde, 0.5, the config's num_inference_steps). Set for any other model, they are refused.
+    # defaults (flow_sde, 0.5, the config's num_inference_steps). Set for any other model, they are refused (the policy
+    # kind's check, `mmrl.policy.base`, which checks their values too).
     flow_noise_level: float | None = None  # Flow-SDE's noise level a (0: the deterministic ODE; πRL uses 0.5)
     flow_noise_method: str | None = None  # a denoising step's noise: "flow_sde" (noise level) or "flow_noise" (learned)
     flow_steps: int | None = None  # K denoising steps per action chunk (the rows' "tokens")
@@ -122,59 +116,6 @@ class ModelConfig:
         )
         unknown = [part for part in self.freeze if part not in FREEZE_PARTS]
         require(not unknown, "model.freeze", f"unknown part(s) {unknown}; choose from {', '.join(FREEZE_PARTS)}")
-        require(  # a π0 still trains its action expert with every part frozen
-            self.lora_r > 0 or set(FREEZE_PARTS) - set(self.freeze) or names_pi0(self.path),
-            "model.freeze",
-            f"freezes every part ({self.freeze}) and model.lora_r is 0: nothing would train",
-        )
-        self._check_flow_fields()
-
-    def _check_flow_fields(self) -> None:
-        """The flow policy's sampling fields: their values, and that the model named can be a flow policy (a folder
-        is known only when it loads: `mmrl.policy.lora.apply_model_options` refuses them for a VLM there)."""
-        level, method, steps = self.flow_noise_level, self.flow_noise_method, self.flow_steps
-        require(
-            level is None or (math.isfinite(level) and level >= 0),
-            "model.flow_noise_level",
-            f"must be >= 0 (0: the deterministic ODE) or null (the folder's own), got {level}",
-        )
-        require(
-            method is None or method in FLOW_NOISE_METHODS,
-            "model.flow_noise_method",
-            f"must be one of {', '.join(FLOW_NOISE_METHODS)} or null (the folder's own), got {method!r}",
-        )
-        require(
-            steps is None or steps >= 1, "model.flow_steps", f"must be >= 1 or null (the folder's own), got {steps}"
-        )
-        require(
-            not (steps == 1 and level is not None and level > 0 and method != "flow_noise"),
-            "model.flow_steps",
-            f"is 1, but Flow-SDE at model.flow_noise_level {level} needs >= 2 denoising steps (its sigma is infinite "
-            "at t = 1); one step runs only the ODE (model.flow_noise_level=0)",
-        )
-        set_fields = [f"model.{name}" for name in FLOW_FIELDS if getattr(self, name) is not None]
-        tiny = self.path.removeprefix("tiny:") if self.path.startswith("tiny:") else None
-        require(
-            not set_fields or tiny in (None, "pi0"),
-            ", ".join(set_fields),
-            f"set for model.path {self.path!r}, which is no flow policy: only a π0 (tiny:pi0 or a π0 folder) takes "
-            "them",
-            sep=": ",
-        )
-
-
-def names_pi0(path: str) -> bool:
-    """Whether `model.path` names a π0: `tiny:pi0`, or a local folder whose config.json says model_type "pi0" (read
-    without loading the model; a hub id or a missing folder reads as no π0)."""
-    if path == "tiny:pi0":
-        return True
-    config = Path(path) / "config.json"
-    if not config.is_file():
-        config = Path(__file__).resolve().parents[2] / path / "config.json"  # presets name assets from the repo
-    try:
-        return config.is_file() and json.loads(config.read_text()).get("model_type") == "pi0"
-    except (OSError, ValueError):
-        return False
 
 
 @dataclass(frozen=True)
@@ -629,12 +570,6 @@ class TrainConfig:
                 problem = option_problem(cls, option, level)
                 require(problem is None, f"curriculum.levels[{index}]", f"{problem} (values of env option "
                         f"{option!r})", sep=": ")  # fmt: skip
-        require(
-            not (self.sft.every_step and self.sft.episodes) or names_pi0(model.path),
-            "sft.every_step",
-            f"labels a flow policy's (π0's) chunks at every step; model.path {model.path!r} is no π0, and the token "
-            "path labels every step already",
-        )
         if tc.master_weights == "float32":
             require(
                 model.dtype != "float32",

@@ -29,6 +29,7 @@ from typing import Any
 from rewards.coordinates import COORDINATES
 from sim.registry import ENVS
 
+from .paths import model_folder
 from .schema import require
 
 # Each family's answer units and the families whose processor resizes onto a patch grid within min/max pixels
@@ -41,26 +42,7 @@ FAMILY_COORDINATES = {
 }  # fmt: skip
 PIXEL_BOUND_FAMILIES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "glm4v"})
 
-REPO = Path(__file__).resolve().parents[2]
 FOLDER_KEY = "grounding_coordinates"  # config.json key of a checkpoint that answers in other units than its family
-
-
-def model_folder(path: str) -> Path | None:
-    """The local folder a `model.path` (or checkpoint) names: a folder, a repository-relative preset path, the tiny
-    assets of "tiny:<family>", or a hub id's cached snapshot; None when there is none here."""
-    if path.startswith("tiny:"):
-        folder = REPO / "assets" / "tiny_models" / path.removeprefix("tiny:")
-        return folder if folder.is_dir() else None
-    for folder in (Path(path), REPO / path):
-        if (folder / "config.json").is_file():
-            return folder
-    try:  # a hub id: its cached config only, never the network at config time
-        from huggingface_hub import try_to_load_from_cache
-
-        cached = try_to_load_from_cache(path, "config.json")
-    except Exception:  # not a valid repo id (a path that does not exist): nothing cached
-        return None
-    return Path(cached).parent if isinstance(cached, str) else None
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .config import REPO, TrainConfig
+from .config import TrainConfig
+from .paths import local_path
 from .schema import require
 
 
@@ -39,9 +40,7 @@ def check_model_folders(cfg: TrainConfig, command: str = "train", tiny_archs: tu
 
 
 def _check_model_folder(field_name: str, value: str, hub: bool = True) -> None:
-    path = Path(value)
-    if not path.is_absolute() and not path.exists() and (REPO / path).exists():
-        path = REPO / path  # presets name assets relative to the repository
+    path = local_path(value)  # presets name assets relative to the repository
     if path.is_dir():
         require((path / "config.json").is_file(), field_name, f"{path} has no config.json: not a model folder "
                 "(transformers' save_pretrained writes one)", sep=": ")  # fmt: skip

@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import torch
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # model.dtype's
+
 
 def cast_parameters(model: torch.nn.Module, dtype: torch.dtype) -> None:
     """Cast `model`'s parameters (not its buffers) to `dtype` in place: what `from_pretrained(dtype=...)` gives,

@@ -53,9 +53,8 @@ from sim.workers import make_vec_env
 
 from ..algos.data import difficulty_filter_keep, dynamic_sampling_keep
 from ..methods.curriculum import Curriculum
-from ..policy.engines.vllm_colocated import merged_named_weights
-from ..policy.lora import plain_model
-from ..policy.vlm import VLMPolicy
+from ..policy import Policy
+from ..policy.lora import merged_named_weights, plain_model
 from ..runtime import distributed
 from ..runtime.config import AlgoConfig, TrainConfig
 from ..types import Collected, Episodes, Sampling, cat_episodes
@@ -129,18 +128,13 @@ def weights_snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         return {name: p.detach().clone() for name, p in merged_named_weights(model)}
 
 
-def policy_copy(policy: VLMPolicy) -> VLMPolicy:
+def policy_copy(policy: Policy) -> Policy:
     """The collector thread's copy of `policy` (weights written per queued step): a deep copy, or, for a policy whose
     model FSDP2 shards (which `deepcopy` refuses), a deep copy of the rest around a whole, adapter-free model of the
     same class (`distributed.unsharded_module`), which samples with no collective."""
     if not distributed.is_sharded(policy.model):
         clone = copy.deepcopy(policy)
-    else:
-        if not isinstance(policy, VLMPolicy):  # a flow policy's copy from its config is not built (nor tested)
-            raise ValueError(
-                f"trainer.max_staleness > 0 under torchrun is built for VLM policies, not {type(policy).__name__}: "
-                "use trainer.max_staleness=0, or one trainer process"
-            )
+    else:  # a kind whose copy cannot be built so (`sharded_async`) is refused when the run is built
         whole = distributed.unsharded_module(plain_model(policy.model), policy.device)
         clone = copy.deepcopy(policy, {id(policy.model): whole})
     clone.model.requires_grad_(False)
@@ -225,7 +219,7 @@ class Collector:
         # (`_queued`, by step), played one at a time by a thread with a copy of the policy (`_copy`).
         self.max_staleness = tc.max_staleness
         self.dropped_groups = 0  # groups of queued steps dropped as older than k (logged as pipeline/dropped_groups)
-        self._copy: VLMPolicy | None = None
+        self._copy: Policy | None = None
         self._queued: dict[int, Queued] = {}
         self._lock = threading.Lock()  # over `_queued` and each entry's weights/result (the thread writes them)
         self._jobs: queue.Queue[Queued | None] = queue.Queue()
@@ -233,7 +227,7 @@ class Collector:
         self._restored: list[dict] = []  # a checkpoint's unplayed steps, queued at the first `collect`
 
     # ------------------------------------------------------------------ asynchronous collection
-    def queue_ahead(self, policy: VLMPolicy, step: int) -> None:
+    def queue_ahead(self, policy: Policy, step: int) -> None:
         """Queue steps `step`..`step + k` that are not queued yet (before the last step), with a snapshot of
         `policy`'s weights as they are now (version `step`): on the fixed schedule only `step + k` is missing."""
         last = min(step + self.max_staleness, self.cfg.trainer.total_steps - 1)
@@ -257,23 +251,21 @@ class Collector:
     def _serve(self) -> None:
         """The collector thread: plays queued steps in order, each with its own weights snapshot."""
         while (job := self._jobs.get()) is not None:
-            engine = getattr(self._copy, "backend", None)  # (read safely: an error here would kill the thread unseen)
-            engine = engine if hasattr(engine, "next_version") else None
             try:
                 with torch.no_grad():
                     for name, p in self._copy.model.named_parameters():
                         p.copy_(job.weights[name])
-                if engine is not None:  # an engine process: its pushes carry the version, its samples return it
-                    engine.next_version = job.version
+                # An engine process: its pushes carry the version, its samples return it.
+                self._copy.expect_version(job.version)
                 result: Collected | BaseException = self._collect(self._copy, self._copy.model, job.step)
-                if engine is not None and engine.last_version != job.version:
-                    raise RuntimeError(f"step {job.step} was sampled by weights version {engine.last_version}, "
+                sampled = self._copy.sampled_version()  # None: sampled with the copy's own (current) weights
+                if sampled is not None and sampled != job.version:
+                    raise RuntimeError(f"step {job.step} was sampled by weights version {sampled}, "
                                        f"queued with version {job.version}")  # fmt: skip
                 result = dataclasses.replace(result, version=job.version)
             except BaseException as error:  # noqa: BLE001  (re-raised in the trainer's thread by `collect`)
                 result = error
-            if engine is not None:
-                engine.next_version = None
+            self._copy.expect_version(None)
             with self._lock:
                 job.result, job.weights = result, (job.weights if isinstance(result, BaseException) else None)
             job.done.set()
@@ -348,7 +340,7 @@ class Collector:
             else:
                 self._submit(Queued(entry["step"], entry["version"], entry["weights"]))
 
-    def start_workers(self, policy: VLMPolicy) -> None:
+    def start_workers(self, policy: Policy) -> None:
         """Start the rollout workers, copies of `policy` (with `trainer.rollout_workers > 0`; else nothing)."""
         tc = self.cfg.trainer
         if tc.rollout_workers > 0:
@@ -359,7 +351,7 @@ class Collector:
             )  # fmt: skip
 
     @torch.no_grad()
-    def collect(self, policy: VLMPolicy, model: torch.nn.Module, step: int) -> Collected:
+    def collect(self, policy: Policy, model: torch.nn.Module, step: int) -> Collected:
         """Step `step`'s episodes, played by `policy` (whose possibly sharded module is `model`) now, or, with
         `trainer.max_staleness` = k >= 1, by the collector thread on the schedule of the module docstring
         (`Collected.stale` = the updates since its weights, at most k)."""
@@ -385,7 +377,7 @@ class Collector:
             raise job.result
         return dataclasses.replace(job.result, stale=step - job.version)
 
-    def _collect(self, policy: VLMPolicy, model: torch.nn.Module, step: int) -> Collected:
+    def _collect(self, policy: Policy, model: torch.nn.Module, step: int) -> Collected:
         tc, ac, group_size = self.cfg.trainer, self.cfg.algo, self.cfg.algo.group_size
         pad = policy.pad_token_id or 0
         sampled, kept, kept_groups = [], [], 0
@@ -413,7 +405,7 @@ class Collector:
             episodes = episodes.select_worlds(torch.arange(self.rows))
         return Collected(episodes, cat_episodes(sampled, pad), kept_groups, len(sampled), version=step)
 
-    def _play(self, policy: VLMPolicy, jobs: list) -> list[Episodes]:
+    def _play(self, policy: Policy, jobs: list) -> list[Episodes]:
         """Each job's episodes: by the rollout workers, or here, one seeded shard at a time."""
         if self.workers is not None:
             return self.workers.collect(jobs)

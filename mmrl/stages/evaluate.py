@@ -10,7 +10,7 @@ import torch
 import sim
 from sim.seeds import eval_seeds
 
-from ..policy.vlm import VLMPolicy
+from ..policy import Policy
 from ..runtime import distributed
 from ..runtime.config import TrainConfig
 from ..runtime.distributed import World, eval_shard
@@ -35,7 +35,7 @@ class EvalResult:
 
 @torch.no_grad()
 def evaluate(
-    policy: VLMPolicy,
+    policy: Policy,
     env_name: str,
     env_options: dict,
     episodes: int = 200,
@@ -165,7 +165,7 @@ def _cat_samples(parts: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def held_out(policy: VLMPolicy, cfg: TrainConfig, world: World | None = None) -> EvalResult:
+def held_out(policy: Policy, cfg: TrainConfig, world: World | None = None) -> EvalResult:
     """Greedy play on the held-out seeds of `cfg`'s env; under torchrun every process plays its 1/K of them (rank 0
     gets the samples) and must call this.
 
@@ -257,7 +257,7 @@ class SampledResult:
 
 
 @torch.no_grad()
-def evaluate_k(policy: VLMPolicy, cfg: TrainConfig) -> SampledResult:
+def evaluate_k(policy: Policy, cfg: TrainConfig) -> SampledResult:
     """`cfg.eval.k` sampled episodes (temperature `cfg.eval.temperature`) of each of the held-out items.
 
     The items are the first `cfg.eval.episodes` (default `trainer.eval_episodes`) held-out seeds, the same ones the

@@ -17,7 +17,7 @@ import torch
 
 from ..methods import critic as critic_head
 from ..methods.critic import Critic
-from ..policy import VLMPolicy
+from ..policy import Policy
 from ..runtime.config import TrainConfig
 from ..runtime.distributed import World
 from ..types import Episodes, Sampling
@@ -41,7 +41,7 @@ def optimizer_steps(episodes: Episodes, cfg: TrainConfig, world: World) -> int:
 
 @torch.no_grad()
 def old_scores(
-    policy: VLMPolicy, critic: Critic | None, episodes: Episodes, cfg: TrainConfig, sampling: Sampling, world: World
+    policy: Policy, critic: Critic | None, episodes: Episodes, cfg: TrainConfig, sampling: Sampling, world: World
 ) -> OldScores:
     """One no-grad pass over the step's rows for the old log-probs (when recomputed) and the critic's values."""
     recompute = cfg.recompute_old_logprobs and optimizer_steps(episodes, cfg, world) > 1

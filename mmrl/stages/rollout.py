@@ -1,10 +1,12 @@
 """Collecting episodes: the policy acts in R worlds until every episode ends.
 
 One collector serves every task. A single-step task (grounding, image-to-SVG) is one turn: the rows are the R
-completions, exactly what `VLMPolicy.generate` returns. A multi-step task (a robot, a GUI, render-and-correct) runs
+completions, exactly what the policy's `generate` returns. A multi-step task (a robot, a GUI, render-and-correct) runs
 more turns; each turn the worlds still running generate one completion (text, or C*D action tokens for a VLA),
-the env steps, and the turn's rows join the batch. A flow policy (`FlowPolicy`, π0) acts the same way: each turn it
-samples a chunk of C actions, executed open-loop, and its rows' "tokens" are its K denoising steps. The update later
+the env steps, and the turn's rows join the batch. A flow policy (π0) acts the same way: each turn it samples a chunk
+of C actions, executed open-loop, and its rows' "tokens" are its K denoising steps. The collector asks nothing of
+which kind of policy it drives: the policy checks the env (`check_env`), says how many actions a generation executes
+(`chunk`) and reads them out of its rows (`actions`). The update later
 trains on all rows at once, in micro-batches, so memory grows with the token count of the episodes, never with
 activations kept across turns.
 
@@ -27,14 +29,13 @@ import torch
 
 from sim.base import Observation, VecEnv
 
-from ..policy.flow import FlowPolicy, cat_flow_rollouts
-from ..policy.vlm import VLMPolicy
-from ..types import Episodes, Rollout, Sampling, Turn, cat_rollouts
+from ..policy import Policy
+from ..types import Episodes, Rollout, Sampling, Turn
 
 
 @torch.no_grad()
 def collect_episodes(
-    policy: VLMPolicy,
+    policy: Policy,
     env: VecEnv,
     seeds: list[int],
     group_size: int,
@@ -69,24 +70,13 @@ def collect_episodes(
     world's last K turns (their images, instructions and the exact tokens sampled as answers), then the current
     observation. The rows train on their own completions as always; the earlier answers are prompt tokens.
     """
-    codec = policy.action_codec
-    flow = isinstance(policy, FlowPolicy)
-    if flow:
-        policy.check_env(env)
-        if branch or keep_answered:
-            raise ValueError("algo.credit branch and judge.model are not built for flow policies")
-    elif env.action_kind == "continuous" and codec is None:
-        raise ValueError("a continuous-action env needs a VLA policy: set model.action_bins to add action tokens")
-    if env.action_kind == "text" and codec is not None:
-        raise ValueError("a VLA policy (with action tokens) cannot act in a text env")
+    policy.check_env(env)
     if keep_answered and env.action_kind != "text":
         raise ValueError("judge.model scores text answers; this env takes continuous actions")
-    if codec is not None and codec.action_dim != env.action_dim:
-        raise ValueError(f"the policy's action codec has {codec.action_dim} dimensions, the env {env.action_dim}")
     num = len(seeds)
     if num != env.num_envs:
         raise ValueError(f"{num} seeds for an env of {env.num_envs} worlds")
-    chunk = policy.chunk if flow else codec.chunk if codec is not None else 1
+    chunk = policy.chunk
     # An env may fix how much of each chunk runs open-loop before the policy acts again (LIBERO's `replan_steps`).
     chunk = min(chunk, getattr(env, "replan_steps", None) or chunk)
     turns = max_turns or max(1, math.ceil(env.max_episode_steps / chunk))
@@ -97,7 +87,8 @@ def collect_episodes(
         branch_turn = torch.randint(turns, (num // group_size,)).repeat_interleave(group_size)
 
     obs = start = env.reset(seed=seeds)
-    keep = getattr(policy, "history_turns", 0)  # earlier turns each prompt keeps (0: the current observation)
+    # Earlier turns each prompt keeps (0: the current observation); a kind without conversations keeps none.
+    keep = policy.history_turns if "history" in policy.features else 0
     history: list[list[Turn]] = [[] for _ in range(num)]
     running = torch.ones(num, dtype=torch.bool)  # [R]
     step_rewards = torch.zeros(num, turns)
@@ -144,8 +135,8 @@ def collect_episodes(
         worlds.append(ids)
         turn_ids.append(torch.full((len(ids),), t, dtype=torch.long))
 
-        if codec is not None or flow:
-            chunk_actions = rollout.actions if flow else codec.decode(rollout.completion_ids)  # [n, C, D]
+        if env.action_kind == "continuous":
+            chunk_actions = policy.actions(rollout)  # [n, C, D]
             step_actions = [_scatter(chunk_actions[:, c], ids, num, env.action_dim) for c in range(chunk)]
         else:
             texts = [""] * num
@@ -176,9 +167,8 @@ def collect_episodes(
             running[:] = False
 
     world = torch.cat(worlds)
-    concat = cat_flow_rollouts if flow else cat_rollouts
     return Episodes(
-        rollout=concat(parts, policy.pad_token_id or 0),
+        rollout=type(parts[0]).cat_rows(parts, policy.pad_token_id or 0),
         world=world,
         turn=torch.cat(turn_ids),
         step_rewards=step_rewards,
@@ -196,7 +186,7 @@ def collect_episodes(
 
 
 def _branched(
-    policy: VLMPolicy, shown: Observation, past: list[list[Turn]] | None, sampled: torch.Tensor, sampling: Sampling
+    policy: Policy, shown: Observation, past: list[list[Turn]] | None, sampled: torch.Tensor, sampling: Sampling
 ) -> Rollout:
     """One turn of branching: `[n]` rows, the worlds `sampled` (`[n]` bool) drawn with `sampling`, the rest greedy."""
     greedy = replace(sampling, temperature=0.0)
@@ -208,7 +198,7 @@ def _branched(
         subset = [past[i] for i in rows.tolist()] if past is not None else None
         parts.append(policy.generate(shown.select(rows), group_size=1, sampling=how, history=subset))
     order = torch.cat([rows for rows, _ in picks])  # [n] the world of each concatenated row
-    return cat_rollouts(parts, policy.pad_token_id or 0).select(torch.argsort(order))
+    return type(parts[0]).cat_rows(parts, policy.pad_token_id or 0).select(torch.argsort(order))
 
 
 def _scatter(actions: torch.Tensor, ids: torch.Tensor, num: int, dim: int) -> torch.Tensor:

@@ -39,7 +39,7 @@ import sim
 from sim.ray_workers import init_ray, kill_actor
 from sim.registry import ENVS
 
-from ..policy.vlm import VLMPolicy
+from ..policy import Policy
 from ..types import Episodes, Sampling
 from .rollout import collect_episodes
 
@@ -56,7 +56,7 @@ class _RolloutWorker:
 
     def __init__(
         self,
-        policy: VLMPolicy,
+        policy: Policy,
         env_cls: type,
         env_name: str,
         num_envs: int,
@@ -124,7 +124,7 @@ class RolloutWorkers:
 
     def __init__(
         self,
-        policy: VLMPolicy,
+        policy: Policy,
         env_name: str,
         num_envs: int,
         env_options: dict[str, Any],
@@ -159,7 +159,7 @@ class RolloutWorkers:
             self.close()  # no actor outlives a failed start (each would hold its CPUs in the cluster)
             raise
 
-    def sync(self, policy: VLMPolicy) -> None:
+    def sync(self, policy: Policy) -> None:
         """Send `policy`'s current weights to every worker (one copy in Ray's object store)."""
         state = {name: value.detach().to("cpu", copy=True) for name, value in policy.model.state_dict().items()}
         self._state_ref = self._ray.put(state)
@@ -253,7 +253,7 @@ class RolloutWorkers:
         self._actors[k] = actor
 
 
-def _cpu_copy(policy: VLMPolicy) -> VLMPolicy:
+def _cpu_copy(policy: Policy) -> Policy:
     """The policy to ship: itself when on the CPU, else a CPU copy (the workers run on CPUs)."""
     if next(policy.model.parameters()).device.type == "cpu":
         return policy

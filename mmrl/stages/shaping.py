@@ -35,7 +35,7 @@ from ..algos.data import overlong_mask, soft_overlong_penalty
 from ..methods.consistency import CareReference, make_care, with_vote_rewards
 from ..methods.judge import Judge, RemoteJudge, make_judge
 from ..methods.progress import with_progress_rewards
-from ..policy.vlm import VLMPolicy
+from ..policy import Policy
 from ..runtime import distributed
 from ..runtime.config import AlgoConfig, TrainConfig
 from ..types import Collected, Episodes, Sampling
@@ -65,7 +65,7 @@ class Shaping:
         return with_vote_rewards(episodes, self.cfg.algo)
 
     def collected(
-        self, collected: Collected, policy: VLMPolicy, sampling: Sampling
+        self, collected: Collected, policy: Policy, sampling: Sampling
     ) -> tuple[Collected, dict[str, torch.Tensor | float]]:
         """Transforms 3-6 on the step's collection; returns it shaped, and the metrics of 5 and 6."""
         ac = self.cfg.algo
@@ -83,7 +83,7 @@ class Shaping:
         metrics.update(progress_metrics)
         return replace(collected, episodes=episodes, sampled=sampled), metrics
 
-    def follow(self, policy: VLMPolicy) -> None:
+    def follow(self, policy: Policy) -> None:
         """After an update: GRPO-CARE's EMA reference takes one step towards `policy`."""
         if self.care is not None:
             self.care.follow(policy)

@@ -27,7 +27,7 @@ from sim.seeds import image_mask_seed, mini_batch_seed
 from .. import algos
 from ..methods import critic as critic_head
 from ..methods.critic import Critic
-from ..policy import VLMPolicy
+from ..policy import Policy
 from ..runtime import distributed
 from ..runtime.config import TrainConfig
 from ..runtime.metrics import EXTREMES
@@ -41,8 +41,8 @@ from .old_scores import OldScores, optimizer_steps
 class Learner:
     """What an update steps and reads: the policy and its optimiser, the reference and the critic."""
 
-    policy: VLMPolicy  # what trains (its module may be FSDP-sharded)
-    reference: VLMPolicy | None  # the frozen KL anchor (kl_coef > 0)
+    policy: Policy  # what trains (its module may be FSDP-sharded)
+    reference: Policy | None  # the frozen KL anchor (kl_coef > 0)
     critic: Critic | None  # the value head (algo.advantage gae)
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
@@ -190,7 +190,7 @@ def forward(learner: Learner, cfg: TrainConfig, temperature: float, mb: MicroBat
     return out
 
 
-def _scored(policy: VLMPolicy, batch, temperature: float, with_entropy: bool) -> tuple[torch.Tensor, ...]:
+def _scored(policy: Policy, batch, temperature: float, with_entropy: bool) -> tuple[torch.Tensor, ...]:
     """(logprobs,) or (logprobs, entropy) of `batch` under `policy`."""
     scored = policy.logprobs(batch, temperature=temperature, with_entropy=with_entropy)
     return scored if with_entropy else (scored,)

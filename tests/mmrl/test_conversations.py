@@ -17,12 +17,12 @@ from mmrl.policy.vlm.demonstrations import (
     collect_demonstrations,
     supervised_batch,
     target_ids,
-    train_on_demonstrations,
 )
 from mmrl.runtime.config import ConfigError, load_config
+from mmrl.stages.cold_start import imitate
 from mmrl.stages.rollout import collect_episodes
 from mmrl.trainer import train
-from mmrl.types import Turn
+from mmrl.types import Demonstrations, Turn
 from sim.base import Observation
 
 SAMPLING = Sampling(max_new_tokens=6, temperature=1.0)
@@ -130,7 +130,6 @@ def test_demonstrations_are_taught_in_the_conversation_they_were_played_in(tiny_
     batch = supervised_batch(policy, obs, [labels[m]], [turns])
     prompt = unpadded(batch.prompt_ids[0], batch.prompt_mask[0])
     assert contains(prompt, target_ids(policy, labels[previous[m]])) and batch.image_counts().tolist() == [3]
-    losses = train_on_demonstrations(
-        policy, images, instructions, labels, steps=3, batch_size=4, lr=1e-3, previous=previous
-    )
+    demos = Demonstrations(images, instructions, labels, 1.0, 2, {"previous": previous})
+    losses = imitate(policy, demos, steps=3, batch_size=4, lr=1e-3)
     assert len(losses) == 3 and all(math.isfinite(x) for x in losses)

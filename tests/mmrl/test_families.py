@@ -239,7 +239,7 @@ def test_a_folder_laid_out_as_the_hubs_loads_with_identical_logprobs(arch, tmp_p
     # PaliGemma has no chat template; Qwen3.5, PaliGemma, GLM-4.1V no processor numbers beyond the image processor's.
     assert (tmp_path / "chat_template.jinja").is_file() == (arch != "paligemma")
     assert (tmp_path / "processor_config.json").is_file() == (arch not in ("qwen3_5", "paligemma", "glm4v"))
-    from mmrl.build import load_policy
+    from mmrl.policy import load_policy
     from mmrl.runtime.config import ModelConfig
 
     loaded = load_policy(ModelConfig(path=str(tmp_path), prompt_template=TEMPLATE))  # as `model.path=<folder>`

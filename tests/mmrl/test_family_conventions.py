@@ -10,7 +10,8 @@ import torch
 
 import sim
 import sim.gui  # registers gui_click and gui_task
-from mmrl.runtime.config import REPO, ConfigError, load_config
+from mmrl.runtime.config import ConfigError, load_config
+from mmrl.runtime.paths import REPO
 
 
 def _env(cfg, num_envs=2):
@@ -113,8 +114,7 @@ SYSTEM = "You are a careful annotator."
 
 @pytest.mark.parametrize("arch", ["qwen3_vl", "gemma3"])  # its own system turn; folded into Gemma 3's first user turn
 def test_the_system_prompt_reaches_the_prompt_ids_as_the_familys_template_renders_it(arch):
-    from mmrl.build import load_policy
-    from mmrl.policy import apply_model_options
+    from mmrl.policy import apply_model_options, load_policy
     from mmrl.policy.vision import to_pil
     from mmrl.types import Sampling
 
@@ -193,8 +193,7 @@ def test_r1_preset_trains_two_steps(tmp_path):
 @pytest.mark.parametrize("arch", ["qwen3_vl", "gemma3"])
 def test_lora_on_the_vision_tower_trains_its_adapters_moves_no_base_weight_and_round_trips(arch, tmp_path):
     pytest.importorskip("peft")
-    from mmrl.build import load_policy
-    from mmrl.policy import VLMPolicy, apply_model_options
+    from mmrl.policy import VLMPolicy, apply_model_options, load_policy
     from mmrl.policy.lora import find_vision_modules, plain_model
     from mmrl.types import Sampling
 
@@ -258,8 +257,7 @@ def test_lora_on_the_vision_tower_trains_its_adapters_moves_no_base_weight_and_r
 
 def test_lora_vision_adds_the_towers_linear_layers_to_named_targets():
     pytest.importorskip("peft")
-    from mmrl.build import load_policy
-    from mmrl.policy import apply_model_options
+    from mmrl.policy import apply_model_options, load_policy
 
     cfg = load_config(None, ["model.path=tiny:qwen3_vl", "model.lora_r=2", "model.lora_target_modules=q_proj",
                              "model.lora_vision=true"])  # fmt: skip
@@ -297,8 +295,7 @@ def test_miniwob_clicks_are_brought_to_pixels_before_the_browser_sees_them():
 
 
 def test_a_family_without_a_chat_template_refuses_the_system_prompt():
-    from mmrl.build import load_policy
-    from mmrl.policy import apply_model_options
+    from mmrl.policy import apply_model_options, load_policy
 
     cfg = load_config(None, ["model.path=tiny:paligemma", f"model.system_prompt={SYSTEM}"])
     with pytest.raises(ValueError, match=r"model\.system_prompt: a paligemma model has no chat template"):

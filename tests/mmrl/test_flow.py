@@ -122,8 +122,8 @@ def test_recorded_logprobs_equal_the_recomputed_ones_and_carry_gradients(policy)
 
 # ---------------------------------------------------------------------------------------------- checkpoints
 def test_checkpoint_round_trips_bit_identically_and_loads_through_model_path(policy, tmp_path):
-    from mmrl.build import load_policy
-    from mmrl.runtime.config import ModelConfig
+    from mmrl.policy import check_run, load_policy
+    from mmrl.runtime.config import ConfigError, ModelConfig, load_config
 
     policy.save_pretrained(tmp_path / "pi0")
     saved = json.loads((tmp_path / "pi0" / "processor_config.json").read_text())
@@ -137,24 +137,24 @@ def test_checkpoint_round_trips_bit_identically_and_loads_through_model_path(pol
     b = loaded.generate(obs, 1, Sampling(), generator=torch.Generator().manual_seed(3))
     assert torch.equal(a.actions, b.actions) and torch.equal(a.logprobs, b.logprobs)
     assert isinstance(load_policy(ModelConfig(path="tiny:pi0")), FlowPolicy)
-    # `mmrl eval` applies the model options to whatever it loads: the defaults pass, another backend is refused.
-    from mmrl.policy import apply_model_options
-
-    assert apply_model_options(loaded, ModelConfig()) is loaded
-    with pytest.raises(ValueError, match="model.generation_backend 'hf'"):
-        loaded.set_generation_backend("hf")
+    # `mmrl eval` applies the model options to whatever it loads: the defaults pass, another backend is refused
+    # before it loads, naming the field.
+    assert loaded.apply_options(ModelConfig()) is loaded
+    cfg = load_config(None, [f"model.path={tmp_path / 'pi0'}", "model.generation_backend=hf"])
+    with pytest.raises(ConfigError, match="model.generation_backend: not built for flow policies"):
+        check_run(cfg)
 
 
 # ---------------------------------------------------------------------------------------------- config options
 def test_the_config_sets_what_the_policy_samples_with(tmp_path):
-    from mmrl.build import load_policy
-    from mmrl.policy import apply_model_options, build_tiny
-    from mmrl.runtime.config import REPO, load_config
+    from mmrl.policy import check_run, load_policy
+    from mmrl.runtime.config import ConfigError, load_config
+    from mmrl.runtime.paths import REPO
 
     obs, seed = _obs(2), torch.Generator().manual_seed
     # An override from the command line: noise level 0 turns sampling into the ODE (what greedy runs) ...
     cfg = load_config(REPO / "configs" / "pi0_reach_tiny.yaml", ["model.flow_noise_level=0"])
-    quiet = apply_model_options(load_policy(cfg.model), cfg.model)
+    quiet = load_policy(cfg.model).apply_options(cfg.model)
     quiet.set_stats(STATS)
     assert quiet.noise_level == 0.0
     greedy = quiet.generate(obs, 1, Sampling(temperature=0.0), generator=seed(1))
@@ -162,55 +162,56 @@ def test_the_config_sets_what_the_policy_samples_with(tmp_path):
     assert torch.equal(sampled.chain, greedy.chain) and not sampled.completion_mask.any()
     # ... which the preset's own level (null: the policy's 0.5) does not.
     preset = load_config(REPO / "configs" / "pi0_reach_tiny.yaml").model
-    plain = apply_model_options(load_policy(preset), preset)
+    plain = load_policy(preset).apply_options(preset)
     plain.set_stats(STATS)
     assert plain.noise_level == 0.5
     assert not torch.equal(plain.generate(obs, 1, Sampling(), generator=seed(1)).chain, greedy.chain)
     # Steps and level together: 3 denoising steps a chunk, each scored as sampled; a checkpoint keeps them and a
     # config leaving them null keeps the folder's.
     cfg = load_config(REPO / "configs" / "pi0_reach_tiny.yaml", ["model.flow_steps=3", "model.flow_noise_level=0.3"])
-    three = apply_model_options(plain, cfg.model)
+    three = plain.apply_options(cfg.model)
     rollout = three.generate(obs, 1, Sampling(), generator=seed(2))
     assert rollout.chain.shape[1] == 4 and rollout.logprobs.shape == (2, 3) and rollout.noise_level == 0.3
     torch.testing.assert_close(three.logprobs(rollout).detach(), rollout.logprobs, rtol=0, atol=1e-4)
     three.save_pretrained(tmp_path / "three")
     folder = load_config(None, [f"model.path={tmp_path / 'three'}"]).model
-    again = apply_model_options(load_policy(folder), folder)
+    again = load_policy(folder).apply_options(folder)
     assert (again.num_steps, again.noise_level, again.noise_method) == (3, 0.3, "flow_sde")
     # Left null, the level is the folder's (0.3), under which one step is refused when it loads, naming the field.
-    with pytest.raises(ValueError, match="model.flow_steps: 1 denoising step"):
-        apply_model_options(load_policy(folder), replace(folder, flow_steps=1))
-    # A VLM folder with the flow fields set is refused when it loads (the config cannot tell a folder's kind).
-    vlm = build_tiny("qwen2_vl")
-    with pytest.raises(ValueError, match="model.flow_steps: set for a flow policy"):
-        apply_model_options(vlm, replace(folder, flow_steps=3))
+    with pytest.raises(ConfigError, match="model.flow_steps is 1, but Flow-SDE at noise level 0.3"):
+        load_policy(folder).apply_options(replace(folder, flow_steps=1))
+    # A VLM folder with the flow fields set is refused before it loads: its kind is read off its config.json.
+    vlm = load_config(
+        None, [f"model.path={REPO / 'assets' / 'tiny_models' / 'qwen3_vl_warm_start'}", "model.flow_steps=3"]
+    )
+    with pytest.raises(ConfigError, match="model.flow_steps: not built for VLM policies"):
+        check_run(vlm)
 
 
 def test_bad_flow_options_are_config_errors_naming_the_field():
-    from mmrl.policy.flow import NOISE_METHODS
-    from mmrl.runtime.config import FLOW_NOISE_METHODS, ConfigError, load_config
+    from mmrl.policy import check_run
+    from mmrl.runtime.config import ConfigError, load_config
 
-    assert FLOW_NOISE_METHODS == NOISE_METHODS  # the config's copy of the policy's names
     pi0 = "model.path=tiny:pi0"
     cases = {
         "model.flow_noise_level must be >= 0": [pi0, "model.flow_noise_level=-0.1"],
         "model.flow_noise_level must be >= 0 (0: the deterministic ODE) or null": [pi0, "model.flow_noise_level=.nan"],
         "model.flow_noise_method must be one of flow_sde, flow_noise": [pi0, "model.flow_noise_method=flow_cps"],
         "model.flow_steps must be >= 1": [pi0, "model.flow_steps=0"],
-        "model.flow_steps is 1, but Flow-SDE at model.flow_noise_level 0.5": [
+        "model.flow_steps is 1, but Flow-SDE at noise level 0.5": [
             pi0, "model.flow_steps=1", "model.flow_noise_level=0.5"
         ],
-        "model.flow_steps: set for model.path 'tiny:qwen2_vl', which is no flow policy": [
-            "model.path=tiny:qwen2_vl", "model.flow_steps=3"
-        ],
-        "model.flow_noise_level, model.flow_noise_method: set for model.path": [
+        "model.flow_steps: not built for VLM policies": ["model.path=tiny:qwen2_vl", "model.flow_steps=3"],
+        "model.flow_noise_level, model.flow_noise_method: not built for VLM policies": [
             "model.flow_noise_level=0", "model.flow_noise_method=flow_sde", "model.path=tiny:qwen3_vl"
         ],
     }  # fmt: skip
     for message, overrides in cases.items():
         with pytest.raises(ConfigError, match=re.escape(message)):
-            load_config(None, overrides)
-    assert load_config(None, [pi0, "model.flow_steps=1", "model.flow_noise_level=0"]).model.flow_steps == 1
+            check_run(load_config(None, overrides))  # before anything loads
+    assert (
+        check_run(load_config(None, [pi0, "model.flow_steps=1", "model.flow_noise_level=0"])).__name__ == "FlowPolicy"
+    )
 
 
 # ---------------------------------------------------------------------------------------------- bad input
@@ -245,7 +246,7 @@ def test_an_env_without_proprio_is_refused_before_anything_trains(tiny_run_confi
         train(cfg)
     assert not (tmp_path / "cold_start").exists()
     papo = tiny_run_config(tmp_path, "model.path=tiny:pi0", f"env.name={point_env}", "algo.papo_monitor=true")
-    with pytest.raises(ValueError, match="algo.papo_gamma: not built for flow policies"):
+    with pytest.raises(ValueError, match="algo.papo_monitor: not built for flow policies"):
         train(papo)
 
 
@@ -291,9 +292,9 @@ def test_ppo_epochs_ratios_are_one_at_lr_zero_and_the_clip_binds_at_a_high_lr(ti
 def test_mmrl_export_writes_a_pi0_folder_transformers_and_model_path_load(tiny_run_config, tmp_path, capsys):
     from transformers import PI0ForConditionalGeneration
 
-    from mmrl.build import load_policy
     from mmrl.cli import main
     from mmrl.export import export
+    from mmrl.policy import load_policy
     from mmrl.runtime.config import ModelConfig
 
     _train(tiny_run_config, tmp_path / "run", "trainer.total_steps=1", "trainer.lr=1e-3", "model.flow_steps=3")

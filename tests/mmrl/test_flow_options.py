@@ -8,7 +8,8 @@ import copy
 import pytest
 import torch
 
-from mmrl.policy.flow import FlowStats, build_tiny_flow
+from mmrl.policy import check_run
+from mmrl.policy.flow import FlowPolicy, FlowStats, build_tiny_flow
 from mmrl.policy.flow.options import apply_flow_options
 from mmrl.runtime.config import ConfigError, EnvConfig, ModelConfig, SFTConfig, TrainConfig
 from mmrl.types import Sampling
@@ -120,23 +121,25 @@ def test_lora_vision_puts_adapters_on_siglip_and_its_projector():
     ],
 )
 def test_options_that_make_no_sense_for_a_flow_policy_are_refused_with_the_reason(cfg, reason):
-    with pytest.raises(ValueError, match=reason):
-        _policy(**cfg)
+    with pytest.raises(ConfigError, match=reason):  # before anything loads
+        check_run(TrainConfig(model=ModelConfig(path="tiny:pi0", **cfg)))
 
 
 def test_freezing_every_part_of_a_pi0_is_no_config_mistake(tmp_path):
-    """π0's action expert trains whatever `model.freeze` names, so the config's "nothing would train" check (which
-    stands for a VLM) lets a π0 through, named as tiny:pi0 or as a folder whose config.json says so."""
+    """π0's action expert trains whatever `model.freeze` names, so the "nothing would train" refusal (a VLM's) lets
+    a π0 through, named as tiny:pi0 or as a folder whose config.json says so (LeRobot's `"type": "pi0"` too)."""
     every = ["vision", "projector", "language"]
-    ModelConfig(path="tiny:pi0", freeze=every)
-    (tmp_path / "config.json").write_text('{"model_type": "pi0"}')
-    ModelConfig(path=str(tmp_path), freeze=every)
+    check_run(TrainConfig(model=ModelConfig(path="tiny:pi0", freeze=every)))
+    for config in ('{"model_type": "pi0"}', '{"type": "pi0"}'):
+        (tmp_path / "config.json").write_text(config)
+        assert check_run(TrainConfig(model=ModelConfig(path=str(tmp_path), freeze=every))) is FlowPolicy
     (tmp_path / "config.json").write_text('{"model_type": "qwen2_vl"}')
-    with pytest.raises(ConfigError, match=r"model\.freeze.*nothing would train"):
-        ModelConfig(path=str(tmp_path), freeze=every)
+    with pytest.raises(ConfigError, match=r"model\.freeze: not built for VLM policies.*nothing to train"):
+        check_run(TrainConfig(model=ModelConfig(path=str(tmp_path), freeze=every)))
 
 
 def test_every_step_labels_are_for_a_pi0_only():
-    TrainConfig(model=ModelConfig(path="tiny:pi0"), env=EnvConfig(name="reach"), sft=SFTConfig(every_step=True, episodes=8))
-    with pytest.raises(ConfigError, match=r"sft\.every_step.*no π0"):
-        TrainConfig(sft=SFTConfig(every_step=True, episodes=8))
+    check_run(TrainConfig(model=ModelConfig(path="tiny:pi0"), env=EnvConfig(name="reach"),
+                          sft=SFTConfig(every_step=True, episodes=8)))  # fmt: skip
+    with pytest.raises(ConfigError, match=r"sft\.every_step: not built for VLM policies.*flow policy's \(π0's\)"):
+        check_run(TrainConfig(sft=SFTConfig(every_step=True, episodes=8)))

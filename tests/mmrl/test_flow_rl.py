@@ -106,8 +106,7 @@ def test_flow_noise_log_density_by_hand_recorded_equals_recomputed_and_the_head_
 def test_flow_noise_head_round_trips_with_the_checkpoint_and_the_model_folder_stays_plain_pi0(tmp_path):
     from transformers import PI0ForConditionalGeneration
 
-    from mmrl.build import load_policy
-    from mmrl.policy import apply_model_options
+    from mmrl.policy import load_policy
     from mmrl.runtime.config import ModelConfig, load_config
 
     policy = _noisy()
@@ -127,7 +126,7 @@ def test_flow_noise_head_round_trips_with_the_checkpoint_and_the_model_folder_st
     assert torch.equal(a.chain, b.chain) and torch.equal(a.logprobs, b.logprobs)
     # The config field selects it: a fresh head on a Flow-SDE policy, one denoising step allowed (no infinite sigma).
     cfg = load_config(None, ["model.path=tiny:pi0", "model.flow_noise_method=flow_noise", "model.flow_steps=1"])
-    one = apply_model_options(load_policy(cfg.model), cfg.model)
+    one = load_policy(cfg.model).apply_options(cfg.model)
     assert one.noise_method == "flow_noise" and one.num_steps == 1 and one.model.noise_head is not None
     one.set_stats(policy.stats)
     assert one.generate(_obs(2), 1, Sampling(), generator=torch.Generator().manual_seed(0)).logprobs.shape == (2, 1)
@@ -161,7 +160,7 @@ def test_a_critic_reads_flow_values_its_loss_falls_on_a_fixed_batch_and_it_round
     policy = build_tiny_flow(seed=0, stats=FlowStats(*STATS))
     obs = _obs(4)
     rollout = policy.generate(obs, 1, Sampling(), generator=torch.Generator().manual_seed(0))
-    critic = Critic(policy.model, width=16, lr=3e-2, trunk_grad=False, seed=0, device="cpu")
+    critic = Critic(policy.value_input(policy.model), width=16, lr=3e-2, trunk_grad=False, seed=0, device="cpu")
     # The head reads the backbone's pooled prompt state joined with the normalised proprio: H + Smax features.
     assert critic.head.net[0].in_features == 64 + 8
     targets = torch.tensor([1.0, -1.0, 0.5, 0.0])
@@ -187,7 +186,7 @@ def test_a_critic_reads_flow_values_its_loss_falls_on_a_fixed_batch_and_it_round
         policy.logprobs(rollout)
         torch.testing.assert_close(critic.values(), again)
     # A checkpoint of the critic restores the same values (and its optimiser).
-    fresh = Critic(policy.model, width=16, lr=3e-2, trunk_grad=False, seed=1, device="cpu")
+    fresh = Critic(policy.value_input(policy.model), width=16, lr=3e-2, trunk_grad=False, seed=1, device="cpu")
     fresh.load_state_dict(critic.state_dict())
     with torch.no_grad(), fresh.reading():
         policy.logprobs(rollout)
@@ -197,13 +196,12 @@ def test_a_critic_reads_flow_values_its_loss_falls_on_a_fixed_batch_and_it_round
 # ---------------------------------------------------------------------------------------------- LoRA
 @pytest.mark.parametrize("part", ["expert", "backbone"])
 def test_lora_on_one_part_trains_its_adapters_and_freezes_the_other(part):
-    from mmrl.policy import apply_model_options
     from mmrl.policy.flow import FlowStats
     from mmrl.runtime.config import ModelConfig
 
     pytest.importorskip("peft")
     policy = build_tiny_flow(seed=0, stats=FlowStats(*STATS), noise_method="flow_noise")
-    apply_model_options(policy, ModelConfig(path="tiny:pi0", lora_r=4, lora_target_modules=part))
+    policy.apply_options(ModelConfig(path="tiny:pi0", lora_r=4, lora_target_modules=part))
     chosen, other = ("model.dit.", "model.vlm.") if part == "expert" else ("model.vlm.language_model.", "model.dit.")
     named = dict(policy.net.named_parameters())
     adapters = {k: v for k, v in named.items() if "lora_" in k}
@@ -217,15 +215,14 @@ def test_lora_on_one_part_trains_its_adapters_and_freezes_the_other(part):
     assert all(v.grad is None for k, v in named.items() if k.startswith(other))
     assert policy.net.noise_head.net[2].weight.grad.abs().sum() > 0
     with pytest.raises(ValueError, match="model.lora_target_modules 'vision'"):
-        apply_model_options(build_tiny_flow(), ModelConfig(path="tiny:pi0", lora_r=4, lora_target_modules="vision"))
+        build_tiny_flow().apply_options(ModelConfig(path="tiny:pi0", lora_r=4, lora_target_modules="vision"))
 
 
 def test_lora_checkpoint_round_trips_and_export_writes_the_merged_weights(tmp_path):
     from transformers import PI0ForConditionalGeneration
 
-    from mmrl.build import load_policy
     from mmrl.export import export
-    from mmrl.policy import apply_model_options
+    from mmrl.policy import load_policy
     from mmrl.policy.flow import FlowStats
     from mmrl.policy.lora import is_lora
     from mmrl.runtime.config import ModelConfig
@@ -233,7 +230,7 @@ def test_lora_checkpoint_round_trips_and_export_writes_the_merged_weights(tmp_pa
     pytest.importorskip("peft")
     policy = build_tiny_flow(seed=0, stats=FlowStats(*STATS))
     base = {k: v.clone() for k, v in policy.net.state_dict().items()}
-    apply_model_options(policy, ModelConfig(path="tiny:pi0", lora_r=4, lora_target_modules="expert"))
+    policy.apply_options(ModelConfig(path="tiny:pi0", lora_r=4, lora_target_modules="expert"))
     with torch.no_grad():  # adapters away from B = 0, so merging changes the expert's weights
         for name, param in policy.net.named_parameters():
             if "lora_B" in name:

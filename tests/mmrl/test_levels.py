@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import sim
-from mmrl.build import demonstrations, load_policy
+from mmrl.policy import load_policy
 from mmrl.policy.vlm.demonstrations import merge_demonstrations
 from mmrl.report import breakdown_lines, write_eval_report
 from mmrl.runtime.config import load_config
@@ -29,9 +29,10 @@ def test_demonstrations_come_from_every_level_when_asked(jigsaw_policy):
     try:
         for all_levels, expected in ((True, [4] * 4 + [9] * 4), (False, [4] * 8)):
             cfg = load_config(JIGSAW, ["sft.episodes=8", "sft.label_noise=0", f"sft.all_levels={all_levels}"])
-            images, instructions, labels, rate, previous = demonstrations(cfg, env, jigsaw_policy)
-            assert [len(ANSWER.search(label).group(1).split(",")) for label in labels] == expected
-            assert images.shape[0] == len(instructions) == 8 and previous == [-1] * 8 and rate == 1.0
+            demos = jigsaw_policy.demonstrations(env, cfg)
+            assert [len(ANSWER.search(label).group(1).split(",")) for label in demos.labels] == expected
+            assert demos.images.shape[0] == len(demos) == 8 and demos.extra["previous"] == [-1] * 8
+            assert demos.success_rate == 1.0
     finally:
         env.close()
 

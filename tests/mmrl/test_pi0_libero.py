@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import sim
-from mmrl.build import load_policy, tiny_flow_for
+from mmrl.policy import load_policy
 from mmrl.policy.flow import FlowPolicy, FlowStats, apply_flow_options, build_tiny_flow
 from mmrl.runtime.config import load_config
 from mmrl.runtime.folders import check_model_folders
@@ -38,10 +38,13 @@ def _libero_obs(n: int = 2, size: int = 32) -> Observation:
 
 
 def test_tiny_pi0_takes_the_envs_action_width_only_where_the_asset_is_narrower():
-    narrow, asset = tiny_flow_for(0, 2), build_tiny_flow(seed=0)  # reach's 2-D actions: exactly the asset's model
+    narrow, asset = (
+        build_tiny_flow(seed=0, action_dim=2),
+        build_tiny_flow(seed=0),
+    )  # reach's 2-D actions: exactly the asset's model
     for (name, a), (_, b) in zip(narrow.model.state_dict().items(), asset.model.state_dict().items(), strict=True):
         assert torch.equal(a, b), name
-    wide = tiny_flow_for(0, 7)
+    wide = build_tiny_flow(seed=0, action_dim=7)
     assert asset.config.max_action_dim == 4 and wide.config.max_action_dim == 7 and wide.config.max_state_dim == 8
     wide.set_stats(LIBERO_STATS)
     rollout = wide.generate(_libero_obs(), 1, Sampling(temperature=0.0))
@@ -96,7 +99,7 @@ def test_presets_load_and_the_real_size_one_takes_a_pi0_folder_laid_out_as_the_h
         check_model_folders(real)  # the user's π0 folder is named before anything loads
     # The real-size model section on a folder laid out as a π0 checkpoint (a tiny one here: no weights downloaded).
     folder = tmp_path / "pi0_libero"
-    wide = tiny_flow_for(0, 7)
+    wide = build_tiny_flow(seed=0, action_dim=7)
     wide.set_stats(LIBERO_STATS)
     wide.save_pretrained(folder)
     policy = apply_flow_options(load_policy(replace(real.model, path=str(folder), device="cpu")), real.model)
@@ -116,7 +119,7 @@ def test_held_out_play_on_libero_writes_the_protocol_next_to_the_result(tmp_path
     from mmrl.stages.evaluate import evaluate
 
     cfg = load_config(REPO / "configs" / "pi0_libero_tiny.yaml", ["trainer.eval_episodes=1"])
-    policy = tiny_flow_for(0, 7)
+    policy = build_tiny_flow(seed=0, action_dim=7)
     policy.set_stats(LIBERO_STATS)
     options = {**cfg.env.options, "image_size": 32, "max_episode_steps": 4}
     result = evaluate(policy, "libero", options, episodes=1, batch_size=1)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import sim
-from mmrl.build import load_policy
+from mmrl.policy import load_policy
 from mmrl.policy.flow import FlowPolicy, build_tiny_flow
 from mmrl.policy.flow.demonstrations import collect_flow_demonstrations
 from mmrl.runtime.config import load_config

@@ -15,8 +15,7 @@ import io
 import pytest
 import torch
 
-from mmrl.build import load_policy
-from mmrl.policy import Sampling, VLMPolicy
+from mmrl.policy import Sampling, VLMPolicy, load_policy
 from mmrl.runtime.config import ConfigError
 from mmrl.runtime.precision import MasterWeights, cast_parameters
 from mmrl.trainer import train

@@ -14,9 +14,11 @@ import pytest
 import torch
 
 import sim
-from mmrl.policy.vlm.demonstrations import collect_demonstrations, train_on_demonstrations
+from mmrl.policy.vlm.demonstrations import collect_demonstrations
 from mmrl.runtime.config import load_config
+from mmrl.stages.cold_start import imitate
 from mmrl.trainer import train
+from mmrl.types import Demonstrations
 from rewards.render import html
 from sim.gui.miniwob import MiniWoBEnv
 from sim.robotics.libero import LiberoEnv
@@ -143,8 +145,9 @@ def test_continuous_env_needs_a_codec():
 
 def test_text_sft_lowers_the_loss_of_the_demonstrations(tiny_policy):
     env = sim.make("gui_click", num_envs=8, image_size=96)
-    images, instructions, labels, _, _ = collect_demonstrations(env, None, episodes=8)
+    images, instructions, labels, rate, previous = collect_demonstrations(env, None, episodes=8)
+    demos = Demonstrations(images, instructions, labels, rate, 8, {"previous": previous})
     policy = tiny_policy("qwen2_vl", seed=0)
     torch.manual_seed(0)
-    losses = train_on_demonstrations(policy, images, instructions, labels, steps=12, batch_size=8, lr=3e-3)
+    losses = imitate(policy, demos, steps=12, batch_size=8, lr=3e-3)
     assert losses[-1] < 0.8 * losses[0]

@@ -16,17 +16,17 @@ import torch
 from transformers import AutoModelForImageTextToText
 
 from mmrl.policy import Sampling, VLMPolicy, add_action_tokens
-from mmrl.policy.engines.vllm_colocated import merged_named_weights
 from mmrl.policy.lora import (
     apply_lora,
-    apply_model_options,
     base_state_dict,
     enable_gradient_checkpointing,
     find_vision_modules,
     freeze_vision,
     is_lora,
     merge_lora,
+    merged_named_weights,
 )
+from mmrl.policy.vlm.options import apply_model_options
 from mmrl.runtime.config import ModelConfig
 from mmrl.stages.batching import token_budget_slices, trim_padding
 

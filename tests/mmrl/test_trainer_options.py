@@ -33,7 +33,7 @@ def test_token_budget_gives_the_loss_of_row_micro_batches(tmp_path, tiny_run_con
 
 def test_lora_and_frozen_vision_train_only_what_they_should(tmp_path, tiny_run_config, letters_env):
     pytest.importorskip("peft")
-    from mmrl.build import load_policy
+    from mmrl.policy import load_policy
     from mmrl.policy.lora import is_lora
 
     cfg = tiny_run_config(
@@ -77,7 +77,7 @@ def test_rollout_workers_generate_what_the_trainer_generates_in_process(tmp_path
     pytest.importorskip("ray")
     import ray
 
-    from mmrl.build import load_policy
+    from mmrl.policy import load_policy
 
     common = (
         f"env.name={letters_env}", "trainer.total_steps=3", "algo.group_size=4", "trainer.generation_shards=2",

@@ -13,8 +13,9 @@ import sim
 from mmrl.algos.advantages import step_group_advantages
 from mmrl.methods.curriculum import Curriculum, CurriculumConfig
 from mmrl.policy import ActionCodec, Sampling, VLMPolicy, add_action_tokens
+from mmrl.policy.demonstrations import episode_noise_seed
 from mmrl.policy.vlm.action_codec import action_rows_seed
-from mmrl.policy.vlm.demonstrations import collect_demonstrations, episode_noise_seed
+from mmrl.policy.vlm.demonstrations import collect_demonstrations
 from mmrl.stages.rollout import collect_episodes
 from mmrl.trainer import train
 from mmrl.types import cat_episodes

@@ -87,7 +87,7 @@ import socket
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -96,7 +96,7 @@ from sim.base import Observation
 
 from ...runtime import distributed
 from ...types import Completions, Sampling
-from ..lora import ADAPTER_KEYS, WRAPPER_PARTS, is_lora_model, plain_model
+from ..lora import merged_named_weights, plain_model
 from ..tokens import GenerationTarget
 from .vllm_prompts import checkpoint_named_weights, unsupported_reason, vllm_requests
 
@@ -212,40 +212,6 @@ def completions_from_vllm(outputs: Sequence[Any], pad_token_id: int, repeat: int
     lengths = torch.tensor([len(c.token_ids) for c in rows])  # [R]
     mask = torch.arange(length).unsqueeze(0) < lengths.unsqueeze(1)  # [R, L]
     return Completions(completion_ids=completion_ids, completion_mask=mask, logprobs=logprobs.masked_fill(~mask, 0.0))
-
-
-def merged_named_weights(model) -> Iterator[tuple[str, torch.Tensor]]:
-    """`(name, tensor)` of every parameter as the plain transformers model names it, LoRA adapters merged in.
-
-    For a plain model these are its `named_parameters`; for a PEFT model each LoRA layer's base weight gets its
-    `get_delta_weight` added (a new tensor, the model untouched), trainable-token layers give their merged rows,
-    and PEFT's own tensors are skipped. These are the names vLLM's `load_weights` maps to its own modules.
-    """
-    if not is_lora_model(model):
-        yield from model.named_parameters()
-        return
-    plain = model.get_base_model()
-    deltas: dict[str, torch.Tensor] = {}
-    for name, module in plain.named_modules():
-        if hasattr(module, "get_delta_weight") and hasattr(module, "base_layer"):  # a LoRA layer
-            for adapter in getattr(module, "active_adapters", ["default"]):
-                if adapter in getattr(module, "lora_A", {}):
-                    delta = module.get_delta_weight(adapter)
-                    deltas[f"{name}.base_layer.weight"] = deltas.get(f"{name}.base_layer.weight", 0) + delta
-        if hasattr(module, "get_merged_weights") and hasattr(module, "trainable_tokens_delta"):  # action rows
-            deltas[f"{name}.base_layer.weight"] = module.get_merged_weights(module.active_adapters)
-    # Parameters, not the state dict: a tied head is listed once (as `named_parameters` of the plain model does)
-    # and no buffer reaches vLLM's `load_weights`, which refuses names it does not know.
-    for key, value in plain.named_parameters():
-        if any(part in key for part in ADAPTER_KEYS):
-            continue
-        value = value.detach()
-        if key in deltas:
-            delta = deltas[key]
-            value = delta.to(value.dtype) if "token_adapter" in key else (value + delta.to(value.dtype))
-        for wrapped, bare in WRAPPER_PARTS:
-            key = key.replace(wrapped, bare)
-        yield key, value
 
 
 def engine_named_weights(model) -> list[tuple[str, torch.Tensor]]:

@@ -64,9 +64,9 @@ from sim.base import Observation
 from ...families import Family, family_for
 from ...runtime import distributed
 from ...types import Completions, Sampling
-from ..lora import plain_model
+from ..lora import merged_named_weights, plain_model
 from ..tokens import GenerationTarget
-from .vllm_colocated import VLLMBackend, engine_named_weights, free_port, merged_named_weights, weights_version
+from .vllm_colocated import VLLMBackend, engine_named_weights, free_port, weights_version
 
 DEFAULT_START_TIMEOUT_S = 600.0  # importing vLLM and building the engine: 12-34 s here, minutes for a large model
 DEFAULT_TIMEOUT_S = 600.0

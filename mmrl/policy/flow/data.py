@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -11,6 +12,24 @@ import torch.nn.functional as F
 
 STATS_FILE = "processor_config.json"  # where PI0Processor keeps the statistics, and so do we
 NOISE_METHODS = ("flow_sde", "flow_noise")  # how a chain's steps are drawn (FlowRollout.noise_method)
+
+
+def sampler_problem(method: str | None, level: float | None, steps: int | None) -> tuple[str, str] | None:
+    """What is wrong with a flow sampler's settings, as `(the model field, why)`, or None; a None value is not checked
+    (a folder's own fills it in later). The one check of the sampler's settings: the policy's constructor, its config
+    check before loading and its options after loading all ask it."""
+    if method is not None and method not in NOISE_METHODS:
+        return "model.flow_noise_method", f"must be one of {', '.join(NOISE_METHODS)} or null, got {method!r}"
+    if level is not None and not (math.isfinite(level) and level >= 0):
+        return "model.flow_noise_level", f"must be >= 0 (0: the deterministic ODE) or null, got {level}"
+    if steps is not None and steps < 1:
+        return "model.flow_steps", f"must be >= 1 or null, got {steps}"
+    if steps == 1 and (level or 0) > 0 and method in (None, "flow_sde"):
+        return "model.flow_steps", (
+            f"is 1, but Flow-SDE at noise level {level} needs >= 2 denoising steps (its sigma is infinite at t = 1): "
+            "set model.flow_steps >= 2, or model.flow_noise_level=0 (the ODE)"
+        )
+    return None
 
 
 # ---------------------------------------------------------------------------------------------- the rollout
@@ -41,7 +60,7 @@ class FlowRollout:
 
     @staticmethod
     def cat_rows(parts: list[FlowRollout], pad_token_id: int = 0) -> FlowRollout:
-        """`cat_flow_rollouts`, where `mmrl.types.cat_episodes` looks for it (refill and shards join episodes)."""
+        """`cat_flow_rollouts` (`Rollout.cat_rows`'s counterpart: collection, refill and shards join rows by it)."""
         return cat_flow_rollouts(parts, pad_token_id)
 
     def select(self, rows: torch.Tensor) -> FlowRollout:

@@ -1,4 +1,4 @@
-"""The cold start of a flow policy (π0): the flow-matching loss on the env's scripted expert's action chunks.
+"""A flow policy's (π0's) demonstrations: the env's scripted expert's action chunks, for the flow-matching loss.
 
 The token path (`mmrl.policy.vlm.demonstrations`) teaches action tokens by their NLL; a flow policy learns the velocity field instead
 (π0's own training loss): for an expert chunk `a` (normalised), noise `e` and a Beta-drawn time t, the expert regresses
@@ -12,31 +12,11 @@ default: on reach from the perception warm start both reach the same held-out su
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
-from sim.base import Observation
 from sim.seeds import demo_seed_base
 
-from ..vlm.demonstrations import episode_noise_seed
-from .policy import FlowPolicy
-
-
-def check_flow_run(cfg) -> None:
-    """Refuse, naming the field, the run options a flow policy does not support yet: PAPO (a masked-image pass),
-    rollout workers, branching and a judge. (A critic reads the flow policy's `value_tap`; refill and generation
-    shards join flow rollouts through `FlowRollout.cat_rows`.)"""
-    ac, tc = cfg.algo, cfg.trainer
-    refused = {
-        "trainer.rollout_workers": tc.rollout_workers > 0,
-        "algo.papo_gamma": ac.papo_gamma > 0 or ac.papo_monitor,
-        "algo.credit": ac.credit == "branch",
-        "judge.model": bool(getattr(cfg.judge, "model", None)),
-    }
-    bad = [name for name, hit in refused.items() if hit]
-    if bad:
-        raise ValueError(f"{', '.join(bad)}: not built for flow policies (π0) yet")
+from ..demonstrations import episode_noise_seed, episode_normal
 
 
 @torch.no_grad()
@@ -86,7 +66,7 @@ def collect_flow_demonstrations(
             shown.append(obs)
             labels.append(label)
             live.append(running.clone())
-            executed = (label + noise * _normal(generators, label)).clamp(env.action_low, env.action_high)
+            executed = (label + noise * episode_normal(generators, label)).clamp(env.action_low, env.action_high)
             result = env.step(executed)
             success |= result.info.get("success", torch.zeros(num, dtype=torch.bool)).bool() & running
             running &= ~(result.terminated | result.truncated)
@@ -103,47 +83,3 @@ def collect_flow_demonstrations(
     proprio = torch.stack([row[4] for row in rows]).float()
     chunks = torch.stack([row[5] for row in rows])
     return images, [row[3] for row in rows], proprio, chunks, rate
-
-
-def _normal(generators: list[torch.Generator], like: torch.Tensor) -> torch.Tensor:
-    """Standard normal draws shaped like `like` (`[N, D]`), row n from world n's own generator (as the token path)."""
-    return torch.stack([torch.randn(like.shape[1], generator=g) for g in generators]).to(like.device)
-
-
-def train_flow_on_demonstrations(
-    policy: FlowPolicy,
-    images: torch.Tensor,
-    instructions: list[str],
-    proprio: torch.Tensor,
-    chunks: torch.Tensor,
-    *,
-    steps: int,
-    batch_size: int,
-    lr: float,
-    seed: int = 0,
-    on_step: Callable[[int, list[float]], None] | None = None,
-) -> list[float]:
-    """Minimise the flow-matching loss on the demonstrations (batches, times and noise drawn from `seed`); returns
-    the loss of every step. `on_step(step, losses)`, if given, runs after each step (1-based; e.g. a validation)."""
-    from tqdm.auto import tqdm
-
-    generator = torch.Generator().manual_seed(seed)
-    model = policy.model
-    model.train()
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
-    losses = []
-    bar = tqdm(range(steps), desc="flow matching on demos", dynamic_ncols=True)
-    for step in bar:
-        idx = torch.randint(len(instructions), (min(batch_size, len(instructions)),), generator=generator)
-        obs = Observation(image=images[idx], instruction=[instructions[i] for i in idx.tolist()], proprio=proprio[idx])
-        loss = policy.flow_matching_loss(obs, chunks[idx], generator=generator)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        losses.append(float(loss.detach()))
-        bar.set_postfix(loss=f"{losses[-1]:.3f}")
-        if on_step is not None:
-            on_step(step + 1, losses)
-    bar.close()
-    return losses

@@ -23,10 +23,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .data import FlowStats
+from ..lora import base_state_dict, is_lora_model, load_lora
+from .data import STATS_FILE, FlowStats
+from .options import train_noise_head
 
 # openpi's Gemma variants (`gemma.get_config`), in transformers' GemmaConfig names: π0's backbone is gemma_2b, its
 # action expert gemma_300m; LeRobot's config.json names them (`paligemma_variant`, `action_expert_variant`).
+NOISE_HEAD_FILE = "flow_noise_head.safetensors"  # the noise head's weights, beside the PI0 model's
+
 GEMMA_VARIANTS = {
     "gemma_2b": {"hidden_size": 2048, "num_hidden_layers": 18, "intermediate_size": 16384, "num_attention_heads": 8,
                  "num_key_value_heads": 1, "head_dim": 256},
@@ -252,3 +256,54 @@ def _affine(step: tuple[dict, dict], feature: str, kind: str, source: Path) -> t
     low, high = a, b  # [low, high] -> [-1, 1]; where they are equal LeRobot divides by eps instead
     return tuple((h + lo) / 2 for lo, h in zip(low, high)), tuple((h - lo) / 2 if h > lo else eps / 2
                                                                   for lo, h in zip(low, high))  # fmt: skip
+
+
+def read_flow_folder(cls, path: Path, dtype, device: str, **kwargs):
+    """A `cls` (`FlowPolicy`) from a π0 folder: the model (every weight the folder must hold, checked), its tokenizer,
+    image settings, statistics and sampler settings, Flow-Noise's head and LoRA adapters where the folder has them."""
+    from transformers import AutoTokenizer, PI0ForConditionalGeneration
+
+    check_flow_folder(path)
+    model, loading = PI0ForConditionalGeneration.from_pretrained(path, dtype=dtype, output_loading_info=True)
+    check_loaded_weights(path, loading)  # not a model with random weights where the folder's names did not match
+    model = model.to(device)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    saved = json.loads((path / STATS_FILE).read_text()) if (path / STATS_FILE).exists() else {}
+    options = {k: saved[k] for k in ("noise_method", "noise_level", "num_steps") if k in saved}
+    policy = cls(model, tokenizer, read_image_settings(path), read_folder_stats(path), **{**options, **kwargs})
+    if (path / NOISE_HEAD_FILE).exists():
+        from safetensors.torch import load_file
+
+        policy.attach_noise_head()
+        policy.net.noise_head.load_state_dict(load_file(path / NOISE_HEAD_FILE, device=str(policy.device)))
+    if (path / "lora").is_dir():
+        load_lora(policy, path / "lora")
+        train_noise_head(policy)
+    return policy
+
+
+def write_flow_folder(policy, path: Path) -> None:
+    """A π0 folder `read_flow_folder` (and transformers' `PI0ForConditionalGeneration`) loads back."""
+    # From the model's state dict, so a checkpoint's stand-in (`mmrl.runtime.distributed.checkpoint_views`: the
+    # weights gathered from FSDP's shards, or float32 master weights) saves what it holds. A LoRA model is
+    # written as its unmerged base weights plus lora/ (as `mmrl.policy.lora.save_lora`).
+    lora = is_lora_model(policy.model)
+    weights = base_state_dict(policy.model) if lora else dict(policy.model.state_dict())
+    head = {k.removeprefix("noise_head."): v for k, v in weights.items() if k.startswith("noise_head.")}
+    weights = {k: v for k, v in weights.items() if not k.startswith("noise_head.")}  # a plain PI0 folder
+    module = policy.net
+    getattr(module, "_model", module).save_pretrained(path, state_dict=weights)  # the stand-in's module
+    if lora:
+        policy.model.save_pretrained(path / "lora", save_embedding_layers=False)
+    if head:
+        from safetensors.torch import save_file
+
+        save_file({k: v.detach().cpu().contiguous() for k, v in head.items()}, path / NOISE_HEAD_FILE)
+    policy.tokenizer.save_pretrained(path)
+    (path / "preprocessor_config.json").write_text(json.dumps(policy.image_settings, indent=2, sort_keys=True))
+    saved = {
+        "processor_class": "PI0Processor", "chunk_size": policy.chunk, "max_state_dim": policy.config.max_state_dim,
+        "noise_method": policy.noise_method, "noise_level": policy.noise_level, "num_steps": policy.num_steps,
+        **(policy.stats.to_json() if policy.stats is not None else {}),
+    }  # fmt: skip
+    (path / STATS_FILE).write_text(json.dumps(saved, indent=2))

@@ -1,7 +1,7 @@
 """A `ModelConfig`'s options applied to a flow policy (π0): sampling, checkpointing, frozen parts, LoRA.
 
-What `mmrl.policy.lora.apply_model_options` does for a VLM, for `FlowPolicy` (which calls `apply_flow_options`
-from its `apply_options`), sharing that module's helpers where the operation is the same:
+What `mmrl.policy.vlm.options.apply_model_options` does for a VLM, for `FlowPolicy` (its `apply_options`), sharing
+`mmrl.policy.lora`'s helpers where the operation is the same:
 
 * `model.flow_noise_method` / `flow_noise_level` / `flow_steps`: the sampler's settings (null keeps the policy's);
 * `model.gradient_checkpointing`: the vision tower's (SigLIP) and the action expert's layers recompute their
@@ -15,63 +15,37 @@ from its `apply_options`), sharing that module's helpers where the operation is 
   the action expert and its projections are never frozen by it (LeRobot's `train_expert_only` is all three);
 * `model.lora_r > 0`: LoRA on `model.lora_target_modules`' parts (`LORA_PARTS`), plus the vision tower's and
   projector's linear layers with `model.lora_vision`.
-
-The options refused (`REFUSED`) name their reason.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
+from ...runtime.schema import ConfigError
 from ..lora import checkpoint_layers, freeze_parts, freeze_vision, require_peft, vision_linear_names
-from .data import NOISE_METHODS
+from .data import sampler_problem
 
 # LoRA's parts of a PI0 model (`model.lora_target_modules`): where each part's linear layers live.
 LORA_PARTS = {"backbone": "model.vlm.language_model.", "expert": "model.dit."}
 LANGUAGE_PART = LORA_PARTS["backbone"]  # model.freeze's "language" in a PI0 model
 
-# ModelConfig fields a flow policy refuses, each with why: `(field, is it set?, reason)`.
-REFUSED = (
-    ("system_prompt", lambda cfg: bool(cfg.system_prompt),
-     "π0's prompt is PaliGemma's `<image>... <bos>{instruction}\\n` (PI0Processor's, openpi's), with no chat template "
-     "and so no system turn (the VLM policy refuses it for PaliGemma alike)"),
-    ("history_turns", lambda cfg: cfg.history_turns > 0, "a flow policy sees the current observation only"),
-    ("min_pixels", lambda cfg: cfg.min_pixels > 0 or cfg.max_pixels > 0,
-     "π0's images are resized to its vision tower's fixed size (preprocessor_config.json)"),
-    ("action_bins", lambda cfg: cfg.action_bins > 0, "a flow policy's actions are continuous, not action tokens"),
-    ("action_chunk", lambda cfg: cfg.action_chunk != 1, "a flow policy's chunk is its config's chunk_size"),
-    ("generation_backend", lambda cfg: cfg.generation_backend != "lean",
-     "a flow policy samples with its own denoising loop ('lean')"),
-)  # fmt: skip
-
 
 def apply_flow_options(policy, cfg):
-    """Check a `ModelConfig` against what a flow policy (`mmrl.policy.flow.FlowPolicy`) supports (`REFUSED`, naming
-    the field and why), set its sampling from `model.flow_noise_level`, `model.flow_noise_method` and
-    `model.flow_steps` (each left null keeps the policy's own, e.g. its folder's), apply checkpointing, frozen parts
-    and LoRA (see the module docstring), and return the policy.
+    """Set a flow policy's (`mmrl.policy.flow.FlowPolicy`) sampling from `model.flow_noise_level`,
+    `model.flow_noise_method` and `model.flow_steps` (each left null keeps the policy's own, e.g. its folder's), apply
+    checkpointing, frozen parts and LoRA (see the module docstring), and return the policy. What a flow policy lacks
+    (`FlowPolicy.features`) is refused before it loads, by `FlowPolicy.check_config`.
 
     The sampling settings are attributes the sampler and the scorer read at each call, so applying them to a loaded
     policy is enough; a checkpoint saved afterwards carries them. Call it before the optimiser is built.
     """
-    bad = [
-        f"model.{name}: not built for flow policies (π0): {reason}" for name, is_set, reason in REFUSED if is_set(cfg)
-    ]
-    if bad:
-        raise ValueError("; ".join(bad))
     method = policy.noise_method if cfg.flow_noise_method is None else cfg.flow_noise_method
     level = policy.noise_level if cfg.flow_noise_level is None else float(cfg.flow_noise_level)
     steps = policy.num_steps if cfg.flow_steps is None else int(cfg.flow_steps)
-    if method not in NOISE_METHODS:
-        raise ValueError(f"model.flow_noise_method must be one of {NOISE_METHODS}, got {method!r}")
-    if not (math.isfinite(level) and level >= 0):
-        raise ValueError(f"model.flow_noise_level must be >= 0, got {level}")
-    if steps < 2 and level > 0 and method == "flow_sde":
-        raise ValueError(f"model.flow_steps: {steps} denoising step(s) at noise level {level}; Flow-SDE needs >= 2 "
-                         "(sigma is infinite at t = 1): set model.flow_steps >= 2 or model.flow_noise_level=0")  # fmt: skip
+    problem = sampler_problem(method, level, steps)  # the folder's own settings filled in
+    if problem is not None:
+        raise ConfigError(" ".join(problem))
     policy.noise_method, policy.noise_level, policy.num_steps = method, level, steps
     if method == "flow_noise":
         policy.attach_noise_head(seed=cfg.seed)  # before the optimiser is built: it trains the head's weights

@@ -51,9 +51,9 @@ LeRobot's instead (`mmrl.policy.flow.folders`).
 from __future__ import annotations
 
 import inspect
-import json
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -61,20 +61,25 @@ import torch.nn.functional as F
 
 from sim.base import Observation
 
-from ...types import Sampling
-from ..lora import base_state_dict, is_lora_model, load_lora
-from .data import NOISE_METHODS, STATS_FILE, FlowRollout, FlowStats, cat_flow_rollouts  # noqa: F401  (re-exported)
-from .folders import (  # noqa: F401  (is_flow_folder re-exported)
+from ...runtime.config import ModelConfig, TrainConfig
+from ...runtime.schema import ConfigError, require
+from ...types import Demonstrations, Sampling
+from ..base import POLICY_KINDS, Policy
+from .data import NOISE_METHODS, STATS_FILE, FlowRollout, FlowStats, cat_flow_rollouts, sampler_problem  # noqa: F401
+from .demonstrations import collect_flow_demonstrations
+from .folders import (  # noqa: F401  (is_flow_folder, NOISE_HEAD_FILE re-exported)
+    NOISE_HEAD_FILE,
     check_flow_folder,
     check_loaded_weights,
     is_flow_folder,
+    read_flow_folder,
     read_folder_stats,
     read_image_settings,
+    write_flow_folder,
 )
 from .options import LORA_PARTS, apply_flow_lora, apply_flow_options, train_noise_head  # noqa: F401
 from .sde import NOISE_STD_RANGE, NoiseHead, ValueTap, gaussian_logprob, sde_schedule, sde_step  # noqa: F401
 
-NOISE_HEAD_FILE = "flow_noise_head.safetensors"  # the noise head's weights, beside the PI0 model's
 ASSETS = Path(__file__).resolve().parents[3] / "assets"
 TINY_PI0 = ASSETS / "tiny_models" / "pi0"
 
@@ -82,7 +87,8 @@ TINY_PI0 = ASSETS / "tiny_models" / "pi0"
 # ---------------------------------------------------------------------------------------------- the policy
 
 
-class FlowPolicy:
+@POLICY_KINDS.register("flow")
+class FlowPolicy(Policy):
     """A π0 policy: images of every view, the instruction and the proprioceptive state in, an action chunk out.
 
     Verbs as `VLMPolicy`'s: `generate(obs, group_size, sampling)` -> a `FlowRollout` with the sampling-time
@@ -99,22 +105,21 @@ class FlowPolicy:
         num_steps: K denoising steps (default: the config's `num_inference_steps`).
     """
 
-    action_codec = None  # no action tokens: the collector and the config's VLA paths read this
-    history_turns = 0
-    eos_token_ids: list[int] = []
-    generation_backend = "lean"  # its own denoising loop (what `apply_model_options` compares the config's with)
-    backend = None  # no generation engine object (the asynchronous collector asks a copy's for weight versions)
-
-    def set_generation_backend(self, name: str, **options) -> None:
-        if name != "lean":
-            raise ValueError(f"model.generation_backend {name!r}: a flow policy samples with its own loop ('lean')")
-
-    def apply_options(self, cfg) -> FlowPolicy:
-        """`apply_flow_options(self, cfg)`: what `mmrl.policy.lora.apply_model_options` calls for a flow policy."""
-        return apply_flow_options(self, cfg)
-
-    def close(self) -> None:
-        """Nothing to let go of: the denoising loop runs on the policy's own model (`VLMPolicy.close`'s verb)."""
+    features = frozenset({"flow_sampler", "chunk_labels", "untied_expert"})
+    refusals = {
+        "history": "a flow policy sees the current observation only",
+        "system_prompt": "π0's prompt is PaliGemma's `<image>... <bos>{instruction}\\n` (PI0Processor's, openpi's), "
+        "with no chat template and so no system turn (the VLM policy refuses it for PaliGemma alike)",
+        "pixel_range": "π0's images are resized to its vision tower's fixed size (preprocessor_config.json)",
+        "action_tokens": "a flow policy's actions are continuous and its chunk is its config's chunk_size, not action "
+        "tokens",
+        "engines": "a flow policy samples with its own denoising loop ('lean')",
+        "papo": "PAPO's masked-image pass",
+        "text_answers": "its rows are denoising steps, not text that ends with an EOS token",
+    }
+    label = "flow policies (π0)"
+    model_types = frozenset({"pi0"})  # transformers' PI0 folders, and LeRobot's (`"type": "pi0"`, refused on load)
+    tiny_names = ("pi0",)
 
     def __init__(
         self,
@@ -126,18 +131,15 @@ class FlowPolicy:
         noise_level: float = 0.5,
         num_steps: int | None = None,
     ):
-        if noise_method not in NOISE_METHODS:
-            raise ValueError(f"noise_method must be one of {NOISE_METHODS}, got {noise_method!r}")
-        if not noise_level >= 0:
-            raise ValueError(f"noise_level must be >= 0, got {noise_level}")
         self.model = model
         self.tokenizer = tokenizer
         self.config = model.config
         self.noise_method = noise_method
         self.noise_level = float(noise_level)
         self.num_steps = int(num_steps or self.config.num_inference_steps)
-        if self.num_steps < 2 and self.noise_level > 0 and noise_method == "flow_sde":
-            raise ValueError(f"Flow-SDE needs num_steps >= 2 (sigma is infinite at t = 1), got {self.num_steps}")
+        problem = sampler_problem(noise_method, self.noise_level, self.num_steps)
+        if problem is not None:
+            raise ValueError(" ".join(problem))
         self.chunk = int(self.config.chunk_size)
         self.image_size = int(image["size"]["height"])
         self.image_mean = torch.tensor(image["image_mean"], dtype=torch.float32)
@@ -170,54 +172,78 @@ class FlowPolicy:
         cls, path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu", **kwargs
     ) -> FlowPolicy:
         """A π0 folder laid out as the hub's (config.json, weights, tokenizer, preprocessor_config.json; the
-        normalisation statistics from processor_config.json when it carries them)."""
-        from transformers import AutoTokenizer, PI0ForConditionalGeneration
-
-        path = Path(path)
-        check_flow_folder(path)
-        model, loading = PI0ForConditionalGeneration.from_pretrained(path, dtype=dtype, output_loading_info=True)
-        check_loaded_weights(path, loading)  # not a model with random weights where the folder's names did not match
-        model = model.to(device)
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        saved = json.loads((path / STATS_FILE).read_text()) if (path / STATS_FILE).exists() else {}
-        options = {k: saved[k] for k in ("noise_method", "noise_level", "num_steps") if k in saved}
-        policy = cls(model, tokenizer, read_image_settings(path), read_folder_stats(path), **{**options, **kwargs})
-        if (path / NOISE_HEAD_FILE).exists():
-            from safetensors.torch import load_file
-
-            policy.attach_noise_head()
-            policy.net.noise_head.load_state_dict(load_file(path / NOISE_HEAD_FILE, device=str(policy.device)))
-        if (path / "lora").is_dir():
-            load_lora(policy, path / "lora")
-            train_noise_head(policy)
-        return policy
+        normalisation statistics from processor_config.json when it carries them): `folders.read_flow_folder`."""
+        return read_flow_folder(cls, Path(path), dtype, device, **kwargs)
 
     def save_pretrained(self, path: str | Path) -> None:
         """Weights, config, tokenizer, image settings, and the statistics and Flow-SDE settings
-        (`processor_config.json`, in `PI0Processor`'s fields)."""
-        # From the model's state dict, so a checkpoint's stand-in (`mmrl.runtime.distributed.checkpoint_views`: the
-        # weights gathered from FSDP's shards, or float32 master weights) saves what it holds. A LoRA model is
-        # written as its unmerged base weights plus lora/ (as `mmrl.policy.lora.save_lora`).
-        path, lora = Path(path), is_lora_model(self.model)
-        weights = base_state_dict(self.model) if lora else dict(self.model.state_dict())
-        head = {k.removeprefix("noise_head."): v for k, v in weights.items() if k.startswith("noise_head.")}
-        weights = {k: v for k, v in weights.items() if not k.startswith("noise_head.")}  # a plain PI0 folder
-        module = self.net
-        getattr(module, "_model", module).save_pretrained(path, state_dict=weights)  # the stand-in's module
-        if lora:
-            self.model.save_pretrained(path / "lora", save_embedding_layers=False)
-        if head:
-            from safetensors.torch import save_file
+        (`processor_config.json`, in `PI0Processor`'s fields): `folders.write_flow_folder`."""
+        write_flow_folder(self, Path(path))
 
-            save_file({k: v.detach().cpu().contiguous() for k, v in head.items()}, path / NOISE_HEAD_FILE)
-        self.tokenizer.save_pretrained(path)
-        (path / "preprocessor_config.json").write_text(json.dumps(self.image_settings, indent=2, sort_keys=True))
-        saved = {
-            "processor_class": "PI0Processor", "chunk_size": self.chunk, "max_state_dim": self.config.max_state_dim,
-            "noise_method": self.noise_method, "noise_level": self.noise_level, "num_steps": self.num_steps,
-            **(self.stats.to_json() if self.stats is not None else {}),
-        }  # fmt: skip
-        (path / STATS_FILE).write_text(json.dumps(saved, indent=2))
+    @classmethod
+    def load(cls, folder: str | Path, cfg: ModelConfig, dtype: torch.dtype) -> FlowPolicy:
+        return cls.from_pretrained(folder, dtype=dtype, device=cfg.device)
+
+    @classmethod
+    def tiny(cls, name: str, cfg: ModelConfig, action_dim: int | None = None) -> FlowPolicy:
+        """tiny:pi0 for an env of `action_dim`-D actions: the asset's model (`build_tiny_flow`) where its padded action
+        width (`max_action_dim` 4) holds them, as for reach; otherwise the same model built with `max_action_dim =
+        action_dim` (LIBERO's 7), from the same seed, tokenizer and image settings."""
+        return build_tiny_flow(seed=cfg.seed, action_dim=action_dim)
+
+    # ------------------------------------------------------------------------------------------- fitting to a run
+    @classmethod
+    def check_config(cls, cfg: TrainConfig, world_size: int = 1) -> None:
+        super().check_config(cfg, world_size)
+        model = cfg.model
+        problem = sampler_problem(model.flow_noise_method, model.flow_noise_level, model.flow_steps)
+        if problem is not None:
+            raise ConfigError(" ".join(problem))
+
+    def apply_options(self, cfg: ModelConfig) -> FlowPolicy:
+        return apply_flow_options(self, cfg)
+
+    def fit(self, cfg: TrainConfig, env) -> FlowPolicy:
+        """The model options (`apply_flow_options`), checked against the env; without a cold start the policy must
+        carry its normalisation statistics."""
+        policy = self.apply_options(cfg.model)
+        policy.check_env(env)
+        require(policy.stats is not None or cfg.sft.episodes > 0, "model.path", f"{cfg.model.path!r} carries no "
+                "normalisation statistics (state_mean, ...): cold-start it on demonstrations (sft.episodes > 0)",
+                sep=" ")  # fmt: skip
+        return policy
+
+    def row_sampling(self, sampling: Sampling) -> Sampling:
+        """A row holds the chain's K denoising steps."""
+        return replace(sampling, max_new_tokens=self.num_steps)
+
+    def actions(self, rollout: FlowRollout) -> torch.Tensor:
+        return rollout.actions  # [R, C, D]
+
+    def value_input(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The `value_tap` every scoring pass feeds with the row's state features (see the module docstring)."""
+        return model.value_tap
+
+    def demonstrations(self, env, cfg: TrainConfig) -> Demonstrations:
+        """The expert's chunks (`collect_flow_demonstrations`); they give the policy its normalisation statistics
+        when it has none."""
+        sft = cfg.sft
+        images, instructions, proprio, chunks, rate = collect_flow_demonstrations(
+            env, self.chunk, sft.episodes, noise=sft.noise, seed=cfg.trainer.seed, every_step=sft.every_step
+        )
+        if self.stats is None:
+            self.set_stats(FlowStats.from_demonstrations(proprio, chunks))
+        self.check_env(env)  # the statistics' widths now
+        return Demonstrations(images, instructions, chunks, rate, sft.episodes, {"proprio": proprio})
+
+    def demonstration_loss(
+        self, demonstrations: Demonstrations, rows: torch.Tensor, generator: torch.Generator
+    ) -> torch.Tensor:
+        """π0's flow-matching loss on the rows' expert chunks (times and noise drawn from `generator`)."""
+        d = demonstrations
+        obs = Observation(image=d.images[rows], instruction=[d.instructions[i] for i in rows.tolist()],
+                          proprio=d.extra["proprio"][rows])  # fmt: skip
+        return self.flow_matching_loss(obs, d.labels[rows], generator=generator)
 
     def set_stats(self, stats: FlowStats) -> None:
         """Use `stats` to normalise states and actions; their widths must fit the model's padded ones."""
@@ -503,9 +529,6 @@ class FlowPolicy:
         per_dim = 0.5 * math.log(2 * math.pi * math.e) + torch.log(std.expand(r * k, self.chunk, d))
         return logprobs, per_dim.flatten(1).sum(-1).view(r, k)
 
-    def masked(self, batch, domain: str, ratio: float, generator: torch.Generator):
-        raise ValueError("algo.papo_gamma / papo_monitor: PAPO's masked-image pass is not built for flow policies")
-
     # ------------------------------------------------------------------------------------------------ cold start
     def flow_matching_loss(
         self, obs: Observation, actions: torch.Tensor, generator: torch.Generator | None = None
@@ -537,11 +560,14 @@ def _executed(std: torch.Tensor, d: int) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------- tiny
 
 
-def build_tiny_flow(seed: int = 0, **kwargs) -> FlowPolicy:
-    """A randomly initialised tiny π0 from assets/tiny_models/pi0 (the same for the same seed); no statistics yet."""
+def build_tiny_flow(seed: int = 0, action_dim: int | None = None, **kwargs) -> FlowPolicy:
+    """A randomly initialised tiny π0 from assets/tiny_models/pi0 (the same for the same seed); no statistics yet. With
+    `action_dim` wider than the asset's padded action width, the same model with `max_action_dim = action_dim`."""
     from transformers import AutoConfig, AutoTokenizer, PI0ForConditionalGeneration
 
     config = AutoConfig.from_pretrained(TINY_PI0)
+    if action_dim is not None and action_dim > config.max_action_dim:
+        config.max_action_dim = int(action_dim)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = PI0ForConditionalGeneration(config)

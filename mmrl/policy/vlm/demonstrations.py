@@ -1,22 +1,29 @@
-"""Supervised fine-tuning on (observation, target text) pairs: the cold start the RL papers run before RL."""
+"""A token policy's cold start: the env expert's demonstrations as (observation, target) rows, and their loss.
+
+The rows are taught by teacher forcing, the NLL of the expert's answer (text and EOS, or a VLA's action tokens); the
+loop that runs it is the cold start stage's (`mmrl.stages.cold_start`), shared with every kind."""
 
 from __future__ import annotations
 
 import torch
 
+import sim
 from sim.base import Observation
-from sim.seeds import demo_seed_base, stream_seed
+from sim.seeds import demo_seed_base
 
-from ...types import Rollout, Turn
-from .policy import VLMPolicy
+from ...runtime.config import TrainConfig
+from ...runtime.schema import require
+from ...types import Demonstrations, Rollout, Turn
+from ..demonstrations import episode_noise_seed, episode_normal
+from ..tokens import GenerationTarget
 
 
-def target_ids(policy: VLMPolicy, target: str) -> list[int]:
+def target_ids(policy: GenerationTarget, target: str) -> list[int]:
     """The tokens a text target is taught as: its tokens, then EOS."""
     return policy.processor.tokenizer(target, add_special_tokens=False)["input_ids"] + [policy.eos_token_ids[0]]
 
 
-def longest_target(policy: VLMPolicy, targets: list[str]) -> tuple[str, int]:
+def longest_target(policy: GenerationTarget, targets: list[str]) -> tuple[str, int]:
     """The text target with the most tokens as taught (`target_ids`, EOS included), and that count."""
     lengths = {t: len(target_ids(policy, t)) for t in set(targets)}
     longest = max(lengths, key=lambda t: (lengths[t], t))
@@ -24,7 +31,7 @@ def longest_target(policy: VLMPolicy, targets: list[str]) -> tuple[str, int]:
 
 
 def supervised_batch(
-    policy: VLMPolicy, obs: Observation, targets: list[str], history: list[list[Turn]] | None = None
+    policy: GenerationTarget, obs: Observation, targets: list[str], history: list[list[Turn]] | None = None
 ) -> Rollout:
     """A `Rollout` whose completions are the given target texts (each followed by EOS), for teacher forcing; with
     `history`, each prompt is the world's conversation so far (`VLMPolicy.encode_conversations`)."""
@@ -66,7 +73,7 @@ def sft_loss(logprobs: torch.Tensor, completion_mask: torch.Tensor) -> torch.Ten
 
 
 def action_batch(
-    policy: VLMPolicy, obs: Observation, token_ids: torch.Tensor, history: list[list[Turn]] | None = None
+    policy: GenerationTarget, obs: Observation, token_ids: torch.Tensor, history: list[list[Turn]] | None = None
 ) -> Rollout:
     """A `Rollout` whose completions are given action tokens `[N, C*D]` (a VLA's teacher forcing)."""
     inputs, per_row = policy.prompt_inputs(obs, history)
@@ -154,12 +161,10 @@ def collect_demonstrations(env, codec, episodes: int, noise: float = 0.0, seed: 
                 else:
                     label = env.expert_action()  # [N, D]
                     if label_noise:
-                        label = (label + label_noise * _episode_normal(episode_generators, label)).clamp(
+                        label = (label + label_noise * episode_normal(episode_generators, label)).clamp(
                             codec.low, codec.high
                         )
-                    executed = (label + noise * _episode_normal(episode_generators, label)).clamp(
-                        codec.low, codec.high
-                    )
+                    executed = (label + noise * episode_normal(episode_generators, label)).clamp(codec.low, codec.high)
                 step_labels.append(label)
                 result = env.step(executed)
                 success |= result.info.get("success", torch.zeros(num, dtype=torch.bool)).bool() & running
@@ -179,17 +184,6 @@ def collect_demonstrations(env, codec, episodes: int, noise: float = 0.0, seed: 
     previous = [-1 if previous[m] == -1 else position[previous[m]] for m in order]
     index = torch.tensor(order)
     return torch.cat(images)[index], [instructions[m] for m in order], torch.cat(labels)[index], rate, previous
-
-
-def episode_noise_seed(seed: int, episode: int) -> int:
-    """The generator seed of demonstration episode `episode`'s noise in run seed `seed`: a hash of both, so no two
-    episodes, and no other stream seeded with `seed` (the cold start's batches, the action-token rows), share draws."""
-    return stream_seed("demonstration noise", seed, episode)
-
-
-def _episode_normal(generators: list[torch.Generator], like: torch.Tensor) -> torch.Tensor:
-    """Standard normal draws shaped and placed like `like` (`[N, D]`), row n from world n's own generator."""
-    return torch.stack([torch.randn(like.shape[1], generator=g) for g in generators]).to(like.device)
 
 
 def merge_demonstrations(parts: list[tuple]) -> tuple:
@@ -213,59 +207,68 @@ def merge_demonstrations(parts: list[tuple]) -> tuple:
     return torch.cat(images), instructions, merged, succeeded / max(total, 1), previous
 
 
-def train_on_demonstrations(
-    policy: VLMPolicy,
-    images: torch.Tensor,
-    instructions: list[str],
-    labels: torch.Tensor | list[str],
-    *,
-    steps: int,
-    batch_size: int,
-    lr: float,
-    seed: int = 0,
-    previous: list[int] | None = None,
-) -> list[float]:
-    """Behaviour cloning: minimise the NLL of the expert's answers (action tokens `[M, C*D]` for a VLA, M strings
-    for a text policy). Returns the loss of every step.
+def demonstrations(policy: GenerationTarget, env, cfg: TrainConfig) -> Demonstrations:
+    """The cold start's demonstrations (`VLMPolicy.demonstrations`): from `env` (the curriculum's first level), or
+    with `sft.all_levels` an even share of `sft.episodes` at every level of the curriculum, each level in an env of
+    its own. A text env's answers must fit `sampling.max_new_tokens`, or the policy could never finish them.
 
-    With `policy.history_turns` K > 0 and `previous` (from `collect_demonstrations`), each step is taught in the
-    conversation it is played in: its episode's K steps before it, their images and the expert's answers, as the
-    prompt (the same format as the RL episodes).
+    Raises:
+        ConfigError: naming `sampling.max_new_tokens` when it cuts the expert's longest answer.
     """
-    from tqdm.auto import tqdm
+    sft, cur = cfg.sft, cfg.curriculum
+    if not (sft.all_levels and cur.option is not None):
+        result = collect_demonstrations(
+            env, policy.action_codec, sft.episodes, noise=sft.noise, seed=cfg.trainer.seed, label_noise=sft.label_noise
+        )
+    else:
+        parts = []
+        for index, level in enumerate(cur.levels):
+            episodes = sft.episodes // len(cur.levels) + (index < sft.episodes % len(cur.levels))
+            level_env = sim.make(cfg.env.name, num_envs=env.num_envs, **{**cfg.env.make_options(), cur.option: level})
+            try:
+                part = collect_demonstrations(
+                    level_env, policy.action_codec, episodes, noise=sft.noise, seed=cfg.trainer.seed + index,
+                    label_noise=sft.label_noise,
+                )  # fmt: skip
+            finally:
+                level_env.close()
+            parts.append((part, episodes))
+        result = merge_demonstrations(parts)
+    images, instructions, labels, rate, previous = result
+    if env.action_kind == "text":
+        answer, need = longest_target(policy, labels)
+        require(
+            need <= cfg.sampling.max_new_tokens,
+            "sampling.max_new_tokens",
+            f"={cfg.sampling.max_new_tokens} cuts the expert's answers: {answer!r} is {need} tokens with EOS, so the "
+            f"policy could never finish what the cold start teaches it; set sampling.max_new_tokens >= {need}",
+            sep="",
+        )
+    return Demonstrations(images, instructions, labels, rate, sft.episodes, {"previous": previous})
 
-    generator = torch.Generator().manual_seed(seed)
-    model = policy.model
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    keep = getattr(policy, "history_turns", 0)
-    losses = []
-    bar = tqdm(range(steps), desc="sft on demos", dynamic_ncols=True)
-    for _ in bar:
-        idx = torch.randint(len(instructions), (min(batch_size, len(instructions)),), generator=generator)
-        obs = Observation(image=images[idx], instruction=[instructions[i] for i in idx.tolist()])
-        history = None
-        if keep and previous is not None:
-            history = [
-                _demonstrated_turns(policy, images, instructions, labels, previous, i, keep) for i in idx.tolist()
-            ]
-        if isinstance(labels, torch.Tensor):
-            batch = action_batch(policy, obs, labels[idx], history)
-        else:
-            batch = supervised_batch(policy, obs, [labels[i] for i in idx.tolist()], history)
-        loss = sft_loss(policy.logprobs(batch), batch.completion_mask)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        losses.append(float(loss.detach()))
-        bar.set_postfix(loss=f"{losses[-1]:.3f}")
-    bar.close()
-    return losses
+
+def demonstration_loss(policy: GenerationTarget, demos: Demonstrations, rows: torch.Tensor) -> torch.Tensor:
+    """Behaviour cloning's loss on demonstration rows `rows`: the NLL of the expert's answers (action tokens
+    `[b, C*D]` for a VLA, b strings for a text policy).
+
+    With `policy.history_turns` K > 0, each row is taught in the conversation it is played in: its episode's K steps
+    before it, their images and the expert's answers, as the prompt (the same format as the RL episodes).
+    """
+    images, instructions, labels, previous = demos.images, demos.instructions, demos.labels, demos.extra["previous"]
+    obs = Observation(image=images[rows], instruction=[instructions[i] for i in rows.tolist()])
+    keep = policy.history_turns
+    history = None
+    if keep:
+        history = [_demonstrated_turns(policy, images, instructions, labels, previous, i, keep) for i in rows.tolist()]
+    if isinstance(labels, torch.Tensor):
+        batch = action_batch(policy, obs, labels[rows], history)
+    else:
+        batch = supervised_batch(policy, obs, [labels[i] for i in rows.tolist()], history)
+    return sft_loss(policy.logprobs(batch), batch.completion_mask)
 
 
 def _demonstrated_turns(
-    policy: VLMPolicy,
+    policy: GenerationTarget,
     images: torch.Tensor,
     instructions: list[str],
     labels: torch.Tensor | list[str],

@@ -22,17 +22,25 @@ from sim.base import Observation
 from ...algos.losses import entropy_from_logits
 from ...algos.papo import masked_images
 from ...families import Vision
-from ...types import Rollout, Sampling, Turn
+from ...runtime.config import ModelConfig, TrainConfig
+from ...runtime.schema import require
+from ...types import Demonstrations, Rollout, Sampling, Turn
+from ..base import POLICY_KINDS, Policy
 from ..engines.backends import forget_compiled_calls, make_backend
 from ..lora import LORA_DIR, is_lora, load_lora, plain_model, save_lora
 from ..tokens import AllowOnly, completion_mask_from_ids, token_logprobs  # noqa: F401  (re-exported)
 from ..vision import to_pil
-from .action_codec import load_action_codec
+from . import demonstrations as demos
+from .action_codec import add_action_tokens, load_action_codec
+from .options import apply_model_options
 from .processing import VisionTextProcessor, check_image_tokens
+from .tiny import ALL_TINY_ARCHS, tiny_model
 
 
-class VLMPolicy:
-    """A Hugging Face image-text-to-text model with its processor, as a policy over text actions.
+@POLICY_KINDS.register("vlm")
+class VLMPolicy(Policy):
+    """A Hugging Face image-text-to-text model with its processor, as a policy over text actions (a token policy; with
+    an action codec, a VLA over continuous actions).
 
     Args:
         model: an `AutoModelForImageTextToText` model of a family in `mmrl.families.FAMILIES` (Qwen2-VL,
@@ -46,6 +54,20 @@ class VLMPolicy:
             `mmrl.policy.engines.backends`. Also settable later: `policy.generation_backend = "static"`, or
             `policy.set_generation_backend("vllm", gpu_memory_utilization=0.3)` for a backend with options.
     """
+
+    features = frozenset({
+        "papo", "branching", "judge", "history", "rollout_workers", "sharded_async", "text_answers", "progress",
+        "engines", "system_prompt", "pixel_range", "action_tokens",
+    })  # fmt: skip
+    refusals = {
+        "flow_sampler": "a token policy samples tokens; the flow fields are a flow policy's (π0: tiny:pi0 or a π0 "
+        "folder)",
+        "chunk_labels": "it labels a flow policy's (π0's) chunks at every step; the token path labels every step "
+        "already",
+        "untied_expert": "with model.lora_r 0, freezing every part leaves nothing to train",
+    }
+    label = "VLM policies"
+    tiny_names = ALL_TINY_ARCHS
 
     def __init__(
         self,
@@ -125,6 +147,88 @@ class VLMPolicy:
         self.processor.save_pretrained(path)
         if self.action_codec is not None:
             self.action_codec.save(path)
+
+    @classmethod
+    def load(cls, folder: str | Path, cfg: ModelConfig, dtype: torch.dtype) -> VLMPolicy:
+        return cls.from_pretrained(
+            folder,
+            dtype=dtype,
+            device=cfg.device,
+            prompt_template=cfg.prompt_template,
+            history_turns=cfg.history_turns,
+        )
+
+    @classmethod
+    def tiny(cls, name: str, cfg: ModelConfig, action_dim: int | None = None) -> VLMPolicy:
+        return build_tiny(name, seed=cfg.seed, prompt_template=cfg.prompt_template, history_turns=cfg.history_turns)
+
+    # ------------------------------------------------------------------ fitting to a run
+    def apply_options(self, cfg: ModelConfig) -> VLMPolicy:
+        return apply_model_options(self, cfg)
+
+    def fit(self, cfg: TrainConfig, env) -> VLMPolicy:
+        """Action tokens for a continuous env (a VLA, `model.action_bins`), then the model options
+        (`apply_model_options`: LoRA keeps the action tokens' rows trainable), the coordinate convention its
+        checkpoints record, and the env checked."""
+        if env.action_kind == "continuous" and self.action_codec is None:
+            require(cfg.model.action_bins >= 2, "model.action_bins", f"must be set (e.g. 256): env {cfg.env.name!r} "
+                    "takes continuous actions, which a token policy emits as added action tokens")  # fmt: skip
+            add_action_tokens(
+                self, env.action_low, env.action_high, cfg.model.action_bins, cfg.model.action_chunk,
+                seed=cfg.trainer.seed,
+            )  # fmt: skip
+        policy = self.apply_options(cfg.model)
+        if "coordinates" in cfg.env.options:
+            # Its checkpoints say which units it answers in, whatever its family's (mmrl.runtime.conventions reads them).
+            plain_model(policy.model).config.grounding_coordinates = cfg.env.options["coordinates"]
+        policy.check_env(env)
+        return policy
+
+    def check_env(self, env) -> None:
+        codec = self.action_codec
+        if env.action_kind == "continuous" and codec is None:
+            raise ValueError("a continuous-action env needs a VLA policy: set model.action_bins to add action tokens")
+        if env.action_kind == "text" and codec is not None:
+            raise ValueError("a VLA policy (with action tokens) cannot act in a text env")
+        if codec is not None and codec.action_dim != env.action_dim:
+            raise ValueError(f"the policy's action codec has {codec.action_dim} dimensions, the env {env.action_dim}")
+
+    @property
+    def chunk(self) -> int:
+        """Actions one generation executes: a VLA's chunk, one for a text answer."""
+        return self.action_codec.chunk if self.action_codec is not None else 1
+
+    def row_sampling(self, sampling: Sampling) -> Sampling:
+        """A VLA emits exactly its C*D action tokens per generation; a text policy answers within the budget."""
+        if self.action_codec is None:
+            return sampling
+        return replace(sampling, max_new_tokens=self.action_codec.tokens_per_generation)
+
+    def actions(self, rollout: Rollout) -> torch.Tensor:
+        return self.action_codec.decode(rollout.completion_ids)  # [R, C, D]
+
+    def value_input(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The language-model head: its input at the last prompt position is the row's state."""
+        return model.get_output_embeddings()
+
+    def demonstrations(self, env, cfg: TrainConfig) -> Demonstrations:
+        return demos.demonstrations(self, env, cfg)
+
+    def demonstration_loss(self, demonstrations: Demonstrations, rows: torch.Tensor, generator=None) -> torch.Tensor:
+        return demos.demonstration_loss(self, demonstrations, rows)
+
+    def release_memory(self) -> None:
+        """A colocated vLLM engine frees its weights and KV cache (sleep mode, where the platform has it); the next
+        `generate` wakes it and re-syncs."""
+        if hasattr(self._backend, "sleep"):
+            self._backend.sleep()
+
+    def expect_version(self, version: int | None) -> None:
+        if hasattr(self._backend, "next_version"):
+            self._backend.next_version = version
+
+    def sampled_version(self) -> int | None:
+        return getattr(self._backend, "last_version", None) if hasattr(self._backend, "next_version") else None
 
     # ------------------------------------------------------------------ backend
     @property
@@ -406,6 +510,11 @@ class VLMPolicy:
                 f"{self.family.name} model's are not: use pixels"
             )
         return masked_images(batch, domain, ratio, generator, self.processor.image_processor)
+
+
+def build_tiny(arch: str = "qwen2_vl", seed: int = 0, **policy_kwargs) -> VLMPolicy:
+    """A randomly initialised tiny model of `arch` (`tiny_model`) as a policy, the same for the same seed."""
+    return VLMPolicy(*tiny_model(arch, seed), **policy_kwargs)
 
 
 SHARED_IMAGE_MODELS = ("Qwen2VLModel", "Qwen2_5_VLModel")  # vision features enter as input embeddings only

@@ -15,7 +15,6 @@ import torch
 from transformers import AutoConfig, AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer
 
 from ...families import family_for
-from .policy import VLMPolicy
 from .processing import VisionTextProcessor
 
 ASSETS = Path(__file__).resolve().parents[3] / "assets"
@@ -42,8 +41,9 @@ def tiny_processor(arch: str = "qwen2_vl") -> VisionTextProcessor:
     return VisionTextProcessor(tokenizer, image_processor, arch)
 
 
-def build_tiny(arch: str = "qwen2_vl", seed: int = 0, **policy_kwargs) -> VLMPolicy:
-    """A randomly initialised tiny model of `arch`, the same for the same seed."""
+def tiny_model(arch: str = "qwen2_vl", seed: int = 0) -> tuple:
+    """A randomly initialised tiny model of `arch` and its processor, the same for the same seed (`VLMPolicy.tiny`,
+    `build_tiny`)."""
     if arch not in ALL_TINY_ARCHS:
         raise ValueError(f"unknown tiny architecture {arch!r}; choose one of {', '.join(ALL_TINY_ARCHS)}")
     family_for(arch)  # a clear error where this transformers lacks the family's classes
@@ -60,4 +60,4 @@ def build_tiny(arch: str = "qwen2_vl", seed: int = 0, **policy_kwargs) -> VLMPol
                     weight.normal_(0.0, std)
     model.generation_config.eos_token_id = config.text_config.eos_token_id
     model.generation_config.pad_token_id = config.text_config.pad_token_id
-    return VLMPolicy(model, tiny_processor(arch), **policy_kwargs)
+    return model, tiny_processor(arch)
