@@ -112,15 +112,17 @@ Where it lives
   pools);
 * `rewards.render.framing`: the frames exchanged between the caller, the workers and the render children;
 * `rewards.render.confine`: the layers above, as the worker prepares them and each render child puts them up;
+* `rewards.render.isolation`: the kernel mechanisms the layers use (namespaces, the `nobody` user, Landlock);
 * this file: the worker's program. The caller runs it by path (`python -I`), so it imports only the standard library
-  at the top, and loads `framing.py`, `confine.py` and `svg.py`, `chart.py` or `cad.py` next to it by path, without
-  importing the `rewards` package (and torch).
+  at the top; it makes its directory a package of its own (`_mmrl_render`, whose `__init__` never runs), so that
+  `framing.py`, `confine.py`, `isolation.py` and `svg.py`, `chart.py`, `cad.py` or `html.py` import one another
+  relatively, as inside `rewards.render`, without importing the `rewards` package (and torch).
 """
 
 from __future__ import annotations
 
 import gc
-import importlib.util
+import importlib
 import json
 import os
 import select
@@ -129,35 +131,25 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+if not __package__:  # the worker program, run by path (`python -I sandbox.py`)
+    # This directory becomes the package `_mmrl_render` without running `rewards/__init__.py` (no torch), so that
+    # the modules next to this one import each other relatively here as they do inside `rewards.render` (PEP 366).
+    _package = ModuleType("_mmrl_render")
+    _package.__path__ = [os.path.dirname(os.path.abspath(__file__))]
+    sys.modules[_package.__name__] = _package
+    __package__ = _package.__name__
 
-def _load_sibling(name: str) -> ModuleType:
-    """Loads `<name>.py` from this directory by path, as `_mmrl_render_<name>` (no `rewards` package, no torch)."""
-    module_name = f"_mmrl_render_{name}"
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    spec = importlib.util.spec_from_file_location(module_name, Path(__file__).with_name(f"{name}.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-if __package__:  # imported as rewards.render.sandbox: import the sibling modules the normal way
-    from rewards.render import confine, framing
-else:  # the worker program, run by path: no package to import them from
-    confine, framing = _load_sibling("confine"), _load_sibling("framing")
+from . import confine, framing  # noqa: E402
 
 
 def _load_renderer(kind: str) -> ModuleType:
-    """Loads `svg.py`, `chart.py` or `cad.py` from this directory by path (no `rewards` package, so no torch)."""
+    """The renderer module of `kind` (`svg.py`, `chart.py`, `cad.py` or `html.py` next to this file)."""
     if kind not in framing.KINDS:
         raise ValueError(f"unknown render kind {kind!r}")
-    return _load_sibling(kind)
+    return importlib.import_module(f"{__package__}.{kind}")
 
 
 @dataclass
