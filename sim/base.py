@@ -12,6 +12,8 @@ Every tensor an env returns is a fresh copy, never a view of an internal buffer 
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -132,20 +134,27 @@ def resolve_env_ids(env_ids: Sequence[int] | None, num_envs: int) -> list[int]:
     return ids
 
 
-def check_expert_noise(noise: float, generator: torch.Generator | None, never: list[int]) -> None:
-    """The checks every scripted text expert makes before answering: `noise` a probability, a generator to draw it
-    from (no hidden global randomness), and no world that was never reset (`never`: their indices).
+def check_expert_noise(
+    noise: float, generator: torch.Generator | None, never: Sequence[int] = (), *, probability: bool = True
+) -> None:
+    """The checks every scripted expert makes before answering: `noise` a probability (or, with `probability=False`,
+    a scale such as a standard deviation: any finite number >= 0), a generator to draw it from when `noise > 0` (no
+    hidden global randomness), and no world that was never reset (`never`: their indices).
 
     Raises:
-        ValueError: `noise` is outside [0, 1], or `noise > 0` without a generator.
+        ValueError: `noise` is not a number in [0, 1] (a finite one >= 0 with `probability=False`), or `noise > 0`
+            without a generator.
         RuntimeError: `never` is not empty.
     """
-    if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not 0 <= noise <= 1:
+    number = not isinstance(noise, bool) and isinstance(noise, numbers.Real) and math.isfinite(noise)
+    if probability and not (number and 0 <= noise <= 1):
         raise ValueError(f"noise must be a probability in [0, 1], got {noise!r}")
+    if not probability and not (number and noise >= 0):
+        raise ValueError(f"noise must be a finite number >= 0, got {noise!r}")
     if noise > 0 and generator is None:
         raise ValueError("expert_action(noise > 0) needs a torch.Generator (no hidden global randomness)")
     if never:
-        raise RuntimeError(f"worlds {never} were never reset; reset them first")
+        raise RuntimeError(f"worlds {list(never)} were never reset; reset them first")
 
 
 def check_text_actions(actions: Sequence[str], num_envs: int, name: str) -> list[str]:

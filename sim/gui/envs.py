@@ -106,7 +106,15 @@ from rewards import (
 )
 from rewards.actions import Action
 from rewards.coordinates import HINTS, check_coordinates, format_values, from_pixels, to_pixels
-from sim.base import Observation, SingleStepImageEnv, StepResult, check_text_actions, resolve_env_ids, resolve_seeds
+from sim.base import (
+    Observation,
+    SingleStepImageEnv,
+    StepResult,
+    check_expert_noise,
+    check_text_actions,
+    resolve_env_ids,
+    resolve_seeds,
+)
 from sim.gui.apps import TASKS, App, make_app
 from sim.gui.layouts import (
     random_screen,
@@ -164,12 +172,9 @@ def _check_num_envs(num_envs: int) -> int:
 
 def _noise(num: int, dims: int, noise: float, generator: torch.Generator | None) -> np.ndarray:
     """`[num, dims]` standard normal draws (zeros when `noise == 0`); the caller scales them."""
-    if not math.isfinite(noise) or noise < 0:
-        raise ValueError(f"noise must be a finite number >= 0, got {noise!r}")
+    check_expert_noise(noise, generator, probability=False)
     if noise == 0:
         return np.zeros((num, dims))
-    if generator is None:
-        raise ValueError("expert_action(noise > 0) needs a torch.Generator for its noise (explicit randomness)")
     return torch.randn(num, dims, generator=generator, dtype=torch.float64).numpy()
 
 

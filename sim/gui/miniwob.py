@@ -54,7 +54,6 @@ stepped concurrently by threads (the work is in the browsers).
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -67,7 +66,7 @@ from PIL import Image
 
 from rewards import Action, parse_actions
 from rewards.coordinates import HINTS, check_coordinates, format_values, from_pixels
-from sim.base import Observation, StepResult, check_text_actions, resolve_env_ids, resolve_seeds
+from sim.base import Observation, StepResult, check_expert_noise, check_text_actions, resolve_env_ids, resolve_seeds
 from sim.gui.browser import browser_unavailable, confine_environment, quit_chrome, start_chrome
 from sim.gui.envs import action_in_pixels
 from sim.gui.miniwob_expert import EXPERT_TASKS, expert_step
@@ -488,10 +487,7 @@ class MiniWoBEnv:
         Raises:
             ValueError: A world's task has no expert (see `EXPERT_TASKS`).
         """
-        if not math.isfinite(noise) or noise < 0:
-            raise ValueError(f"noise must be a finite number >= 0, got {noise!r}")
-        if noise > 0 and generator is None:
-            raise ValueError("expert_action(noise > 0) needs a torch.Generator for its noise (explicit randomness)")
+        check_expert_noise(noise, generator, probability=False)
         z = (
             torch.randn(self.num_envs, 2, generator=generator, dtype=torch.float64).numpy()
             if noise > 0
