@@ -101,8 +101,8 @@ _DENY_PREFIXES = (
 # interfaces and C libraries with their own file and network I/O (already-imported ones raise no import event:
 # see "What it cannot do"). Everything else may be imported (asyncio, smtplib, ssl, socket, multiprocessing,
 # webbrowser, ...): using it to spawn, connect or write outside scratch raises an event refused above, and the
-# kernel layers (network namespace, Landlock, rlimits) hold regardless. Issue 20: a list of harmless-to-import
-# modules refused benign chart scripts (anything importing ssl, for one).
+# kernel layers (network namespace, Landlock, rlimits) hold regardless. A longer list would refuse benign chart
+# scripts for what they import (anything importing ssl, for one) without containing anything more.
 _DENY_IMPORTS = frozenset({"ctypes", "_ctypes", "cffi", "_cffi_backend", "cv2"})
 # Path-taking events: which arguments are paths, and whether the event reads or writes them.
 _WRITE_PATH_ARGS = {

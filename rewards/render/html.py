@@ -10,9 +10,9 @@ installs it); `browser_path()` says which, `unavailable()` why there is none. Th
 The contract for the source: one HTML document with inline CSS, inline scripts and inline `data:` images and fonts.
 It is shown in a `width` x `height` viewport at device scale 1, scroll bars hidden, on white; the image is what the
 viewport shows once the load event has fired and `settle_frames` animation frames have been drawn. Nothing outside
-the document is loaded: the page renders as if offline. Timers that fire later than that are not waited for (an
-earlier design fast-forwarded them in virtual time; Chromium 156 then often never draws the frame a screenshot waits
-for). The same page renders the same pixels on the same machine (tests/rewards/test_html.py checks it).
+the document is loaded: the page renders as if offline. Timers that fire later than that are not waited for (not
+fast-forwarded in virtual time either: under it Chromium may never draw the frame a screenshot waits for). The same
+page renders the same pixels on the same machine (tests/rewards/test_html.py checks it).
 
 Why not the sandbox's render child
 ----------------------------------
@@ -21,7 +21,7 @@ needs all three. So the `html` worker forks no child per render: it keeps one Ch
 on its first request, restarted after any render it had to kill) and `serve`s each request itself, in a fresh browser
 context (a new in-memory profile: no cookies, storage or cache shared with any earlier page; its own renderer
 process), disposed of afterwards. A one-shot `chromium --headless --screenshot` per page costs a new browser each
-time; `bench/html_render.py` measures both (about 2x in favour of the warm browser on a loaded two-core machine).
+time; `bench/html_render.py` measures both (BENCHMARKS.md, "HTML renders per second").
 
 Layers, from the outside in
 ---------------------------
@@ -71,9 +71,9 @@ What it does not contain
 * No CPU-time limit: RLIMIT_CPU would end the long-lived browser; the wall clock bounds each render, and a render
   may burn its CPU until then. No disk quota: the profile lives in scratch, removed with the worker.
 * Pages render with the machine's fonts: pixel-stable on one machine, not necessarily across machines.
-* Each render pays a new browser context and a new renderer process: 1.0 s per page on a two-core machine under a
-  load average of 12 (0.4 s of it the browser process's CPU). Reusing one context for every page (a new tab each
-  time) measured 0.64 s there, but pages would then share cookies and storage, so it is not done.
+* Each render pays a new browser context and a new renderer process (BENCHMARKS.md, "HTML renders per second").
+  Reusing one context for every page (a new tab each time) would cost less, but pages would then share cookies and
+  storage, so it is not done.
 """
 
 from __future__ import annotations

@@ -56,7 +56,8 @@ Layers, from the outside in (the child applies them in this order before it look
    EPERM. Where the kernel has no seccomp (or the machine is neither x86_64 nor aarch64) the pool warns at start-up and
    `RenderPool.isolation["missing"]` says what that leaves open.
 5. **Audit hook** (`sys.addaudithook`, PEP 578), installed last, so it only sees the untrusted part; the layer that
-   gives readable reasons, not the one that contains (issue 53: the kernel layers above hold with it switched off).
+   gives readable reasons, not the one that contains (the kernel layers above hold with it switched off, and
+   tests/rewards/test_hostile.py checks that they do).
    It holds only what it captured at install time (its exit is `posix._exit`, its builtins bound once), and the ways
    to reach it (`gc.get_objects`/`get_referrers`/`get_referents`, tracers, profilers) are refused events. It refuses
    `open` outside the allowed roots (and any write outside scratch), `os.system`, `os.exec*`, `os.fork`,
@@ -91,9 +92,9 @@ What it cannot do
   them from signalling each other.
 * Denial of service within the limits is possible by design: a render may burn its whole CPU and memory budget.
 * Threads are refused too (RLIMIT_NPROC counts them), so chart code that needs a thread pool fails.
-* Cost: the fork, the confinement and the copy-on-write faults of a fresh child add about 4-6 ms to each render
-  (measured on a trivial SVG: 7 ms per render through the pool against 3 ms in-process), about 15% of the 30-40 ms
-  of a 150-element SVG at 256 px; a warm SVG child pays it once per `RENDERS_PER_CHILD` renders.
+* Cost: the fork, the confinement and the copy-on-write faults of a fresh child add a few milliseconds to each
+  render (BENCHMARKS.md, "SVG renders scored per second"), a small part of a typical SVG's render time; a warm SVG
+  child pays it once per `RENDERS_PER_CHILD` renders.
 * A warm SVG child is one process for several inputs: a renderer bug that one SVG could exploit (cairo and cairosvg
   run no code from the SVG, but they are C and Python parsers) could carry over to the next SVGs that child renders,
   up to `RENDERS_PER_CHILD` of them, inside the same confinement. `RenderPool(renders_per_child=1)` gives every SVG
