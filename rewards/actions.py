@@ -20,7 +20,7 @@ import ast
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -152,9 +152,26 @@ def _split_args(region: str, start: int) -> list[str] | None:
     """The comma-separated arguments from `start` to the matching ")", quotes and brackets respected; None if unclosed."""
     pieces = []
     depth = 0
+    piece_start = start
+    for i, char in _outside_strings(region, start):
+        if char in "([{":
+            depth += 1
+        elif char in "}]" or (char == ")" and depth > 0):
+            depth = max(depth - 1, 0)
+        elif char == ")":
+            pieces.append(region[piece_start:i].strip())
+            return pieces if pieces != [""] else []
+        elif char == "," and depth == 0:
+            pieces.append(region[piece_start:i].strip())
+            piece_start = i + 1
+    return None
+
+
+def _outside_strings(region: str, start: int) -> Iterator[tuple[int, str]]:
+    """(index, character) of `region` from `start` on, but for quoted strings (`'...'`, `"..."`, backslash escapes
+    inside) and their quotes: what the bracket scanners count."""
     quote = None
     escaped = False
-    piece_start = start
     for i in range(start, len(region)):
         char = region[i]
         if quote is not None:
@@ -166,17 +183,8 @@ def _split_args(region: str, start: int) -> list[str] | None:
                 quote = None
         elif char in "'\"":
             quote = char
-        elif char in "([{":
-            depth += 1
-        elif char in "}]" or (char == ")" and depth > 0):
-            depth = max(depth - 1, 0)
-        elif char == ")":
-            pieces.append(region[piece_start:i].strip())
-            return pieces if pieces != [""] else []
-        elif char == "," and depth == 0:
-            pieces.append(region[piece_start:i].strip())
-            piece_start = i + 1
-    return None
+        else:
+            yield i, char
 
 
 def _unquote(value: str) -> str:
@@ -304,20 +312,8 @@ def _from_json(region: str, brace: int) -> Action:
 def _balanced(region: str, start: int) -> str | None:
     """The text from the bracket at `start` to its matching close, strings respected; None if it never closes."""
     depth = 0
-    quote = None
-    escaped = False
-    for i in range(start, len(region)):
-        char = region[i]
-        if quote is not None:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == quote:
-                quote = None
-        elif char in "'\"":
-            quote = char
-        elif char in "[{(":
+    for i, char in _outside_strings(region, start):
+        if char in "[{(":
             depth += 1
         elif char in "]})":
             depth -= 1

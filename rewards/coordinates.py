@@ -15,8 +15,7 @@ from __future__ import annotations
 import torch
 
 COORDINATES = {"pixels": None, "0-1000": 1000.0, "0-1": 1.0}  # name -> the full image side in those units
-# What an instruction adds so a model is told the units (nothing for pixels: the image itself is the scale, and the
-# envs' instructions stay as they were before conventions existed).
+# What an instruction adds so a model is told the units (nothing for pixels: the image itself is the scale).
 HINTS = {"pixels": "", "0-1000": " Coordinates are relative, 0 to 1000.", "0-1": " Coordinates are relative, 0 to 1."}
 
 

@@ -12,6 +12,8 @@ Every tensor an env returns is a fresh copy, never a view of an internal buffer 
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -132,20 +134,27 @@ def resolve_env_ids(env_ids: Sequence[int] | None, num_envs: int) -> list[int]:
     return ids
 
 
-def check_expert_noise(noise: float, generator: torch.Generator | None, never: list[int]) -> None:
-    """The checks every scripted text expert makes before answering: `noise` a probability, a generator to draw it
-    from (no hidden global randomness), and no world that was never reset (`never`: their indices).
+def check_expert_noise(
+    noise: float, generator: torch.Generator | None, never: Sequence[int] = (), *, probability: bool = True
+) -> None:
+    """The checks every scripted expert makes before answering: `noise` a probability (or, with `probability=False`,
+    a scale such as a standard deviation: any finite number >= 0), a generator to draw it from when `noise > 0` (no
+    hidden global randomness), and no world that was never reset (`never`: their indices).
 
     Raises:
-        ValueError: `noise` is outside [0, 1], or `noise > 0` without a generator.
+        ValueError: `noise` is not a number in [0, 1] (a finite one >= 0 with `probability=False`), or `noise > 0`
+            without a generator.
         RuntimeError: `never` is not empty.
     """
-    if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not 0 <= noise <= 1:
+    number = not isinstance(noise, bool) and isinstance(noise, numbers.Real) and math.isfinite(noise)
+    if probability and not (number and 0 <= noise <= 1):
         raise ValueError(f"noise must be a probability in [0, 1], got {noise!r}")
+    if not probability and not (number and noise >= 0):
+        raise ValueError(f"noise must be a finite number >= 0, got {noise!r}")
     if noise > 0 and generator is None:
         raise ValueError("expert_action(noise > 0) needs a torch.Generator (no hidden global randomness)")
     if never:
-        raise RuntimeError(f"worlds {never} were never reset; reset them first")
+        raise RuntimeError(f"worlds {list(never)} were never reset; reset them first")
 
 
 def check_text_actions(actions: Sequence[str], num_envs: int, name: str) -> list[str]:
@@ -180,7 +189,39 @@ def check_continuous_actions(
     return np.clip(array, low, high)
 
 
-class SingleStepImageEnv:
+class PerWorldReset:
+    """The contract's `reset` for envs that start their worlds one reset at a time.
+
+    A subclass sets `num_envs` and implements `reset_worlds(ids, seeds)` (start the worlds `ids`, world `ids[k]` from
+    `seeds[k]` only) and `_observation()` (all N worlds, copies).
+    """
+
+    num_envs: int
+
+    def reset(self, seed: int | Sequence[int], env_ids: Sequence[int] | None = None) -> Observation:
+        """Start new episodes in the worlds `env_ids` (all when None); the others are left as they are.
+
+        Args:
+            seed: One seed per reset world, or an int from which world k of `env_ids` gets `seed + k`.
+            env_ids: Indices of the worlds to reset; None resets all N.
+
+        Returns:
+            The observation of all N worlds (copies): image `[N, H, W, 3]` uint8 and N instructions.
+        """
+        ids = resolve_env_ids(env_ids, self.num_envs)
+        seeds = resolve_seeds(seed, len(ids))
+        if ids:
+            self.reset_worlds(ids, seeds)
+        return self._observation()
+
+    def reset_worlds(self, ids: list[int], seeds: list[int]) -> None:
+        raise NotImplementedError
+
+    def _observation(self) -> Observation:
+        raise NotImplementedError
+
+
+class SingleStepImageEnv(PerWorldReset):
     """The base of the image envs whose worlds are drawn, shown once and scored: one answer per world, then done.
 
     grounding, gui_click and dataset are single-step; the render envs (svg, chart, cad) share its buffers and reset
@@ -194,7 +235,8 @@ class SingleStepImageEnv:
     * `score(texts) -> (reward, info)`: score one answer per world (all N live): reward `[N]` float and the info
       dict of the contract (`reward_components`, `reasons`, `success`, ...), tensors on any device.
 
-    The base owns the rest: `reset` (seeds and ids resolved as the contract says, unreset worlds untouched), `step`
+    The base owns the rest: `reset` (`PerWorldReset`: seeds and ids resolved as the contract says, unreset worlds
+    untouched), `step`
     (checked actions; stepping a world whose episode ended, or that was never reset, raises; every episode ends:
     terminated True, truncated False), `target_boxes`, and returning fresh copies on `device`. Buffers live on the
     CPU: `_images` `[N, H, W, 3]` uint8, `_instructions` (N strings), `_target_boxes` `[N, 4]` float32,
@@ -243,20 +285,8 @@ class SingleStepImageEnv:
         """The current worlds' targets by the names registered rewards take (`target_box` `[N, 4]`), CPU copies."""
         return {"target_box": self._target_boxes.clone()} if self.has_boxes else {}
 
-    def reset(self, seed: int | Sequence[int], env_ids: Sequence[int] | None = None) -> Observation:
-        """Draw new worlds for `env_ids` (all when None).
-
-        Args:
-            seed: One seed per reset world, or an int from which world k of `env_ids` gets `seed + k`.
-            env_ids: Indices of the worlds to reset; None resets all N.
-
-        Returns:
-            The observation of all N worlds (copies): image `[N, H, W, 3]` uint8 and N instructions.
-        """
-        ids = resolve_env_ids(env_ids, self.num_envs)
-        seeds = resolve_seeds(seed, len(ids))
-        if not ids:
-            return self._observation()
+    def reset_worlds(self, ids: list[int], seeds: list[int]) -> None:
+        """Draws the worlds `ids` (`draw_worlds`) into the buffers; their episodes start."""
         images, instructions, boxes = self.draw_worlds(ids, seeds)
         index = torch.tensor(ids, dtype=torch.long)
         self._images[index] = torch.as_tensor(images, dtype=torch.uint8).cpu()
@@ -267,7 +297,6 @@ class SingleStepImageEnv:
             self._instructions[i] = instruction
         self._ended[index] = False
         self._was_reset[index] = True
-        return self._observation()
 
     def step(self, actions: list[str]) -> StepResult:
         """Score one answer per world; every episode then ends.
@@ -307,6 +336,101 @@ class SingleStepImageEnv:
     def _out(self, tensor: torch.Tensor) -> torch.Tensor:
         """A fresh copy on the env's device (never a view of the env's buffers)."""
         return tensor.to(self.device, copy=True)
+
+
+class TextEpisodeEnv(PerWorldReset):
+    """The base of the multi-step envs with text actions and click experts (gui_task, miniwob): per-world episodes.
+
+    A subclass calls `_start_bookkeeping(num_envs)` in its `__init__` (after setting `num_envs`, `image_size`,
+    `max_episode_steps`, `device` and its `_images` buffer `[N, S, S, 3]` uint8) and implements:
+
+    * `start_worlds(ids, seeds)`: start the worlds `ids`, each from its own seed only, writing their `_images`,
+      `_instructions` and `task_names` rows; the base then starts their episodes.
+    * `step(actions)`: check the actions with `_check_step`, advance the running worlds, keep `_steps`,
+      `_terminated`, `_truncated`, `_success` and `_ended` (frozen until reset) up to date, and return `_result`.
+    * `expert_answer(i, offset)`: the expert's next action for running world i; a click lands `offset` `[2]` (x, y)
+      times the clicked element's width and height off its centre (`expert_action`'s noise).
+
+    Per-world state (Python lists, only Python reads them): `_steps` taken this episode, `_ended` (never-reset
+    worlds count as ended), `_terminated`, `_truncated`, `_success`.
+    """
+
+    action_kind: ActionKind = "text"
+    image_size: int
+    max_episode_steps: int
+    device: torch.device
+    _images: torch.Tensor  # [N, S, S, 3] uint8
+
+    def _start_bookkeeping(self, num_envs: int) -> None:
+        self._instructions = [""] * num_envs
+        self.task_names = [""] * num_envs  # the task of each world
+        self._was_reset = [False] * num_envs
+        self._steps = [0] * num_envs
+        self._ended = [True] * num_envs  # frozen until reset; never-reset worlds count as ended
+        self._terminated = [False] * num_envs
+        self._truncated = [False] * num_envs
+        self._success = [False] * num_envs
+
+    def start_worlds(self, ids: list[int], seeds: list[int]) -> None:
+        raise NotImplementedError
+
+    def expert_answer(self, i: int, offset: np.ndarray) -> str:
+        raise NotImplementedError
+
+    def reset_worlds(self, ids: list[int], seeds: list[int]) -> None:
+        """Starts the worlds `ids` (`start_worlds`) and their episodes."""
+        self.start_worlds(ids, seeds)
+        for i in ids:
+            self._was_reset[i] = True
+            self._steps[i] = 0
+            self._ended[i] = self._terminated[i] = self._truncated[i] = self._success[i] = False
+
+    def expert_action(self, noise: float = 0.0, generator: torch.Generator | None = None) -> list[str]:
+        """The expert's next action for every world's current screen (`finish()` for worlds that ended).
+
+        Args:
+            noise: Std of the Gaussian noise on click coordinates, in units of the clicked element's width (x) and
+                height (y). Other actions are never noisy.
+            generator: Source of the noise; required when `noise > 0`.
+
+        Returns:
+            N action strings, e.g. `click(57, 83)`, `type("fox")`, `scroll(down)`, `press(back)`, `finish()`.
+        """
+        # [N, 2], drawn for every world so that worlds stay independent
+        offsets = noise * noise_draws(self.num_envs, 2, noise, generator)
+        return ["finish()" if self._ended[i] else self.expert_answer(i, offsets[i]) for i in range(self.num_envs)]
+
+    def _check_step(self, actions: list[str]) -> list[str]:
+        """The N actions of a step as a list, after checking them and that every world was reset."""
+        texts = check_text_actions(actions, self.num_envs, type(self).__name__)
+        never = [i for i, started in enumerate(self._was_reset) if not started]
+        if never:
+            raise RuntimeError(f"worlds {never} were never reset; reset them first")
+        return texts
+
+    def _result(self, reward: torch.Tensor, info: dict[str, Any]) -> StepResult:
+        """The step's result: the new observation, `reward` `[N]`, the episodes' ends, `info` plus `task` and
+        `success` (`[N]` bool: the episode ended in success, repeated while frozen), all on `device`."""
+        dev = self.device
+        return StepResult(
+            obs=self._observation(),
+            reward=reward.to(device=dev, dtype=torch.float32),
+            terminated=torch.tensor(self._terminated, device=dev),
+            truncated=torch.tensor(self._truncated, device=dev),
+            info={**info, "task": list(self.task_names), "success": torch.tensor(self._success, device=dev)},
+        )
+
+    def _observation(self) -> Observation:
+        return Observation(image=self._images.clone(), instruction=list(self._instructions))
+
+
+def noise_draws(num: int, dims: int, noise: float, generator: torch.Generator | None) -> np.ndarray:
+    """`[num, dims]` standard normal draws for an expert's `noise` (a scale; zeros when it is 0), after
+    `check_expert_noise`; the caller scales them."""
+    check_expert_noise(noise, generator, probability=False)
+    if noise == 0:
+        return np.zeros((num, dims))
+    return torch.randn(num, dims, generator=generator, dtype=torch.float64).numpy()
 
 
 def _on_device(value: Any, device: torch.device) -> Any:

@@ -23,8 +23,8 @@ from __future__ import annotations
 import hashlib
 
 # trainer.seed s trains on seeds [s * TRAIN_SEED_STRIDE, (s + 1) * TRAIN_SEED_STRIDE): ten million prompts a run,
-# TRAIN_SEEDS run seeds, all below SFT_SEED_BASE. (The stride was 10**8 until 2026-11-27: trainer.seed 5 then trained
-# on the warm start's worlds, 9 in the demonstrations' range, and 10 and up failed at their first step.)
+# TRAIN_SEEDS run seeds, all below SFT_SEED_BASE, so no run seed trains on the demonstrations' or the warm start's
+# worlds.
 TRAIN_SEED_STRIDE = 10_000_000
 SFT_SEED_BASE = 500_000_000
 TRAIN_SEEDS = SFT_SEED_BASE // TRAIN_SEED_STRIDE  # 50

@@ -169,21 +169,12 @@ def step_group_advantages(
         `[R, T]` advantages, 0 where `active` is False and where fewer than 2 group members are active.
     """
     num, turns = returns.shape
-    if group_size < 1 or num % group_size:
-        raise ValueError(f"{num} worlds do not split into groups of {group_size}")
-    x = returns.float().view(-1, group_size, turns)  # [B, G, T]
-    m = active.bool().view(-1, group_size, turns)
-    count = m.sum(1, keepdim=True)  # [B, 1, T]
-    x = torch.where(m, x, torch.zeros_like(x))  # inactive entries may hold anything; they must not count
-    mean = x.sum(1, keepdim=True) / count.clamp(min=1)
-    centred = torch.where(m, x - mean, torch.zeros_like(x))
-    if scale_by_std:
-        var = centred.square().sum(1, keepdim=True) / (count - 1).clamp(min=1)
-        # sqrt'(0) is inf: where every return is equal (centred all 0) take std 0 without a NaN gradient.
-        std = torch.where(var > 0, var, torch.ones_like(var)).sqrt() * (var > 0)
-        centred = centred / (std + eps)
-    centred = torch.where(count >= 2, centred, torch.zeros_like(centred))
-    return centred.view(num, turns)
+    act = active.bool()
+    turn = torch.arange(turns, device=returns.device).expand(num, turns)  # [R, T]
+    segments = _row_groups(num, group_size, returns.device) * turns + turn  # [R, T] (prompt group, turn)
+    out = torch.zeros(num, turns, device=returns.device)
+    out[act] = _normalised_within(returns[act].float(), segments[act], scale_by_std=scale_by_std, eps=eps)
+    return out
 
 
 @STEP_ADVANTAGES.register("dr_grpo")
@@ -243,17 +234,45 @@ def gigpo_advantages(
     num, turns = returns.shape
     act = active.bool()
     episode = grpo_advantages(returns[:, 0].float(), group_size=group_size, scale_by_std=scale_by_std, eps=eps)
-    group = (torch.arange(num) // group_size).unsqueeze(-1).expand(num, turns)  # [R, T]
+    group = _row_groups(num, group_size, returns.device).expand(num, turns)  # [R, T]
     keys = torch.stack([group[act], state_keys[act]], -1)  # [n, 2] (prompt group, state) of each active turn
     _, anchor = keys.unique(dim=0, return_inverse=True)  # [n] the step group of each active turn
-    values = returns[act].float()
-    count = torch.zeros(int(anchor.max()) + 1 if len(anchor) else 0).index_add_(0, anchor, torch.ones_like(values))
-    mean = torch.zeros_like(count).index_add_(0, anchor, values) / count.clamp(min=1)
-    centred = values - mean[anchor]
-    if scale_by_std:
-        var = torch.zeros_like(count).index_add_(0, anchor, centred.square()) / (count - 1).clamp(min=1)
-        centred = centred / (var.sqrt()[anchor] + eps)
-    centred = torch.where(count[anchor] >= 2, centred, torch.zeros_like(centred))
-    step = torch.zeros(num, turns)
-    step[act] = centred
+    step = torch.zeros(num, turns, device=returns.device)
+    step[act] = _normalised_within(returns[act].float(), anchor, scale_by_std=scale_by_std, eps=eps)
     return torch.where(act, episode.unsqueeze(-1) + step_weight * step, torch.zeros_like(step))
+
+
+def _row_groups(num: int, group_size: int, device: torch.device) -> torch.Tensor:
+    """`[R, 1]` long: the prompt group of each of `num` rows (groups contiguous); raises if they do not split."""
+    if group_size < 1 or num % group_size:
+        raise ValueError(f"{num} worlds do not split into groups of {group_size}")
+    return (torch.arange(num, device=device) // group_size).unsqueeze(-1)
+
+
+def _normalised_within(
+    values: torch.Tensor, segments: torch.Tensor, *, scale_by_std: bool, eps: float
+) -> torch.Tensor:
+    """Each value minus the mean of its segment, divided by the segment's unbiased standard deviation when
+    `scale_by_std`; 0 in a segment of one (no one to compare with). The step estimators' group maths, over any
+    grouping of the active turns (a turn index, an anchor state).
+
+    Args:
+        values: `[n]` float.
+        segments: `[n]` long, equal for values of one segment (any integers).
+        scale_by_std: divide by the segment's standard deviation (+ `eps`).
+        eps: keeps equal values at zero instead of 0/0.
+
+    Returns:
+        `[n]`.
+    """
+    _, index = segments.unique(return_inverse=True)  # [n] dense segment ids
+    zeros = torch.zeros(int(index.max()) + 1 if len(index) else 0, device=values.device, dtype=values.dtype)
+    count = zeros.index_add(0, index, torch.ones_like(values))
+    mean = zeros.index_add(0, index, values) / count.clamp(min=1)
+    centred = values - mean[index]
+    if scale_by_std:
+        var = zeros.index_add(0, index, centred.square()) / (count - 1).clamp(min=1)
+        # sqrt'(0) is inf: where every value is equal (centred all 0) take std 0 without a NaN gradient.
+        std = torch.where(var > 0, var, torch.ones_like(var)).sqrt() * (var > 0)
+        centred = centred / (std[index] + eps)
+    return torch.where(count[index] >= 2, centred, torch.zeros_like(centred))

@@ -1,6 +1,6 @@
 """CAD: runs a build123d script inside the sandbox's render child and draws the part it builds, shaded.
 
-Imports only the standard library at the top (the sandbox worker loads this file by path); build123d (about 3-4 s to
+Imports only the standard library at the top (the sandbox worker loads this file by path); build123d (seconds to
 import), OCP and numpy are imported in `warm_up`, which the worker runs once, so a render pays only for building the
 part (tens of milliseconds for a simple one) and drawing it.
 

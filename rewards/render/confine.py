@@ -2,9 +2,8 @@
 
 The layers, from the outside in, are listed in `rewards.render.sandbox`; this module holds their mechanics:
 
-* network, System V IPC and secrets (layer 1, applied by the caller when it starts a worker):
-  `network_namespace_available` and `ipc_namespace_available` probe `unshare -n` and `unshare -i`, and `ENV_KEEP`
-  is all of the caller's environment a worker inherits;
+* network, System V IPC and secrets (layer 1, applied by the caller when it starts a worker): `ENV_KEEP` is all of
+  the caller's environment a worker inherits (the namespaces are `rewards.render.isolation`'s probes);
 * in the worker, once (`prepare`): the user to switch to, the scratch directory, the read-only roots, the Landlock
   ABI the kernel offers;
 * in each render child (`confine_child`): descriptors, working and temporary directory, then the ruleset, the
@@ -12,22 +11,22 @@ The layers, from the outside in, are listed in `rewards.render.sandbox`; this mo
   `rewards.render.seccomp_filter`) and the audit hook (layer 5), in that order. Whatever fails to go up raises, and
   the child renders nothing (it fails closed).
 
-Imports only the standard library at the top (the worker program loads this file by path, without the `rewards`
-package); ctypes, sysconfig, resource and pwd are imported where the worker and its children use them, so the
-caller's process never loads them.
+The kernel calls (Landlock, the `nobody` user) are `rewards.render.isolation`'s, shared with the html worker's
+browser. Imports only the standard library and its siblings at the top (the worker program imports this module
+without the `rewards` package: see `rewards.render.sandbox`); ctypes, sysconfig, resource and pwd are imported where
+the worker and its children use them, so the caller's process never loads them.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import struct
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from . import isolation, seccomp_filter
 
 RESULT_FD = 3
 """The render child's result pipe: after `confine_child`, the one descriptor open besides 0-2 (/dev/null)."""
@@ -38,57 +37,8 @@ REQUEST_FD = 4
 VIOLATION_EXIT = 3
 """Exit status of a render child that the audit hook stopped (after it reported the refusal on `RESULT_FD`)."""
 
-_NOBODY = 65534
-
-
-def _load_sibling(name: str) -> Any:
-    """`rewards.render.<name>`, or, in the worker (this file loaded by path), `<name>.py` next to this file."""
-    if __package__:
-        import importlib
-
-        return importlib.import_module(f"{__package__}.{name}")
-    module_name = f"_mmrl_render_{name}"
-    if module_name not in sys.modules:
-        import importlib.util
-
-        spec = importlib.util.spec_from_file_location(
-            module_name, os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
-        )
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[module_name]
-
-
-seccomp_filter = _load_sibling("seccomp_filter")
-
-
-# Landlock (linux/landlock.h). The three syscalls have the same numbers on every architecture.
-_LANDLOCK_CREATE_RULESET, _LANDLOCK_ADD_RULE, _LANDLOCK_RESTRICT_SELF = 444, 445, 446
-_LANDLOCK_CREATE_RULESET_VERSION = 1
-_LANDLOCK_RULE_PATH_BENEATH = 1
-_FS_EXECUTE, _FS_WRITE_FILE, _FS_READ_FILE, _FS_READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
-_FS_TRUNCATE, _FS_IOCTL_DEV = 1 << 14, 1 << 15
-_FS_FILE_RIGHTS = _FS_EXECUTE | _FS_WRITE_FILE | _FS_READ_FILE | _FS_TRUNCATE | _FS_IOCTL_DEV
-_PR_SET_KEEPCAPS, _PR_SET_NO_NEW_PRIVS = 8, 38
 _CAP_DAC_READ_SEARCH = 2
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
-
-# Read-only roots besides the Python installation and the renderer's own: shared libraries (a lazily imported
-# extension module may need one), fonts and their configuration. Nothing that holds user data.
-_SYSTEM_READ_ROOTS = (
-    "/usr/lib",
-    "/usr/lib64",
-    "/usr/lib32",
-    "/lib",
-    "/lib64",
-    "/usr/share",
-    "/usr/local/share/fonts",
-    "/etc/ld.so.cache",
-    "/etc/fonts",
-    "/var/cache/fontconfig",
-)
 
 # Environment variables the worker inherits; everything else (tokens, keys, proxies) stays behind.
 ENV_KEEP = ("PATH", "HOME", "LANG", "LC_ALL", "XDG_CACHE_HOME", "MPLCONFIGDIR", "FONTCONFIG_PATH", "FONTCONFIG_FILE")
@@ -151,8 +101,8 @@ _DENY_PREFIXES = (
 # interfaces and C libraries with their own file and network I/O (already-imported ones raise no import event:
 # see "What it cannot do"). Everything else may be imported (asyncio, smtplib, ssl, socket, multiprocessing,
 # webbrowser, ...): using it to spawn, connect or write outside scratch raises an event refused above, and the
-# kernel layers (network namespace, Landlock, rlimits) hold regardless. Issue 20: a list of harmless-to-import
-# modules refused benign chart scripts (anything importing ssl, for one).
+# kernel layers (network namespace, Landlock, rlimits) hold regardless. A longer list would refuse benign chart
+# scripts for what they import (anything importing ssl, for one) without containing anything more.
 _DENY_IMPORTS = frozenset({"ctypes", "_ctypes", "cffi", "_cffi_backend", "cv2"})
 # Path-taking events: which arguments are paths, and whether the event reads or writes them.
 _WRITE_PATH_ARGS = {
@@ -189,44 +139,6 @@ _READ_PATH_ARGS = {
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
 
-def network_namespace_available() -> bool:
-    """Whether `unshare -n` can start a process in a fresh network namespace here (needs root or CAP_SYS_ADMIN)."""
-    global _NETNS
-    if _NETNS is None:
-        unshare = shutil.which("unshare")
-        try:
-            ok = (
-                unshare is not None
-                and subprocess.run([unshare, "-n", "true"], capture_output=True, timeout=20).returncode == 0
-            )
-        except (OSError, subprocess.SubprocessError):
-            ok = False
-        _NETNS = ok
-    return _NETNS
-
-
-_NETNS: bool | None = None
-
-
-def ipc_namespace_available() -> bool:
-    """Whether `unshare -i` can start a process with its own System V IPC objects here (root or CAP_SYS_ADMIN)."""
-    global _IPCNS
-    if _IPCNS is None:
-        unshare = shutil.which("unshare")
-        try:
-            ok = (
-                unshare is not None
-                and subprocess.run([unshare, "-i", "true"], capture_output=True, timeout=20).returncode == 0
-            )
-        except (OSError, subprocess.SubprocessError):
-            ok = False
-        _IPCNS = ok
-    return _IPCNS
-
-
-_IPCNS: bool | None = None
-
-
 @dataclass
 class Confinement:
     """What the worker prepares once for every render child (`prepare`), and each child applies (`confine_child`)."""
@@ -257,19 +169,12 @@ def prepare(
     Returns:
         The confinement every render child of this worker applies.
     """
-    import ctypes
     import sysconfig
 
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc = isolation.libc()
     uid = gid = None
     if os.geteuid() == 0 and sys.platform == "linux":  # switching users keeps a capability: Linux only
-        import pwd
-
-        try:
-            entry = pwd.getpwnam("nobody")
-            uid, gid = entry.pw_uid, entry.pw_gid
-        except KeyError:
-            uid = gid = _NOBODY
+        uid, gid = isolation.nobody()
     scratch = os.path.realpath(scratch)
     if not os.path.isdir(scratch) or os.listdir(scratch):
         raise ValueError(f"scratch directory {scratch!r} is not an empty directory")
@@ -282,17 +187,10 @@ def prepare(
         sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix}),
     ):
         roots.update(paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib"))
-    roots.update(_SYSTEM_READ_ROOTS)
+    roots.update(isolation.SYSTEM_READ_ROOTS)  # shared libraries, fonts
     roots.update(renderer_read_roots)
     read_roots = sorted(os.path.realpath(r) for r in roots if r and os.path.exists(r))
-    abi = 0
-    if sys.platform == "linux":  # the syscall numbers mean something else elsewhere
-        abi = libc.syscall(
-            ctypes.c_long(_LANDLOCK_CREATE_RULESET),
-            None,
-            ctypes.c_size_t(0),
-            ctypes.c_uint32(_LANDLOCK_CREATE_RULESET_VERSION),
-        )
+    abi = isolation.landlock_abi(libc)
     program, missing = None, "switched off"
     if seccomp:
         missing = seccomp_filter.unavailable() or ""
@@ -300,7 +198,7 @@ def prepare(
             program = seccomp_filter.Prepared(
                 seccomp_filter.program(seccomp_filter.RENDER_CHILD, seccomp_filter.machine())
             )
-    return Confinement(scratch, read_roots, max(int(abi), 0), uid, gid, audit_hook, libc, program, missing)
+    return Confinement(scratch, read_roots, abi, uid, gid, audit_hook, libc, program, missing)
 
 
 def confine_child(
@@ -342,22 +240,11 @@ def confine_child(
     _drop_privileges(conf)
     _set_limits(request, memory_limit)
     if ruleset >= 0:
-        if conf.libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-            raise OSError(ctypes_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
-        if conf.libc.syscall(_LANDLOCK_RESTRICT_SELF, ruleset, 0) != 0:
-            raise OSError(ctypes_errno(), "landlock_restrict_self failed")
-        os.close(ruleset)
+        isolation.landlock_restrict(conf.libc, ruleset)
     if conf.seccomp is not None:  # no sockets, no System V IPC, no ptrace or namespaces: whatever Python does
         conf.seccomp.install()
     if conf.audit_hook:
         _install_audit_hook(conf.scratch, conf.read_roots, report)
-
-
-def ctypes_errno() -> int:
-    """`errno` of the last libc call made through ctypes."""
-    import ctypes
-
-    return ctypes.get_errno()
 
 
 def _address_space() -> int:
@@ -391,7 +278,7 @@ def _drop_privileges(conf: Confinement) -> None:
     import ctypes
 
     libc = conf.libc
-    if libc.prctl(_PR_SET_KEEPCAPS, 1, 0, 0, 0) != 0:
+    if libc.prctl(isolation.PR_SET_KEEPCAPS, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_KEEPCAPS) failed")
     os.setgroups([])
     os.setgid(conf.gid)
@@ -406,44 +293,18 @@ def _drop_privileges(conf: Confinement) -> None:
 
 
 def _landlock_ruleset(conf: Confinement) -> int:
-    """Builds the Landlock ruleset: read-only roots, a read-write scratch dir, no exec, no TCP, scoped signals."""
-    import ctypes
+    """The child's Landlock ruleset: read-only roots, a read-write scratch dir, no exec, no TCP, scoped signals.
 
-    abi = conf.landlock_abi
-    fs = (1 << 13) - 1  # ABI 1: execute .. make_sym
-    if abi >= 2:
-        fs |= 1 << 13  # refer
-    if abi >= 3:
-        fs |= _FS_TRUNCATE
-    if abi >= 5:
-        fs |= _FS_IOCTL_DEV
-    if abi >= 6:  # + net (bind and connect TCP), + scoped (abstract unix sockets, signals)
-        attr, size = struct.pack("<QQQ", fs, 0b11, 0b11), 24
-    elif abi >= 4:
-        attr, size = struct.pack("<QQ", fs, 0b11), 16
-    else:
-        attr, size = struct.pack("<Q", fs), 8
-    libc = conf.libc
-    buf = ctypes.create_string_buffer(attr, size)
-    ruleset = libc.syscall(ctypes.c_long(_LANDLOCK_CREATE_RULESET), buf, ctypes.c_size_t(size), ctypes.c_uint32(0))
-    if ruleset < 0:
-        raise OSError(ctypes.get_errno(), "landlock_create_ruleset failed")
-    read = _FS_READ_FILE | _FS_READ_DIR
-    rules = [(root, read) for root in conf.read_roots] + [(conf.scratch, fs & ~_FS_EXECUTE)]
-    for path, access in rules:
-        try:
-            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-        except OSError:
-            continue
-        try:
-            if not os.path.isdir(path):
-                access &= _FS_FILE_RIGHTS
-            rule = ctypes.create_string_buffer(struct.pack("<Qi", access, fd), 12)
-            if libc.syscall(ctypes.c_long(_LANDLOCK_ADD_RULE), ruleset, _LANDLOCK_RULE_PATH_BENEATH, rule, 0) != 0:
-                raise OSError(ctypes.get_errno(), f"landlock_add_rule failed for {path}")
-        finally:
+    Built before the switch to `nobody`, while every root can still be opened.
+    """
+    scratch_rights = isolation.landlock_handled(conf.landlock_abi) & ~isolation.FS_EXECUTE
+    entries = [(root, isolation.FS_READ) for root in conf.read_roots] + [(conf.scratch, scratch_rights)]
+    rules = isolation.landlock_rules(entries)
+    try:
+        return isolation.landlock_ruleset(conf.libc, conf.landlock_abi, rules)
+    finally:
+        for _, fd in rules:
             os.close(fd)
-    return ruleset
 
 
 def _install_audit_hook(scratch: str, read_roots: list[str], report: Callable[[str], None]) -> None:

@@ -1,5 +1,5 @@
 """A real-world corpus of render inputs, to check the sandbox refuses nothing benign and renders what it renders
-exactly as the same rasteriser does outside it (issue 20: false refusals on people's own files).
+exactly as the same rasteriser does outside it (a refusal of a benign file is a wrong zero reward).
 
 * `package_svgs()`: every `.svg` file shipped inside the installed Python packages (matplotlib's toolbar icons,
   pygame's, Ray's dashboard logo, ...), files written by other people's tools.

@@ -1,18 +1,18 @@
 """HTML: model-written pages rendered to RGB by a warm headless Chromium, driven over the DevTools protocol on a pipe.
 
-Imports only the standard library at the top (the sandbox worker loads this file by path); Pillow (to decode the
-screenshot) is imported in `warm_up`. Chromium is `$MMRL_CHROMIUM` (the browser binary itself; Debian's shell
-launcher `/usr/bin/chromium` is replaced by the binary it runs), else Debian's `/usr/lib/chromium/chromium`, else
-`chromium` / `chromium-browser` / `google-chrome` on `PATH` (`make setup-browser` installs it); `browser_path()`
-says which, `unavailable()` why there is none. (Past the usual 600 lines because the browser's confinement, a fork
-with Landlock, lives here too: the worker loads this file by path, so it cannot share `confine.py`'s helpers.)
+Imports only the standard library and its siblings at the top (the sandbox worker imports it without the `rewards`
+package); Pillow (to decode the screenshot) is imported in `warm_up`. Chromium is `$MMRL_CHROMIUM` (the browser
+binary itself; Debian's shell launcher `/usr/bin/chromium` is replaced by the binary it runs), else Debian's
+`/usr/lib/chromium/chromium`, else `chromium` / `chromium-browser` / `google-chrome` on `PATH` (`make setup-browser`
+installs it); `browser_path()` says which, `unavailable()` why there is none. This module drives the browser;
+`rewards.render.chromium` starts it confined (layer 2 below).
 
 The contract for the source: one HTML document with inline CSS, inline scripts and inline `data:` images and fonts.
 It is shown in a `width` x `height` viewport at device scale 1, scroll bars hidden, on white; the image is what the
 viewport shows once the load event has fired and `settle_frames` animation frames have been drawn. Nothing outside
-the document is loaded: the page renders as if offline. Timers that fire later than that are not waited for (an
-earlier design fast-forwarded them in virtual time; Chromium 156 then often never draws the frame a screenshot waits
-for). The same page renders the same pixels on the same machine (tests/rewards/test_html.py checks it).
+the document is loaded: the page renders as if offline. Timers that fire later than that are not waited for (not
+fast-forwarded in virtual time either: under it Chromium may never draw the frame a screenshot waits for). The same
+page renders the same pixels on the same machine (tests/rewards/test_html.py checks it).
 
 Why not the sandbox's render child
 ----------------------------------
@@ -21,7 +21,7 @@ needs all three. So the `html` worker forks no child per render: it keeps one Ch
 on its first request, restarted after any render it had to kill) and `serve`s each request itself, in a fresh browser
 context (a new in-memory profile: no cookies, storage or cache shared with any earlier page; its own renderer
 process), disposed of afterwards. A one-shot `chromium --headless --screenshot` per page costs a new browser each
-time; `bench/html_render.py` measures both (about 2x in favour of the warm browser on a loaded two-core machine).
+time; `bench/html_render.py` measures both (BENCHMARKS.md, "HTML renders per second").
 
 Layers, from the outside in
 ---------------------------
@@ -39,7 +39,7 @@ Layers, from the outside in
    packet sockets, System V IPC, ptrace, namespaces and the like to the browser and every process it starts. A
    `file:` page or a compromised renderer cannot read the repository, data sets, `/tmp` or `/root`, and without the
    network namespace it still has no TCP and no UDP (WebRTC's STUN packets included). Whatever fails to go up fails
-   the launch: the browser never runs unconfined.
+   the launch: the browser never runs unconfined (`rewards.render.chromium`).
 3. **Chromium's flags** (`FLAGS`): `--proxy-server=127.0.0.1:9` with `--proxy-bypass-list=<-loopback>` (every
    http(s) request, loopback included, goes to a closed port), `--host-resolver-rules` mapping every name to
    NOTFOUND, `--disable-quic`, WebRTC restricted to proxied UDP (`--force-webrtc-ip-handling-policy`), no
@@ -71,9 +71,9 @@ What it does not contain
 * No CPU-time limit: RLIMIT_CPU would end the long-lived browser; the wall clock bounds each render, and a render
   may burn its CPU until then. No disk quota: the profile lives in scratch, removed with the worker.
 * Pages render with the machine's fonts: pixel-stable on one machine, not necessarily across machines.
-* Each render pays a new browser context and a new renderer process: 1.0 s per page on a two-core machine under a
-  load average of 12 (0.4 s of it the browser process's CPU). Reusing one context for every page (a new tab each
-  time) measured 0.64 s there, but pages would then share cookies and storage, so it is not done.
+* Each render pays a new browser context and a new renderer process (BENCHMARKS.md, "HTML renders per second").
+  Reusing one context for every page (a new tab each time) would cost less, but pages would then share cookies and
+  storage, so it is not done.
 """
 
 from __future__ import annotations
@@ -84,10 +84,11 @@ import os
 import select
 import shutil
 import signal
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any
+
+from . import chromium, isolation, seccomp_filter
 
 OPTIONS: dict[str, Any] = {"max_bytes": 500_000, "max_nodes": 20_000, "settle_frames": 2}
 """Defaults: the largest accepted source in bytes, the most DOM nodes a loaded page may hold, and the animation
@@ -275,22 +276,21 @@ class _Browser:
         os.mkdir(self.profile, 0o700)
         uid = gid = None
         if os.geteuid() == 0:
-            uid, gid = _nobody()
+            uid, gid = isolation.nobody()
             for path in (scratch, self.profile):  # the worker's `confine.prepare` made scratch nobody's already
                 os.chown(path, uid, gid)
         self.memory_limit = memory_mb << 20
         to_browser_r, self.to_browser = os.pipe()
         self.from_browser, from_browser_w = os.pipe()
-        self.landlock = _landlock_abi()
-        rules = _landlock_rules(binary, self.profile) if self.landlock > 0 else None
-        filters = _seccomp_filter()
-        self.seccomp = filters.program(filters.BROWSER, filters.machine()) if seccomp else None
+        self.landlock = isolation.landlock_abi(isolation.libc())
+        rules = chromium.landlock_rules(binary, self.profile) if self.landlock > 0 else None
+        self.seccomp = seccomp_filter.program(seccomp_filter.BROWSER, seccomp_filter.machine()) if seccomp else None
         env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": self.profile, "LANG": "C.UTF-8"}
         env.update(TMPDIR=self.profile, XDG_CONFIG_HOME=self.profile, XDG_CACHE_HOME=self.profile)
         cmd = [binary, *FLAGS, f"--user-data-dir={self.profile}", "about:blank"]
         self.pid: int | None = None
         try:
-            self.pid = _spawn(
+            self.pid = chromium.spawn(
                 cmd, env, self.profile, to_browser_r, from_browser_w, uid, gid, rules, self.landlock, self.seccomp
             )
         except BaseException:
@@ -550,229 +550,3 @@ _SETTLE = (  # FRAMES animation frames, then resolve
 )
 _MAX_MESSAGE = 64 << 20  # the largest DevTools message taken (a 4096 x 4096 PNG screenshot in base64 fits)
 _WATCH_EVERY = 0.1  # seconds between memory checks while waiting on the browser
-
-
-# ==================================================================================== the browser's confinement
-
-
-def _nobody() -> tuple[int, int]:
-    import pwd
-
-    try:
-        entry = pwd.getpwnam("nobody")
-        return entry.pw_uid, entry.pw_gid
-    except KeyError:
-        return 65534, 65534
-
-
-# Landlock (linux/landlock.h); the same numbers as rewards.render.confine's, kept here so that this file stands alone.
-_LANDLOCK_CREATE_RULESET, _LANDLOCK_ADD_RULE, _LANDLOCK_RESTRICT_SELF = 444, 445, 446
-_EXECUTE, _WRITE_FILE, _READ_FILE, _READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
-_ALL_BUT_EXECUTE = ((1 << 16) - 1) & ~_EXECUTE  # every file right up to ABI 5; masked by what the kernel handles
-_FILE_RIGHTS = (1 << 0) | (1 << 1) | (1 << 2) | (1 << 14) | (1 << 15)
-_PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS = 1, 38
-
-# What Chromium may read besides its own installation: libraries, fonts, locale and time-zone data, ICU, the
-# kernel's views of itself; what it may write besides its profile: shared memory and the null and random devices.
-_READ_ROOTS = (
-    "/usr/lib",
-    "/usr/lib64",
-    "/usr/lib32",
-    "/lib",
-    "/lib64",
-    "/usr/share",
-    "/usr/local/share/fonts",
-    "/etc/fonts",
-    "/etc/ld.so.cache",
-    "/etc/localtime",
-    "/etc/passwd",
-    "/etc/nsswitch.conf",
-    "/etc/chromium",
-    "/var/cache/fontconfig",
-    "/proc",
-    "/sys",
-    "/dev",
-)
-_WRITE_ROOTS = ("/dev/shm", "/dev/null", "/dev/urandom", "/dev/random")
-
-
-def _seccomp_filter() -> Any:
-    """`rewards.render.seccomp_filter`, or `seccomp_filter.py` next to this file where the worker loaded it by path."""
-    if __package__:
-        import importlib
-
-        return importlib.import_module(f"{__package__}.seccomp_filter")
-    module_name = "_mmrl_render_seccomp_filter"
-    if module_name not in sys.modules:
-        import importlib.util
-
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "seccomp_filter.py")
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[module_name]
-
-
-def _libc() -> Any:
-    import ctypes
-
-    return ctypes.CDLL(None, use_errno=True)
-
-
-def _landlock_abi() -> int:
-    """The Landlock ABI the kernel offers (0: none)."""
-    if sys.platform != "linux":
-        return 0
-    import ctypes
-
-    return max(
-        int(_libc().syscall(ctypes.c_long(_LANDLOCK_CREATE_RULESET), None, ctypes.c_size_t(0), ctypes.c_uint32(1))), 0
-    )
-
-
-def _landlock_rules(binary: str, profile: str) -> list[tuple[int, int]]:
-    """(rights, O_PATH descriptor) per rule, opened in the worker so the child only has to add them."""
-    install = os.path.dirname(os.path.realpath(binary))
-    everything = _ALL_BUT_EXECUTE  # make, remove, rename (refer), truncate: what a profile and shared memory need
-    rules = []
-    for path, access in (
-        [(root, _READ_FILE | _READ_DIR) for root in _READ_ROOTS]
-        + [(install, _READ_FILE | _READ_DIR | _EXECUTE)]
-        + [(loader, _READ_FILE | _EXECUTE) for loader in _loaders()]  # exec opens the ELF interpreter for execution
-        + [(root, everything) for root in _WRITE_ROOTS]
-        + [(profile, everything)]
-    ):
-        if not os.path.exists(path):
-            continue
-        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-        rules.append((access if os.path.isdir(path) else access & _FILE_RIGHTS, fd))
-    return rules
-
-
-def _loaders() -> list[str]:
-    """The dynamic loaders (ELF interpreters) on this machine, resolved."""
-    import glob
-
-    found = {os.path.realpath(p) for pattern in _LOADER_GLOBS for p in glob.glob(pattern)}
-    return sorted(p for p in found if os.path.isfile(p))
-
-
-_STDERR = os.devnull  # where Chromium's log goes (a file, to debug a browser that does not start)
-_LOADER_GLOBS = ("/lib64/ld-linux*.so*", "/lib/ld-linux*.so*", "/lib/*/ld-linux*.so*", "/usr/lib/*/ld-linux*.so*")
-
-
-def _spawn(
-    cmd: list[str],
-    env: dict[str, str],
-    cwd: str,
-    read_fd: int,
-    write_fd: int,
-    uid: int | None,
-    gid: int | None,
-    rules: list[tuple[int, int]] | None,
-    abi: int,
-    seccomp: bytes | None = None,
-) -> int:
-    """Forks and execs Chromium, confined (`_confine`), with the DevTools pipe on its fds 3 and 4; returns its pid.
-
-    A plain fork (the worker has no threads), because the pipe must land on fixed descriptors and the confinement
-    must go up between fork and exec. A failure before exec is reported back on a close-on-exec pipe and raises
-    here: the browser never runs unconfined.
-    """
-    import fcntl
-
-    report_r, report_w = os.pipe()  # close-on-exec: end of file without a word means exec succeeded
-    pid = os.fork()
-    if pid == 0:  # ------------------------------------------------------------------ the child; never returns
-        try:
-            os.close(report_r)
-            # Everything we still need goes above 10 first, so that placing the pipe on 3 and 4 clobbers none of it.
-            high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in (read_fd, write_fd, report_w)]
-            if rules is not None:
-                rules = [(access, fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10)) for access, fd in rules]
-            devnull = os.open(os.devnull, os.O_RDWR)
-            for fd in (0, 1):
-                os.dup2(devnull, fd)
-            os.dup2(os.open(_STDERR, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), 2)
-            os.dup2(high[0], 3)  # dup2 clears close-on-exec: these two survive the exec
-            os.dup2(high[1], 4)
-            keep = {3, 4, high[2], *(fd for _, fd in rules or ())}
-            for fd in os.listdir("/proc/self/fd"):
-                if int(fd) > 4 and int(fd) not in keep:
-                    try:
-                        os.close(int(fd))
-                    except OSError:
-                        pass
-            os.setsid()
-            os.chdir(cwd)
-            _confine(uid, gid, rules, abi, seccomp)
-            os.execve(cmd[0], cmd, env)
-        except BaseException as e:
-            try:
-                os.write(high[2] if "high" in locals() else report_w, f"{type(e).__name__}: {e}".encode()[:300])
-            finally:
-                os._exit(127)
-    os.close(report_w)
-    with os.fdopen(report_r, "rb") as report:
-        failure = report.read()
-    if failure:
-        os.waitpid(pid, 0)
-        raise RuntimeError(failure.decode(errors="replace"))
-    return pid
-
-
-def _confine(
-    uid: int | None, gid: int | None, rules: list[tuple[int, int]] | None, abi: int, seccomp: bytes | None = None
-) -> None:
-    """`nobody` (when root), death with the worker, Landlock, the seccomp filter: in the child, before exec."""
-    import ctypes
-
-    libc = _libc()
-    parent = os.getppid()
-    if uid is not None and gid is not None:
-        os.setgroups([])
-        os.setgid(gid)
-        os.setuid(uid)  # real, effective and saved: no way back
-    # After the switch: changing credentials clears the parent-death signal.
-    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    if os.getppid() != parent:  # the worker died before the signal was armed
-        raise OSError("the worker is gone")
-    if rules is not None:
-        _landlock(libc, rules, abi)
-    if seccomp is not None:  # last: it outlives the exec, and Chromium (--no-sandbox) installs no filter of its own
-        _seccomp_filter().install_program(seccomp)
-
-
-def _landlock(libc: Any, rules: list[tuple[int, int]], abi: int) -> None:
-    """Restricts this process (and what it executes) to `rules` (Landlock ABI `abi`)."""
-    import ctypes
-    import struct
-
-    fs = (1 << 13) - 1
-    if abi >= 2:
-        fs |= 1 << 13
-    if abi >= 3:
-        fs |= 1 << 14
-    if abi >= 5:
-        fs |= 1 << 15
-    if abi >= 6:  # + scoped: no abstract UNIX sockets of, nor signals to, processes outside the browser's domain
-        attr, size = struct.pack("<QQQ", fs, 0b11, 0b11), 24
-    elif abi >= 4:
-        attr, size = struct.pack("<QQ", fs, 0b11), 16  # + TCP bind and connect: refused
-    else:
-        attr, size = struct.pack("<Q", fs), 8
-    buf = ctypes.create_string_buffer(attr, size)
-    ruleset = libc.syscall(ctypes.c_long(_LANDLOCK_CREATE_RULESET), buf, ctypes.c_size_t(size), ctypes.c_uint32(0))
-    if ruleset < 0:
-        raise OSError(ctypes.get_errno(), "landlock_create_ruleset failed")
-    for access, fd in rules:
-        rule = ctypes.create_string_buffer(struct.pack("<Qi", access & fs, fd), 12)
-        if libc.syscall(ctypes.c_long(_LANDLOCK_ADD_RULE), ruleset, 1, rule, 0) != 0:
-            raise OSError(ctypes.get_errno(), "landlock_add_rule failed")
-    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
-    if libc.syscall(ctypes.c_long(_LANDLOCK_RESTRICT_SELF), ruleset, 0) != 0:
-        raise OSError(ctypes.get_errno(), "landlock_restrict_self failed")

@@ -30,8 +30,9 @@ from typing import Any
 import torch
 
 from rewards.render import cad, chart, html, svg
-from rewards.render.confine import ENV_KEEP, ipc_namespace_available, network_namespace_available
+from rewards.render.confine import ENV_KEEP
 from rewards.render.framing import FRAME, KINDS, clean_reason, take_frame
+from rewards.render.isolation import ipc_namespace_available, network_namespace_available
 
 __all__ = [
     "DEFAULT_WORKERS",

@@ -56,7 +56,8 @@ Layers, from the outside in (the child applies them in this order before it look
    EPERM. Where the kernel has no seccomp (or the machine is neither x86_64 nor aarch64) the pool warns at start-up and
    `RenderPool.isolation["missing"]` says what that leaves open.
 5. **Audit hook** (`sys.addaudithook`, PEP 578), installed last, so it only sees the untrusted part; the layer that
-   gives readable reasons, not the one that contains (issue 53: the kernel layers above hold with it switched off).
+   gives readable reasons, not the one that contains (the kernel layers above hold with it switched off, and
+   tests/rewards/test_hostile.py checks that they do).
    It holds only what it captured at install time (its exit is `posix._exit`, its builtins bound once), and the ways
    to reach it (`gc.get_objects`/`get_referrers`/`get_referents`, tracers, profilers) are refused events. It refuses
    `open` outside the allowed roots (and any write outside scratch), `os.system`, `os.exec*`, `os.fork`,
@@ -91,9 +92,9 @@ What it cannot do
   them from signalling each other.
 * Denial of service within the limits is possible by design: a render may burn its whole CPU and memory budget.
 * Threads are refused too (RLIMIT_NPROC counts them), so chart code that needs a thread pool fails.
-* Cost: the fork, the confinement and the copy-on-write faults of a fresh child add about 4-6 ms to each render
-  (measured on a trivial SVG: 7 ms per render through the pool against 3 ms in-process), about 15% of the 30-40 ms
-  of a 150-element SVG at 256 px; a warm SVG child pays it once per `RENDERS_PER_CHILD` renders.
+* Cost: the fork, the confinement and the copy-on-write faults of a fresh child add a few milliseconds to each
+  render (BENCHMARKS.md, "SVG renders scored per second"), a small part of a typical SVG's render time; a warm SVG
+  child pays it once per `RENDERS_PER_CHILD` renders.
 * A warm SVG child is one process for several inputs: a renderer bug that one SVG could exploit (cairo and cairosvg
   run no code from the SVG, but they are C and Python parsers) could carry over to the next SVGs that child renders,
   up to `RENDERS_PER_CHILD` of them, inside the same confinement. `RenderPool(renders_per_child=1)` gives every SVG
@@ -112,15 +113,17 @@ Where it lives
   pools);
 * `rewards.render.framing`: the frames exchanged between the caller, the workers and the render children;
 * `rewards.render.confine`: the layers above, as the worker prepares them and each render child puts them up;
+* `rewards.render.isolation`: the kernel mechanisms the layers use (namespaces, the `nobody` user, Landlock);
 * this file: the worker's program. The caller runs it by path (`python -I`), so it imports only the standard library
-  at the top, and loads `framing.py`, `confine.py` and `svg.py`, `chart.py` or `cad.py` next to it by path, without
-  importing the `rewards` package (and torch).
+  at the top; it makes its directory a package of its own (`_mmrl_render`, whose `__init__` never runs), so that
+  `framing.py`, `confine.py`, `isolation.py` and `svg.py`, `chart.py`, `cad.py` or `html.py` import one another
+  relatively, as inside `rewards.render`, without importing the `rewards` package (and torch).
 """
 
 from __future__ import annotations
 
 import gc
-import importlib.util
+import importlib
 import json
 import os
 import select
@@ -129,35 +132,25 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+if not __package__:  # the worker program, run by path (`python -I sandbox.py`)
+    # This directory becomes the package `_mmrl_render` without running `rewards/__init__.py` (no torch), so that
+    # the modules next to this one import each other relatively here as they do inside `rewards.render` (PEP 366).
+    _package = ModuleType("_mmrl_render")
+    _package.__path__ = [os.path.dirname(os.path.abspath(__file__))]
+    sys.modules[_package.__name__] = _package
+    __package__ = _package.__name__
 
-def _load_sibling(name: str) -> ModuleType:
-    """Loads `<name>.py` from this directory by path, as `_mmrl_render_<name>` (no `rewards` package, no torch)."""
-    module_name = f"_mmrl_render_{name}"
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    spec = importlib.util.spec_from_file_location(module_name, Path(__file__).with_name(f"{name}.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-if __package__:  # imported as rewards.render.sandbox: import the sibling modules the normal way
-    from rewards.render import confine, framing
-else:  # the worker program, run by path: no package to import them from
-    confine, framing = _load_sibling("confine"), _load_sibling("framing")
+from . import confine, framing  # noqa: E402
 
 
 def _load_renderer(kind: str) -> ModuleType:
-    """Loads `svg.py`, `chart.py` or `cad.py` from this directory by path (no `rewards` package, so no torch)."""
+    """The renderer module of `kind` (`svg.py`, `chart.py`, `cad.py` or `html.py` next to this file)."""
     if kind not in framing.KINDS:
         raise ValueError(f"unknown render kind {kind!r}")
-    return _load_sibling(kind)
+    return importlib.import_module(f"{__package__}.{kind}")
 
 
 @dataclass

@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from sim.base import check_expert_noise
+
 _HEADWAY_S = 1.5  # time gap kept to the car ahead (the env's `expert_headway`, by default)
 _MIN_GAP_M = 6.0  # plus this standstill distance (scaled with the headway)
 _TTC_S = 3.0  # closing on the car ahead faster than this counts as blocked (scaled with the headway)
@@ -52,8 +54,7 @@ class HighwayExpert:
             Text mode: N meta-action names (e.g. `"FASTER"`), or their letters with `answer="letter"`. Continuous
             mode: `[N, 2]` float32 in [-1, 1].
         """
-        if noise > 0 and generator is None:
-            raise ValueError("noise > 0 needs a torch.Generator (no hidden global randomness)")
+        check_expert_noise(noise, generator, probability=self.action_mode == "text")
         if self.action_mode == "continuous":
             action = torch.tensor(
                 np.array([self._expert_control(env) for env in self._envs]), dtype=torch.float32

@@ -106,7 +106,7 @@ from rewards import (
 )
 from rewards.actions import Action
 from rewards.coordinates import HINTS, check_coordinates, format_values, from_pixels, to_pixels
-from sim.base import Observation, SingleStepImageEnv, StepResult, check_text_actions, resolve_env_ids, resolve_seeds
+from sim.base import SingleStepImageEnv, StepResult, TextEpisodeEnv, noise_draws
 from sim.gui.apps import TASKS, App, make_app
 from sim.gui.layouts import (
     random_screen,
@@ -160,17 +160,6 @@ def _check_num_envs(num_envs: int) -> int:
     if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
         raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
     return num_envs
-
-
-def _noise(num: int, dims: int, noise: float, generator: torch.Generator | None) -> np.ndarray:
-    """`[num, dims]` standard normal draws (zeros when `noise == 0`); the caller scales them."""
-    if not math.isfinite(noise) or noise < 0:
-        raise ValueError(f"noise must be a finite number >= 0, got {noise!r}")
-    if noise == 0:
-        return np.zeros((num, dims))
-    if generator is None:
-        raise ValueError("expert_action(noise > 0) needs a torch.Generator for its noise (explicit randomness)")
-    return torch.randn(num, dims, generator=generator, dtype=torch.float64).numpy()
 
 
 def _click(element: Element, z: np.ndarray, noise: float, size: int, coordinates: str = "pixels", input_size: int = 0
@@ -353,7 +342,7 @@ class GUIClickEnv(SingleStepImageEnv):
         Returns:
             N answer strings.
         """
-        z = _noise(self.num_envs, 4, noise, generator)  # [N, 4]
+        z = noise_draws(self.num_envs, 4, noise, generator)  # [N, 4]
         answers = []
         for i, target in enumerate(self.targets):
             if target is None:
@@ -381,7 +370,7 @@ class GUIClickEnv(SingleStepImageEnv):
 
 
 @ENVS.register("gui_task")
-class GUITaskEnv:
+class GUITaskEnv(TextEpisodeEnv):
     """N worlds of multi-step GUI tasks with text actions (see the module docstring for the tasks and rewards).
 
     >>> env = GUITaskEnv(num_envs=2, tasks=["menu"])
@@ -406,8 +395,6 @@ class GUITaskEnv:
             `image_size`.
         device: Where the returned tensors live. Screens are always drawn on the CPU.
     """
-
-    action_kind = "text"
 
     def __init__(
         self,
@@ -439,31 +426,12 @@ class GUITaskEnv:
 
         size = self.image_size
         self._images = torch.zeros(num_envs, size, size, 3, dtype=torch.uint8, device=self.device)
-        self._instructions = [""] * num_envs
         self.apps: list[App | None] = [None] * num_envs
-        self.task_names = [""] * num_envs  # the task of each world
-        # Per-world episode state on the CPU (only Python reads it).
-        self._steps = [0] * num_envs
         self._best = [0] * num_envs  # fewest expert steps to the goal seen this episode (the match term's bar)
-        self._ended = [True] * num_envs  # frozen until reset; never-reset worlds count as ended
-        self._terminated = [False] * num_envs
-        self._truncated = [False] * num_envs
-        self._success = [False] * num_envs
+        self._start_bookkeeping(num_envs)
 
-    def reset(self, seed: int | Sequence[int], env_ids: Sequence[int] | None = None) -> Observation:
-        """Start new episodes in the worlds `env_ids` (all when None).
-
-        Args:
-            seed: One seed per reset world, or an int from which world k of `env_ids` gets `seed + k`.
-            env_ids: Indices of the worlds to reset; None resets all N.
-
-        Returns:
-            The observation of all N worlds (copies): image `[N, H, W, 3]` uint8 and N instructions.
-        """
-        ids = resolve_env_ids(env_ids, self.num_envs)
-        seeds = resolve_seeds(seed, len(ids))
-        if not ids:
-            return self._observation()
+    def start_worlds(self, ids: list[int], seeds: list[int]) -> None:
+        """Draws each world's task, theme and app from its seed, and its first screen."""
         for i, world_seed in zip(ids, seeds):
             rng = np.random.default_rng(world_seed)
             task = self.tasks[int(rng.integers(len(self.tasks)))]
@@ -471,11 +439,9 @@ class GUITaskEnv:
             app = self.apps[i] = make_app(task, rng, self.image_size, theme)
             self.task_names[i] = task
             self._instructions[i] = app.instruction + HINTS[self.coordinates]
-            self._steps[i], self._best[i] = 0, app.remaining()
-            self._ended[i] = self._terminated[i] = self._truncated[i] = self._success[i] = False
+            self._best[i] = app.remaining()
         index = torch.tensor(ids, dtype=torch.long, device=self.device)
-        self._images[index] = _draw_rows([self.apps[i].screen for i in ids]).to(self.device)
-        return self._observation()
+        self._images[index] = _draw_rows([self._app(i).screen for i in ids]).to(self.device)
 
     def step(self, actions: list[str]) -> StepResult:
         """Apply one action per running world and score it; ended worlds stay frozen.
@@ -495,10 +461,7 @@ class GUITaskEnv:
             ValueError: `actions` is not a list of N strings.
             RuntimeError: Some worlds were never reset.
         """
-        texts = check_text_actions(actions, self.num_envs, type(self).__name__)
-        never = [i for i, app in enumerate(self.apps) if app is None]
-        if never:
-            raise RuntimeError(f"worlds {never} were never reset; reset them first")
+        texts = self._check_step(actions)
         live = [not ended for ended in self._ended]
         n = self.num_envs
         expected: list[str | None] = [None] * n
@@ -506,7 +469,7 @@ class GUITaskEnv:
         size, units = self.image_size, (self.coordinates, self.input_size)
         for i in range(n):
             if live[i]:
-                text, element = self.apps[i].expert()
+                text, element = self._app(i).expert()
                 expected[i] = text if element is None else _click(element, np.zeros(2), 0.0, size, *units)
                 if element is not None:
                     box = torch.tensor(element.box, dtype=torch.float64)
@@ -522,7 +485,7 @@ class GUITaskEnv:
         for i, action in enumerate(parse_actions(texts)):
             if not live[i]:
                 continue
-            app = self.apps[i]
+            app = self._app(i)
             before = app.screen
             outcome = app.act(action_in_pixels(action, self.coordinates, size, self.input_size))
             self._steps[i] += 1
@@ -546,7 +509,7 @@ class GUITaskEnv:
                 redraw.append(i)
         if redraw:
             index = torch.tensor(redraw, dtype=torch.long, device=self.device)
-            self._images[index] = _draw_rows([self.apps[i].screen for i in redraw]).to(self.device)
+            self._images[index] = _draw_rows([self._app(i).screen for i in redraw]).to(self.device)
 
         live_t = torch.tensor(live)
         components = {
@@ -559,46 +522,24 @@ class GUITaskEnv:
             + self.match_weight * components["action_match"]
             + self.success_weight * components["success"]
         )
-        dev = self.device
-        return StepResult(
-            obs=self._observation(),
-            reward=reward.to(device=dev, dtype=torch.float32),
-            terminated=torch.tensor(self._terminated, device=dev),
-            truncated=torch.tensor(self._truncated, device=dev),
-            info={
-                "reward_components": {k: v.to(dev) for k, v in components.items()},
-                "reasons": reasons,
-                "task": list(self.task_names),
-                "expected_action": [e or "" for e in expected],
-                "success": torch.tensor(self._success, device=dev),
-            },
-        )
+        info = {
+            "reward_components": {k: v.to(self.device) for k, v in components.items()},
+            "reasons": reasons,
+            "expected_action": [e or "" for e in expected],
+        }
+        return self._result(reward, info)
 
-    def expert_action(self, noise: float = 0.0, generator: torch.Generator | None = None) -> list[str]:
-        """The expert's next action for every world's current state (`finish()` for worlds that ended).
-
-        Args:
-            noise: Std of the Gaussian noise on click coordinates, in units of the clicked element's width (x) and
-                height (y). Other actions are never noisy.
-            generator: Source of the noise; required when `noise > 0`.
-
-        Returns:
-            N action strings, e.g. `click(57, 83)`, `type("fox")`, `scroll(down)`, `press(back)`, `finish()`.
-        """
-        z = _noise(self.num_envs, 2, noise, generator)  # [N, 2], drawn for every world so worlds stay independent
-        answers = []
-        for i, app in enumerate(self.apps):
-            if app is None or self._ended[i]:
-                answers.append("finish()")
-                continue
-            text, element = app.expert()
-            if element is not None:
-                text = _click(element, z[i], noise, self.image_size, self.coordinates, self.input_size)
-            answers.append(text)
-        return answers
+    def expert_answer(self, i: int, offset: np.ndarray) -> str:
+        """World i's expert step (`expert_action`); a click lands `offset` element sizes off the element's centre."""
+        text, element = self._app(i).expert()
+        if element is None:
+            return text
+        return _click(element, offset, 1.0, self.image_size, self.coordinates, self.input_size)
 
     def close(self) -> None:
         """Nothing to release: screens are drawn in-process."""
 
-    def _observation(self) -> Observation:
-        return Observation(image=self._images.clone(), instruction=list(self._instructions))
+    def _app(self, i: int) -> App:
+        app = self.apps[i]
+        assert app is not None  # worlds are reset before they are stepped or asked (TextEpisodeEnv._check_step)
+        return app

@@ -54,7 +54,6 @@ stepped concurrently by threads (the work is in the browsers).
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -67,7 +66,7 @@ from PIL import Image
 
 from rewards import Action, parse_actions
 from rewards.coordinates import HINTS, check_coordinates, format_values, from_pixels
-from sim.base import Observation, StepResult, check_text_actions, resolve_env_ids, resolve_seeds
+from sim.base import StepResult, TextEpisodeEnv
 from sim.gui.browser import browser_unavailable, confine_environment, quit_chrome, start_chrome
 from sim.gui.envs import action_in_pixels
 from sim.gui.miniwob_expert import EXPERT_TASKS, expert_step
@@ -206,7 +205,7 @@ def _settled_screenshot(env: Any, first: np.ndarray, tries: int = 5) -> np.ndarr
 
 
 @ENVS.register("miniwob")
-class MiniWoBEnv:
+class MiniWoBEnv(TextEpisodeEnv):
     """N worlds of MiniWoB++ web tasks, one headless Chromium each (see the module docstring).
 
     >>> env = MiniWoBEnv(num_envs=2, tasks=["click-button"])  # doctest: +SKIP
@@ -228,7 +227,6 @@ class MiniWoBEnv:
         device: Where the returned tensors live.
     """
 
-    action_kind = "text"
     unavailable = staticmethod(lambda: browser_unavailable(("selenium", "miniwob")))
 
     def __init__(
@@ -289,15 +287,9 @@ class MiniWoBEnv:
             raise
         size = image_size
         self._images = torch.zeros(num_envs, size, size, 3, dtype=torch.uint8)  # [N, S, S, 3]
-        self._instructions = [""] * num_envs
-        self.task_names = [""] * num_envs
         self._obs: list[dict | None] = [None] * num_envs  # MiniWoB's latest observation per world
         self._doms: list[Any] = [None] * num_envs  # its root DOMElement
-        self._steps = [0] * num_envs
-        self._ended = [True] * num_envs  # never-reset worlds count as ended
-        self._terminated = [False] * num_envs
-        self._truncated = [False] * num_envs
-        self._success = [False] * num_envs
+        self._start_bookkeeping(num_envs)
         self._raw = [0.0] * num_envs  # MiniWoB's raw reward at the end of the episode
         self._expert_last = [""] * num_envs  # the expert's latest answer this episode
 
@@ -383,29 +375,14 @@ class MiniWoBEnv:
         return torch.from_numpy(canvas)
 
     # ------------------------------------------------------------------------------------------------ contract
-    def reset(self, seed: int | Sequence[int], env_ids: Sequence[int] | None = None) -> Observation:
-        """Start new episodes in the worlds `env_ids` (all when None).
-
-        Args:
-            seed: One seed per reset world, or an int from which world k of `env_ids` gets `seed + k`. A seed
-                picks the task (`tasks[seed % len(tasks)]`) and seeds the page's generator.
-            env_ids: Indices of the worlds to reset; None resets all N.
-
-        Returns:
-            The observation of all N worlds (copies): image `[N, S, S, 3]` uint8 and N utterances.
-        """
-        ids = resolve_env_ids(env_ids, self.num_envs)
-        seeds = resolve_seeds(seed, len(ids))
-        if not ids:
-            return self._observation()
+    def start_worlds(self, ids: list[int], seeds: list[int]) -> None:
+        """Loads each world's page: a seed picks the task (`tasks[seed % len(tasks)]`) and seeds the page's generator."""
         for i, (obs, dom) in zip(ids, self._map(self._reset_world, ids, seeds)):
             self._obs[i], self._doms[i] = obs, dom
             self._images[i] = self._letterbox(obs["screenshot"])
             self._instructions[i] = str(obs["utterance"]) + HINTS[self.coordinates]
             self.task_names[i] = self.worlds[i].subdomain
-            self._steps[i], self._raw[i], self._expert_last[i] = 0, 0.0, ""
-            self._ended[i] = self._terminated[i] = self._truncated[i] = self._success[i] = False
-        return self._observation()
+            self._raw[i], self._expert_last[i] = 0.0, ""
 
     def step(self, actions: list[str]) -> StepResult:
         """Apply one action per running world; ended worlds stay frozen.
@@ -424,11 +401,7 @@ class MiniWoBEnv:
             ValueError: `actions` is not a list of N strings.
             RuntimeError: Some worlds were never reset.
         """
-        texts = check_text_actions(actions, self.num_envs, type(self).__name__)
-        never = [i for i, obs in enumerate(self._obs) if obs is None]
-        if never:
-            raise RuntimeError(f"worlds {never} were never reset; reset them first")
-        parsed = parse_actions(texts)
+        parsed = parse_actions(self._check_step(actions))
         live = [i for i in range(self.num_envs) if not self._ended[i]]
         reward = torch.zeros(self.num_envs)
         success_now = torch.zeros(self.num_envs)
@@ -459,66 +432,35 @@ class MiniWoBEnv:
             reasons[i] = "finish() ends the episode without success"
         for i in live:
             self._ended[i] = self._terminated[i] or self._truncated[i]
-        dev = self.device
-        return StepResult(
-            obs=self._observation(),
-            reward=reward.to(device=dev, dtype=torch.float32),
-            terminated=torch.tensor(self._terminated, device=dev),
-            truncated=torch.tensor(self._truncated, device=dev),
-            info={
-                "reward_components": {"success": success_now.to(dev)},
-                "raw_reward": torch.tensor(self._raw, dtype=torch.float32, device=dev),
-                "reasons": reasons,
-                "task": list(self.task_names),
-                "success": torch.tensor(self._success, device=dev),
-            },
-        )
+        step_info = {
+            "reward_components": {"success": success_now.to(self.device)},
+            "raw_reward": torch.tensor(self._raw, dtype=torch.float32, device=self.device),
+            "reasons": reasons,
+        }
+        return self._result(reward, step_info)
 
-    def expert_action(self, noise: float = 0.0, generator: torch.Generator | None = None) -> list[str]:
-        """The expert's next action for every world's current page (`finish()` for worlds that ended).
-
-        Args:
-            noise: Std of the Gaussian noise on click coordinates, in units of the clicked element's width (x) and
-                height (y). Other actions are never noisy.
-            generator: Source of the noise; required when `noise > 0`.
-
-        Returns:
-            N action strings, e.g. `click(57, 83)`, `type("Myron")`, `press(enter)`, `finish()`.
+    def expert_answer(self, i: int, offset: np.ndarray) -> str:
+        """World i's expert step (`expert_action`); a click lands `offset` element sizes off the element's centre.
 
         Raises:
-            ValueError: A world's task has no expert (see `EXPERT_TASKS`).
+            ValueError: The world's task has no expert (see `EXPERT_TASKS`).
         """
-        if not math.isfinite(noise) or noise < 0:
-            raise ValueError(f"noise must be a finite number >= 0, got {noise!r}")
-        if noise > 0 and generator is None:
-            raise ValueError("expert_action(noise > 0) needs a torch.Generator for its noise (explicit randomness)")
-        z = (
-            torch.randn(self.num_envs, 2, generator=generator, dtype=torch.float64).numpy()
-            if noise > 0
-            else np.zeros((self.num_envs, 2))
-        )  # [N, 2], drawn for every world so worlds stay independent
-        answers = []
-        for i in range(self.num_envs):
-            if self._ended[i] or self._obs[i] is None:
-                answers.append("finish()")
-                continue
-            fields = dict(self._obs[i]["fields"])
-            step = expert_step(self.task_names[i], self._doms[i], fields, self.worlds[i], self._expert_last[i])
-            if isinstance(step, str):
-                answers.append(step)
-                self._expert_last[i] = step
-                continue
-            x, y = step.left + step.width / 2, step.top + step.height / 2
-            x += noise * z[i, 0] * step.width
-            y += noise * z[i, 1] * step.height
-            ix, iy = self.to_image(x, y)
-            ix = min(max(round(ix), 0), self.image_size - 1)
-            iy = min(max(round(iy), 0), self.image_size - 1)
-            point = from_pixels(torch.tensor([ix, iy], dtype=torch.float64), self.coordinates, self.image_size,
-                                self.image_size, self.input_size)  # fmt: skip
-            answers.append(f"click({format_values(point.tolist(), self.coordinates)})")
-            self._expert_last[i] = answers[-1]
-        return answers
+        obs = self._obs[i]
+        assert obs is not None  # the world was reset: it has not ended
+        fields = dict(obs["fields"])
+        step = expert_step(self.task_names[i], self._doms[i], fields, self.worlds[i], self._expert_last[i])
+        if isinstance(step, str):
+            self._expert_last[i] = step
+            return step
+        x = step.left + step.width / 2 + offset[0] * step.width
+        y = step.top + step.height / 2 + offset[1] * step.height
+        ix, iy = self.to_image(x, y)
+        ix = min(max(round(ix), 0), self.image_size - 1)
+        iy = min(max(round(iy), 0), self.image_size - 1)
+        point = from_pixels(torch.tensor([ix, iy], dtype=torch.float64), self.coordinates, self.image_size,
+                            self.image_size, self.input_size)  # fmt: skip
+        self._expert_last[i] = f"click({format_values(point.tolist(), self.coordinates)})"
+        return self._expert_last[i]
 
     def close(self) -> None:
         """Quit every browser (and remove their profiles)."""
@@ -535,9 +477,6 @@ class MiniWoBEnv:
     def __del__(self):
         if getattr(self, "worlds", None):
             self.close()
-
-    def _observation(self) -> Observation:
-        return Observation(image=self._images.clone(), instruction=list(self._instructions))
 
 
 def _park_pointer(driver: Any) -> None:

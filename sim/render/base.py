@@ -20,7 +20,7 @@ from rewards.image import code_length_reward
 from rewards.ocr import words
 from rewards.parse import answer_region, extract_code
 from rewards.render import render_batch
-from sim.base import SingleStepImageEnv, StepResult, check_text_actions
+from sim.base import SingleStepImageEnv, StepResult, check_expert_noise, check_text_actions
 from sim.render.targets import (
     Target,
 )
@@ -258,13 +258,12 @@ class RenderEnv(SingleStepImageEnv):
         Args:
             noise: relative std of the Gaussian noise added to every number of the source (positions, sizes,
                 colours, data; `sim.render.targets` says relative to what); 0 gives the exact source.
-            generator: the noise's random source, drawn world by world (the global generator when None).
+            generator: the noise's random source, drawn world by world; required when `noise > 0`.
 
         Returns:
             N sources ("" for worlds never reset). Unperturbed, each reproduces its target pixel for pixel.
         """
-        if not _is_number(noise) or noise < 0:
-            raise ValueError(f"noise must be a finite number >= 0, got {noise!r}")
+        check_expert_noise(noise, generator, probability=False)
         return ["" if t is None else t.program.source(noise, generator) for t in self.targets]
 
     # ------------------------------------------------------------------------------------------- subclass hooks

@@ -305,7 +305,7 @@ class HtmlEnv(RenderEnv):
     make_target = staticmethod(html_target)
     missing_reason = "no HTML in the answer"
     image_size = 64
-    render_timeout = 10.0  # a fresh browser context per answer: about 1 s on a loaded two-core machine
+    render_timeout = 10.0  # a fresh browser context per answer: far slower than the other kinds (BENCHMARKS.md)
     unavailable = staticmethod(html_unavailable)
 
     def __init__(self, num_envs: int, **options: Any):

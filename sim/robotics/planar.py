@@ -42,7 +42,14 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from sim.base import Observation, StepResult, check_continuous_actions, resolve_env_ids, resolve_seeds
+from sim.base import (
+    Observation,
+    StepResult,
+    check_continuous_actions,
+    check_expert_noise,
+    resolve_env_ids,
+    resolve_seeds,
+)
 from sim.robotics.warp_backend import WarpWorlds
 
 MJCF_DIR = Path(__file__).resolve().parent / "mjcf"  # package data, installed with `sim`
@@ -445,9 +452,8 @@ def sample_apart(
 
 def add_noise(action: torch.Tensor, noise: float, generator: torch.Generator | None) -> torch.Tensor:
     """`action + noise * N(0, 1)` clipped to `[-1, 1]`; explicit randomness only."""
-    if noise <= 0:
+    check_expert_noise(noise, generator, probability=False)
+    if noise == 0:
         return action
-    if generator is None:
-        raise ValueError("noise > 0 needs a torch.Generator (no hidden global randomness)")
     perturbed = action + noise * torch.randn(action.shape, generator=generator)
     return perturbed.clamp(-1.0, 1.0)

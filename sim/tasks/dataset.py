@@ -92,7 +92,7 @@ from PIL import Image
 from rewards import REWARDS, answer_region, parse_box, parse_box_list, parse_choice, parse_number, parse_point
 from rewards.combine import BoundReward
 from rewards.consistency import split_options
-from sim.base import Observation, SingleStepImageEnv, StepResult, check_text_actions
+from sim.base import Observation, SingleStepImageEnv, StepResult, check_expert_noise, check_text_actions
 from sim.errors import InputError
 from sim.registry import ENVS
 from sim.seeds import EVAL_SEED_BASE
@@ -411,12 +411,9 @@ class DatasetEnv(SingleStepImageEnv):
         Returns:
             N answer strings.
         """
-        if noise > 0 and generator is None:
-            raise ValueError("noise > 0 needs a torch.Generator (no hidden global randomness)")
+        check_expert_noise(noise, generator, [k for k, index in enumerate(self._record_ids) if index < 0])
         answers = []
         for k, index in enumerate(self._record_ids):
-            if index < 0:
-                raise RuntimeError(f"world {k} was never reset; reset it first")
             box, box_list = self._target_boxes[k], self._boxes[k]
             again = None if self._reask is None else self._reask.expert(k, self.records[index].answer)
             if again is not None:  # the re-asked question: the option the first answer picked, in the new letters

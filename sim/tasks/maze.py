@@ -46,7 +46,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from rewards import answer_region
-from sim.base import SingleStepImageEnv
+from sim.base import SingleStepImageEnv, check_expert_noise
 from sim.registry import ENVS
 
 MOVES = {"U": (-1, 0), "D": (1, 0), "L": (0, -1), "R": (0, 1)}  # move -> (row step, column step)
@@ -254,12 +254,10 @@ class MazeEnv(SingleStepImageEnv):
         Returns:
             N answer strings.
         """
-        if noise > 0 and generator is None:
-            raise ValueError("noise > 0 needs a torch.Generator (no hidden global randomness)")
+        check_expert_noise(noise, generator, [k for k, maze in enumerate(self.mazes) if maze is None])
         answers = []
-        for k, maze in enumerate(self.mazes):
-            if maze is None:
-                raise RuntimeError(f"world {k} was never reset; reset it first")
+        for maze in self.mazes:
+            assert maze is not None  # checked above
             moves = list(maze.shortest_path)
             if noise > 0 and float(torch.rand((), generator=generator)) < noise:
                 at = int(torch.randint(len(moves), (), generator=generator))

@@ -121,13 +121,7 @@ def _jsonl_record(
     if not isinstance(image, str) or not image:
         raise InputError(f"{where}: field 'image' must be a path (a non-empty string), got {image!r}")
     file_path = Path(image) if os.path.isabs(image) else path.parent / image
-    if not file_path.is_file():
-        raise InputError(f"{where}: field 'image': file {file_path} not found")
-    record = _record(where, raw, str(file_path), reward)
-    if file_path not in sizes:
-        sizes[file_path] = image_file_size(file_path, where)
-    check_inside(record, *sizes[file_path])
-    return replace(record, size=sizes[file_path])
+    return _file_record(where, raw, file_path, reward, sizes)
 
 
 def image_file_size(path: Path, where: str) -> tuple[int, int]:
@@ -245,6 +239,16 @@ def _hf_record(
     if not isinstance(image, str) or not image:
         raise InputError(f"{where}: field 'image' must be an Image feature or a path, got {image!r}")
     file_path = Path(image) if os.path.isabs(image) else path / image
+    return _file_record(where, raw, file_path, reward, sizes)
+
+
+def _file_record(
+    where: str, raw: Mapping[str, Any], file_path: Path, reward: str | None, sizes: dict[Path, tuple[int, int]]
+) -> Record:
+    """The record of a row whose image is a file: the file must exist, and every box or point lie inside the image.
+
+    `sizes` caches each file's (W, H) across the rows that share it, so a file's header is read once.
+    """
     if not file_path.is_file():
         raise InputError(f"{where}: field 'image': file {file_path} not found")
     record = _record(where, raw, str(file_path), reward)

@@ -28,7 +28,7 @@ import torch
 from PIL import Image
 
 from mmrl.cli import main
-from rewards.render import RenderPool, html
+from rewards.render import RenderPool, chromium, html, isolation
 from rewards.score_inputs import read_items
 
 pytestmark = pytest.mark.skipif(html.unavailable() is not None, reason=str(html.unavailable()))
@@ -342,7 +342,7 @@ def _jsonl(folder, rows):
     return path
 
 
-@pytest.mark.skipif(html._landlock_abi() == 0, reason="no Landlock in this kernel")
+@pytest.mark.skipif(isolation.landlock_abi(isolation.libc()) == 0, reason="no Landlock in this kernel")
 def test_landlock_alone_keeps_the_browser_out_of_other_files(open_folder):
     """The browser opened on a `file:` page (no interception, no CSP): Landlock refuses the read; without the ruleset
     the same browser reads it, so the test can tell."""
@@ -355,17 +355,17 @@ def test_landlock_alone_keeps_the_browser_out_of_other_files(open_folder):
         profile.mkdir()
         uid = gid = None
         if os.geteuid() == 0:
-            uid, gid = html._nobody()
+            uid, gid = isolation.nobody()
             os.chown(profile, uid, gid)
         binary = html.browser_path()
-        abi = html._landlock_abi() if confined else 0
-        rules = html._landlock_rules(binary, str(profile)) if confined else None
+        abi = isolation.landlock_abi(isolation.libc()) if confined else 0
+        rules = chromium.landlock_rules(binary, str(profile)) if confined else None
         shot = profile / "shot.png"
         cmd = [binary, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={profile}"]
         cmd += [f"--screenshot={shot}", "--window-size=64,64", f"file://{page}"]
         pipes = [*os.pipe(), *os.pipe()]
         try:
-            pid = html._spawn(
+            pid = chromium.spawn(
                 cmd, {"PATH": os.defpath, "HOME": str(profile)}, str(profile), pipes[0], pipes[3], uid, gid, rules, abi
             )
             os.waitpid(pid, 0)

@@ -28,7 +28,8 @@ pytest.importorskip("matplotlib")
 
 from rewards.render import RenderPool  # noqa: E402
 from rewards.render import seccomp_filter as sf  # noqa: E402
-from rewards.render.confine import VIOLATION_EXIT, ipc_namespace_available  # noqa: E402
+from rewards.render.confine import VIOLATION_EXIT  # noqa: E402
+from rewards.render.isolation import ipc_namespace_available  # noqa: E402
 
 pytestmark = pytest.mark.skipif(sf.unavailable() is not None, reason=str(sf.unavailable()))
 
@@ -326,10 +327,11 @@ def test_the_audit_hook_cannot_be_switched_off_from_inside(chart_hooked, source,
 def test_the_hook_exits_through_what_it_captured():
     # Replacing os._exit (and breaking the reporter) does not let the refused operation go on.
     program = textwrap.dedent("""
-        import importlib.util, os, sys, tempfile
-        spec = importlib.util.spec_from_file_location("confine", sys.argv[1])  # by path, as the worker: no torch
-        confine = sys.modules["confine"] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(confine)
+        import importlib, os, sys, tempfile, types
+        # Imported as the worker imports it (rewards/render as a package of its own, no rewards package: no torch).
+        package = sys.modules["_mmrl_render"] = types.ModuleType("_mmrl_render")
+        package.__path__ = [sys.argv[1]]
+        confine = importlib.import_module("_mmrl_render.confine")
         scratch = tempfile.mkdtemp()
         def report(reason):
             raise OSError("result pipe closed")
@@ -341,8 +343,8 @@ def test_the_hook_exits_through_what_it_captured():
             pass
         print("went on")
     """)
-    confine_py = os.path.join(os.path.dirname(os.path.abspath(sf.__file__)), "confine.py")
-    done = subprocess.run([sys.executable, "-c", program, confine_py], capture_output=True, text=True, timeout=60)
+    render_dir = os.path.dirname(os.path.abspath(sf.__file__))
+    done = subprocess.run([sys.executable, "-c", program, render_dir], capture_output=True, text=True, timeout=60)
     assert done.returncode == VIOLATION_EXIT and "went on" not in done.stdout, (done.returncode, done.stderr[-500:])
 
 

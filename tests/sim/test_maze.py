@@ -290,5 +290,5 @@ def test_make_builds_with_options_and_rejects_typos():
 
 def test_expert_before_reset_names_the_world():
     env = MazeEnv(num_envs=2)
-    with pytest.raises(RuntimeError, match="world 0 was never reset"):
+    with pytest.raises(RuntimeError, match=r"worlds \[0, 1\] were never reset"):
         env.expert_action()
