@@ -58,6 +58,8 @@ class VLLMFacts:
             sizes).
         cpu: why vLLM's CPU build would sample from another distribution than the training forward scores (the
             backend refuses the family on CPU, saying this); empty: it samples the same.
+        refused: why the vllm backend refuses the family on any device (what it samples has not been checked against
+            the training forward); empty: the checks above decide.
         engine_config: `(dotted config attribute, value)` pairs written into the engine's config.json: what vLLM
             reads from the released checkpoints' config.json and transformers' config class does not carry (GLM-4.1V's
             `text_config.attention_bias`: transformers' text attention always has q/k/v biases).
@@ -71,6 +73,7 @@ class VLLMFacts:
     cpu_dtypes: tuple[str, ...] = ()
     cpu_config: tuple[tuple[str, tuple[int, ...]], ...] = ()
     cpu: str = ""
+    refused: str = ""
     engine_config: tuple[tuple[str, Any], ...] = ()
 
 

@@ -1,7 +1,8 @@
-"""Whole-image layouts: Gemma 3 and PaliGemma.
+"""Whole-image layouts: Gemma 3, PaliGemma and Gemma 4.
 
-Each image is one `pixel_values` unit, resized to the vision tower's fixed size and read as a fixed number of soft
-tokens (Gemma 3's `mm_tokens_per_image`, PaliGemma's `image_seq_length`).
+Each image is one `pixel_values` unit. Gemma 3 and PaliGemma resize it to the vision tower's fixed size and read it
+as a fixed number of soft tokens (Gemma 3's `mm_tokens_per_image`, PaliGemma's `image_seq_length`); Gemma 4 keeps its
+aspect ratio within a budget of patches, so its soft tokens follow its size, and pads its patch rows to the budget.
 """
 
 from __future__ import annotations
@@ -120,5 +121,55 @@ PALIGEMMA = Family(
         vocab=("\n",),
         max_images=1,
         cpu=_CPU_CAUSAL.format(what="PaliGemma attends its whole prefix (images and text) bidirectionally"),
+    ),
+)
+
+
+# ---------------------------------------------------------------------------------------------- Gemma 4
+
+
+def _gemma4_vision(image_processor, images: list[Image.Image], settings: dict, per_row=None) -> Vision:
+    """Gemma 4: each image resized, aspect ratio kept, to the largest size whose patches fit the budget
+    (`max_soft_tokens` x `pooling_kernel_size`^2) with sides multiples of `pooling_kernel_size` x `patch_size`;
+    `pixel_values` `[I, budget, 3*p*p]` (its patch rows, zero-padded to the budget) and `image_position_ids`
+    `[I, budget, 2]` (each patch's column and row, -1 on padding); each image's patches pooled k x k into its soft
+    tokens, written `<|image>` + `<|image|>` x tokens + `<image|>` in place of the template's `<|image|>`
+    (`Gemma4Processor.replace_image_token`)."""
+    out = image_processor(images=images, return_tensors="pt")
+    tokens = torch.as_tensor(out["num_soft_tokens_per_image"], dtype=torch.long).reshape(-1)
+    return Vision(
+        pixel_values=out["pixel_values"],
+        units=torch.ones(len(images), dtype=torch.long),
+        per_image={"image_position_ids": out["image_position_ids"]},
+        per_unit={},
+        tokens=tokens,
+        texts=["<|image>" + "<|image|>" * int(n) + "<image|>" for n in tokens],
+    )
+
+
+def _gemma4_features(units: torch.Tensor, per_image: dict, settings: dict, image_processor=None) -> torch.Tensor:
+    real = (per_image["image_position_ids"] >= 0).all(-1).sum(-1)  # [I] patches that are not padding
+    return real // int(image_processor.pooling_kernel_size) ** 2
+
+
+# Gemma 4 (google/gemma-4-E2B-it; the Gemma 4 prompt-formatting guide: `<|turn>user` / `<|turn>model` turns closed by
+# `<turn|>`, `<|image|>` where an image's soft tokens go, between `<|image>` and `<image|>`). Its EOS tokens are
+# `<eos>`, `<turn|>` and `<|tool_response>` (generation_config.json). Its forward takes the image marks as
+# `mm_token_type_ids` (bidirectional attention within an image on sliding-window layers where the checkpoint asks for
+# it, `use_bidirectional_attention="vision"`). No box format is documented on this machine; Gemini's is 0-1000
+# (as [y0, x0, y1, x1]), and "0-1000" (in the x0, y0, x1, y1 order our parsers read) is our choice, not confirmed.
+GEMMA4 = Family(
+    name="gemma4",
+    image_token="<|image|>",
+    template_image="<|image|>",
+    vision=_gemma4_vision,
+    features=_gemma4_features,
+    turn_start="<|turn>",
+    turn_end="<turn|>",
+    coordinates="0-1000",
+    suppress=("<|image>", "<image|>", "<|audio|>"),
+    vllm=VLLMFacts(
+        refused="no run of vLLM here has checked what it samples for Gemma 4 against the training forward (there is "
+        "no vLLM in the main install, and the engine venv's tests do not cover it)"
     ),
 )

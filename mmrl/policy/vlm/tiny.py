@@ -4,7 +4,7 @@ The architectures are the real `transformers` classes at about 0.2-1 M parameter
 with the locally trained tokenizer in assets/tokenizer and each its family's released chat template from its folder
 (`TINY_ARCHS`, written by `scripts/make_assets.py`), and the
 other families (`FAMILY_ARCHS`: Gemma 3, Idefics3 / SmolVLM, SmolVLM2, Qwen3.5, PaliGemma, InternVL,
-LLaVA-OneVision, GLM-4.1V), each a folder laid out as the hub's less the weights,
+LLaVA-OneVision, GLM-4.1V, Gemma 4), each a folder laid out as the hub's less the weights,
 with its own tokenizer, special tokens and chat template (`scripts/make_family_assets.py`).
 """
 
@@ -30,6 +30,7 @@ FAMILY_ARCHS = (
     "internvl",
     "llava_onevision",
     "glm4v",
+    "gemma4",
 )  # one self-contained folder each
 ALL_TINY_ARCHS = TINY_ARCHS + FAMILY_ARCHS
 
