@@ -51,7 +51,7 @@ UNAVAILABLE: dict[str, str] = {
 
 def missing_classes(model_type: str) -> str:
     """Why the installed transformers cannot build a model of `model_type` (it has none of the family's classes:
-    Qwen3.5 came in transformers 5.2x, Gemma 4 after 5.17), or "" where it can."""
+    Qwen3.5 came in transformers 5.2x; Gemma 4 is in 5.19 and 5.24), or "" where it can."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
     if model_type in CONFIG_MAPPING_NAMES:

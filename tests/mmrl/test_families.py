@@ -4,8 +4,8 @@ Qwen3-VL stands for the Qwen-VL family here (tests/mmrl/test_policy.py, test_bac
 cover Qwen2-VL, Qwen2.5-VL and Qwen3-VL in depth); Qwen3.5, Gemma 3, Idefics3 (SmolVLM), SmolVLM2, PaliGemma,
 InternVL, LLaVA-OneVision, GLM-4.1V and Gemma 4 are built from their real transformers classes with a tokenizer
 carrying their real special tokens and chat template (PaliGemma has none: its processor writes the prompt)
-(assets/tiny_models/, scripts/make_family_assets.py). A family the installed transformers lacks (Gemma 4 before
-5.19) is skipped, with the error that names it as the reason.
+(assets/tiny_models/, scripts/make_family_assets.py). A family the installed transformers lacks (Gemma 4 is in
+5.19 and 5.24, not known for older ones) is skipped, with the error that names it as the reason.
 """
 
 from __future__ import annotations
@@ -326,7 +326,7 @@ def test_a_family_this_transformers_lacks_is_named_before_anything_loads(tmp_pat
     monkeypatch.delitem(configuration_auto.CONFIG_MAPPING_NAMES, "qwen3_5")  # as in a transformers before Qwen3.5
     with pytest.raises(ValueError, match=r"model family 'qwen3_5' needs a transformers that has its classes"):
         VLMPolicy.from_pretrained(tmp_path)
-    # Gemma 4 (transformers 5.19 and later): its tiny model too is refused by name.
+    # Gemma 4 (in transformers 5.19 and 5.24): its tiny model too is refused by name.
     monkeypatch.delitem(configuration_auto.CONFIG_MAPPING_NAMES, "gemma4", raising=False)
     with pytest.raises(ValueError, match=r"model family 'gemma4' needs a transformers that has its classes"):
         build_tiny("gemma4")

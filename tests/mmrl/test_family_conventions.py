@@ -10,7 +10,7 @@ import torch
 
 import sim
 import sim.gui  # registers gui_click and gui_task
-from mmrl.families import FAMILIES
+from mmrl.families import FAMILIES, missing_classes
 from mmrl.runtime.config import REPO, ConfigError, load_config
 
 
@@ -112,7 +112,12 @@ def test_gui_task_clicks_act_where_the_convention_points():
 SYSTEM = "You are a careful annotator."
 
 
-@pytest.mark.parametrize("arch", ["qwen3_vl", "gemma3"])  # its own system turn; folded into Gemma 3's first user turn
+# Qwen3-VL's and Gemma 4's own system turn; folded into Gemma 3's first user turn.
+@pytest.mark.parametrize(
+    "arch",
+    ["qwen3_vl", "gemma3",
+     pytest.param("gemma4", marks=pytest.mark.skipif(bool(missing_classes("gemma4")), reason=missing_classes("gemma4")))],
+)  # fmt: skip
 def test_the_system_prompt_reaches_the_prompt_ids_as_the_familys_template_renders_it(arch):
     from mmrl.build import load_policy
     from mmrl.policy import apply_model_options
