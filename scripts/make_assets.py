@@ -9,9 +9,10 @@
 What it writes:
 - assets/tokenizer/: a byte-level BPE tokenizer trained locally with `tokenizers` on Python's own help texts and
   the phrases of our synthetic tasks, with Qwen's pre-tokenisation (digits split one by one), Qwen's chat special
-  tokens and the Qwen2-VL chat template.
+  tokens and Qwen2-VL's released chat template.
 - assets/tiny_models/<arch>/: config.json + preprocessor_config.json for tiny Qwen2-VL, Qwen2.5-VL and Qwen3-VL
-  (hidden 128, 2 layers, about 1 M parameters). Weights are drawn from a seed by `mmrl.policy.vlm.tiny.build_tiny`.
+  (hidden 128, 2 layers, about 1 M parameters), and chat_template.jinja, the family's released chat template (used
+  with assets/tokenizer). Weights are drawn from a seed by `mmrl.policy.vlm.tiny.build_tiny`.
 - assets/tiny_models/qwen3_vl_warm_start/: the shared warm start every tiny preset starts from, a tiny Qwen3-VL (4 language layers) after a
   supervised cold start on the grounding task (as the RL papers do before RL) that ends by imitating a sloppy
   demonstrator whose boxes are 40% too large on every side; saved in float16 to stay small.
@@ -47,15 +48,156 @@ SPECIAL_TOKENS = [
     "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
     "<|image_pad|>", "<|video_pad|>",
 ]  # fmt: skip
-# Qwen2-VL's chat template (image and text parts; a default system turn).
-CHAT_TEMPLATE = (
-    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}<|im_start|>system\n"
-    "You are a helpful assistant.<|im_end|>\n{% endif %}<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n{% else %}"
-    "{% for content in message['content'] %}{% if content['type'] == 'image' or 'image' in content %}"
-    "<|vision_start|><|image_pad|><|vision_end|>{% elif 'text' in content %}{{ content['text'] }}{% endif %}"
-    "{% endfor %}<|im_end|>\n{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+# The released chat templates, verbatim: Qwen2-VL's (the tokenizer_config.json of Qwen/Qwen2-VL-*-Instruct, which
+# Qwen/Qwen2.5-VL-*-Instruct ship byte for byte: a default system turn "You are a helpful assistant.") and Qwen3-VL's
+# (Qwen/Qwen3-VL-*-Instruct: no default system turn, tool calls in the Hermes format). TRL 1.16 keeps the same copies
+# for identity comparison (trl/chat_templates/qwen2_5_vl.jinja, qwen3_vl.jinja); tests/mmrl/test_policy.py compares
+# the tiny folders' templates with them.
+QWEN2_VL_TEMPLATE = (
+    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}{% for message "
+    "in messages %}{% if loop.first and message['role'] != 'system' %}<|im_start|>system\n"
+    "You are a helpful assistant.<|im_end|>\n"
+    "{% endif %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
+    "{% else %}{% for content in message['content'] %}{% if content['type'] == 'image' or 'image' in "
+    "content or 'image_url' in content %}{% set image_count.value = image_count.value + 1 %}{% if "
+    "add_vision_id %}Picture {{ image_count.value }}: {% endif %}"
+    "<|vision_start|><|image_pad|><|vision_end|>{% elif content['type'] == 'video' or 'video' in content %"
+    "}{% set video_count.value = video_count.value + 1 %}{% if add_vision_id %}Video {{ video_count.value "
+    "}}: {% endif %}<|vision_start|><|video_pad|><|vision_end|>{% elif 'text' in content %}{{ "
+    "content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% endif %}"
 )
+
+QWEN3_VL_TEMPLATE = (
+    "{%- if tools %}\n"
+    "    {{- '<|im_start|>system\\n' }}\n"
+    "    {%- if messages[0].role == 'system' %}\n"
+    "        {%- if messages[0].content is string %}\n"
+    "            {{- messages[0].content }}\n"
+    "        {%- else %}\n"
+    "            {%- for content in messages[0].content %}\n"
+    "                {%- if 'text' in content %}\n"
+    "                    {{- content.text }}\n"
+    "                {%- endif %}\n"
+    "            {%- endfor %}\n"
+    "        {%- endif %}\n"
+    "        {{- '\\n\\n' }}\n"
+    "    {%- endif %}\n"
+    '    {{- "# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are '
+    'provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}\n'
+    "    {%- for tool in tools %}\n"
+    '        {{- "\\n" }}\n'
+    "        {{- tool | tojson }}\n"
+    "    {%- endfor %}\n"
+    '    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments '
+    'within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": '
+    '<args-json-object>}\\n</tool_call><|im_end|>\\n" }}\n'
+    "{%- else %}\n"
+    "    {%- if messages[0].role == 'system' %}\n"
+    "        {{- '<|im_start|>system\\n' }}\n"
+    "        {%- if messages[0].content is string %}\n"
+    "            {{- messages[0].content }}\n"
+    "        {%- else %}\n"
+    "            {%- for content in messages[0].content %}\n"
+    "                {%- if 'text' in content %}\n"
+    "                    {{- content.text }}\n"
+    "                {%- endif %}\n"
+    "            {%- endfor %}\n"
+    "        {%- endif %}\n"
+    "        {{- '<|im_end|>\\n' }}\n"
+    "    {%- endif %}\n"
+    "{%- endif %}\n"
+    "{%- set image_count = namespace(value=0) %}\n"
+    "{%- set video_count = namespace(value=0) %}\n"
+    "{%- for message in messages %}\n"
+    '    {%- if message.role == "user" %}\n'
+    "        {{- '<|im_start|>' + message.role + '\\n' }}\n"
+    "        {%- if message.content is string %}\n"
+    "            {{- message.content }}\n"
+    "        {%- else %}\n"
+    "            {%- for content in message.content %}\n"
+    "                {%- if content.type == 'image' or 'image' in content or 'image_url' in content %}\n"
+    "                    {%- set image_count.value = image_count.value + 1 %}\n"
+    "                    {%- if add_vision_id %}Picture {{ image_count.value }}: {% endif -%}\n"
+    "                    <|vision_start|><|image_pad|><|vision_end|>\n"
+    "                {%- elif content.type == 'video' or 'video' in content %}\n"
+    "                    {%- set video_count.value = video_count.value + 1 %}\n"
+    "                    {%- if add_vision_id %}Video {{ video_count.value }}: {% endif -%}\n"
+    "                    <|vision_start|><|video_pad|><|vision_end|>\n"
+    "                {%- elif 'text' in content %}\n"
+    "                    {{- content.text }}\n"
+    "                {%- endif %}\n"
+    "            {%- endfor %}\n"
+    "        {%- endif %}\n"
+    "        {{- '<|im_end|>\\n' }}\n"
+    '    {%- elif message.role == "assistant" %}\n'
+    "        {{- '<|im_start|>' + message.role + '\\n' }}\n"
+    "        {%- if message.content is string %}\n"
+    "            {{- message.content }}\n"
+    "        {%- else %}\n"
+    "            {%- for content_item in message.content %}\n"
+    "                {%- if 'text' in content_item %}\n"
+    "                    {{- content_item.text }}\n"
+    "                {%- endif %}\n"
+    "            {%- endfor %}\n"
+    "        {%- endif %}\n"
+    "        {%- if message.tool_calls %}\n"
+    "            {%- for tool_call in message.tool_calls %}\n"
+    "                {%- if (loop.first and message.content) or (not loop.first) %}\n"
+    "                    {{- '\\n' }}\n"
+    "                {%- endif %}\n"
+    "                {%- if tool_call.function %}\n"
+    "                    {%- set tool_call = tool_call.function %}\n"
+    "                {%- endif %}\n"
+    '                {{- \'<tool_call>\\n{"name": "\' }}\n'
+    "                {{- tool_call.name }}\n"
+    '                {{- \'", "arguments": \' }}\n'
+    "                {%- if tool_call.arguments is string %}\n"
+    "                    {{- tool_call.arguments }}\n"
+    "                {%- else %}\n"
+    "                    {{- tool_call.arguments | tojson }}\n"
+    "                {%- endif %}\n"
+    "                {{- '}\\n</tool_call>' }}\n"
+    "            {%- endfor %}\n"
+    "        {%- endif %}\n"
+    "        {{- '<|im_end|>\\n' }}\n"
+    '    {%- elif message.role == "tool" %}\n'
+    '        {%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}\n'
+    "            {{- '<|im_start|>user' }}\n"
+    "        {%- endif %}\n"
+    "        {{- '\\n<tool_response>\\n' }}\n"
+    "        {%- if message.content is string %}\n"
+    "            {{- message.content }}\n"
+    "        {%- else %}\n"
+    "            {%- for content in message.content %}\n"
+    "                {%- if content.type == 'image' or 'image' in content or 'image_url' in content %}\n"
+    "                    {%- set image_count.value = image_count.value + 1 %}\n"
+    "                    {%- if add_vision_id %}Picture {{ image_count.value }}: {% endif -%}\n"
+    "                    <|vision_start|><|image_pad|><|vision_end|>\n"
+    "                {%- elif content.type == 'video' or 'video' in content %}\n"
+    "                    {%- set video_count.value = video_count.value + 1 %}\n"
+    "                    {%- if add_vision_id %}Video {{ video_count.value }}: {% endif -%}\n"
+    "                    <|vision_start|><|video_pad|><|vision_end|>\n"
+    "                {%- elif 'text' in content %}\n"
+    "                    {{- content.text }}\n"
+    "                {%- endif %}\n"
+    "            {%- endfor %}\n"
+    "        {%- endif %}\n"
+    "        {{- '\\n</tool_response>' }}\n"
+    '        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}\n'
+    "            {{- '<|im_end|>\\n' }}\n"
+    "        {%- endif %}\n"
+    "    {%- endif %}\n"
+    "{%- endfor %}\n"
+    "{%- if add_generation_prompt %}\n"
+    "    {{- '<|im_start|>assistant\\n' }}\n"
+    "{%- endif %}\n"
+)
+# Each tiny Qwen-VL folder's chat template (its chat_template.jinja, which `mmrl.policy.vlm.tiny.tiny_processor` reads
+# with assets/tokenizer); assets/tokenizer itself carries Qwen2-VL's.
+CHAT_TEMPLATES = {"qwen2_vl": QWEN2_VL_TEMPLATE, "qwen2_5_vl": QWEN2_VL_TEMPLATE, "qwen3_vl": QWEN3_VL_TEMPLATE}
 VOCAB_SIZE = 2048
 COLOURS = ["red", "green", "blue", "yellow", "orange", "purple", "black", "white", "gray", "pink"]
 KINDS = ["circle", "square", "triangle", "diamond", "star", "rectangle", "button", "icon", "line", "arrow"]
@@ -114,7 +256,7 @@ def build_tokenizer(out: Path) -> None:
         unk_token=None,
         bos_token=None,
         additional_special_tokens=SPECIAL_TOKENS[1:],
-        chat_template=CHAT_TEMPLATE,
+        chat_template=QWEN2_VL_TEMPLATE,
         model_max_length=4096,
     )
     shutil.rmtree(out, ignore_errors=True)
@@ -203,6 +345,7 @@ def build_tiny_configs(out_root: Path) -> None:
         model_type = model_cfg.pop("model_type")
         AutoConfig.for_model(model_type, **model_cfg).save_pretrained(out)
         Qwen2VLImageProcessorPil(**image_cfg).save_pretrained(out)
+        (out / "chat_template.jinja").write_text(CHAT_TEMPLATES[arch])
 
 
 def main() -> None:

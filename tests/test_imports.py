@@ -280,6 +280,15 @@ def test_policy_kinds_and_engines_import_no_other_kind():
     assert not wrong, "\n".join(wrong)
 
 
+def test_the_family_facts_are_a_leaf():
+    # The configuration (mmrl.runtime.conventions) and the policy both read the family table: it imports nothing of
+    # mmrl outside its own package, so reading it brings in neither of them.
+    edges = [e for e in import_edges(REPO, ("mmrl",)) if _within(e.source, "mmrl.families")]
+    assert edges, "the family modules import one another"
+    wrong = [f"{e.source} -> {e.target} ({e.where})" for e in edges if not _within(e.target, "mmrl.families")]
+    assert not wrong, "\n".join(wrong)
+
+
 def test_the_checker_sees_the_whole_project():
     edges = import_edges(REPO, PACKAGES)
     assert {"mmrl.trainer", "sim.base", "rewards.box"} <= {e.source for e in edges} | {e.target for e in edges}

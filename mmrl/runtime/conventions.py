@@ -29,18 +29,9 @@ from typing import Any
 from rewards.coordinates import COORDINATES
 from sim.registry import ENVS
 
+from ..families import FAMILIES
 from .paths import model_folder
 from .schema import require
-
-# Each family's answer units and the families whose processor resizes onto a patch grid within min/max pixels
-# (Qwen-VL's smart_resize): the `coordinates` and `pixel_bounds` columns of `mmrl.families.FAMILIES`, repeated
-# because the policy package imports the config module (not the other way round); a test holds the two equal.
-FAMILY_COORDINATES = {
-    "qwen2_vl": "0-1000", "qwen2_5_vl": "pixels", "qwen3_vl": "0-1000", "qwen3_5": "0-1000", "gemma3": "0-1000",
-    "idefics3": "0-1", "smolvlm": "0-1", "paligemma": "0-1000", "internvl": "0-1000", "llava_onevision": "0-1",
-    "glm4v": "0-1000",
-}  # fmt: skip
-PIXEL_BOUND_FAMILIES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "glm4v"})
 
 FOLDER_KEY = "grounding_coordinates"  # config.json key of a checkpoint that answers in other units than its family
 
@@ -58,13 +49,13 @@ def model_coordinates(path: str) -> tuple[str | None, Path | None, str | None]:
     family = path.removeprefix("tiny:") if path.startswith("tiny:") else config.get("model_type")
     if config.get(FOLDER_KEY):
         return config[FOLDER_KEY], folder, family
-    return FAMILY_COORDINATES.get(family), folder, family
+    return (FAMILIES[family].coordinates if family in FAMILIES else None), folder, family
 
 
 def input_side(folder: Path, family: str, side: int, min_pixels: int = 0, max_pixels: int = 0) -> int | None:
     """The side of a `side` x `side` image after the family's image processor resized it, or None if unknown."""
     settings = _read_json(folder / "preprocessor_config.json")
-    if family in PIXEL_BOUND_FAMILIES:
+    if family in FAMILIES and FAMILIES[family].pixel_bounds:
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
         size = settings.get("size", {})

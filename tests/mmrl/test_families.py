@@ -2,9 +2,10 @@
 
 Qwen3-VL stands for the Qwen-VL family here (tests/mmrl/test_policy.py, test_backends.py and test_conversations.py
 cover Qwen2-VL, Qwen2.5-VL and Qwen3-VL in depth); Qwen3.5, Gemma 3, Idefics3 (SmolVLM), SmolVLM2, PaliGemma,
-InternVL and LLaVA-OneVision are built from their real transformers classes with a tokenizer carrying their real
-special tokens and chat template (PaliGemma has none: its processor writes the prompt) (assets/tiny_models/,
-scripts/make_family_assets.py).
+InternVL, LLaVA-OneVision, GLM-4.1V and Gemma 4 are built from their real transformers classes with a tokenizer
+carrying their real special tokens and chat template (PaliGemma has none: its processor writes the prompt)
+(assets/tiny_models/, scripts/make_family_assets.py). A family the installed transformers lacks (Gemma 4 is in
+5.19 and 5.24, not known for older ones) is skipped, with the error that names it as the reason.
 """
 
 from __future__ import annotations
@@ -19,14 +20,24 @@ import pytest
 import torch
 
 import sim
+from mmrl.families import missing_classes
 from mmrl.policy import VLMPolicy, build_tiny
 from mmrl.policy.vision import to_pil
 from mmrl.policy.vlm.processing import user_content
 from mmrl.types import Sampling, Turn
 from sim.base import Observation
 
+
+def family(arch: str, *rest):
+    """`(arch, *rest)` as a test's parameters, skipped where the installed transformers lacks the family's classes,
+    with the error that names it as the reason."""
+    reason = missing_classes(arch)
+    return pytest.param(arch, *rest, marks=pytest.mark.skipif(bool(reason), reason=reason))
+
+
 FAMILIES = (
     "qwen3_vl", "gemma3", "idefics3", "smolvlm", "qwen3_5", "paligemma", "internvl", "llava_onevision", "glm4v",
+    "gemma4",
 )  # fmt: skip
 IMAGE_SIZE = dict.fromkeys(FAMILIES, 64)
 TEMPLATE = "{instruction} {image} Answer as <answer>[x1,y1,x2,y2]</answer>."
@@ -44,7 +55,7 @@ def observations(arch: str, seeds: list[int], views: int = 1, instructions: list
     return Observation(image=image, instruction=list(instructions or obs.instruction))
 
 
-@pytest.fixture(scope="module", params=FAMILIES)
+@pytest.fixture(scope="module", params=[family(arch) for arch in FAMILIES])
 def policy(request) -> VLMPolicy:
     return build_tiny(request.param, seed=0, prompt_template=TEMPLATE)
 
@@ -168,6 +179,7 @@ def test_a_prompt_whose_image_tokens_do_not_match_its_images_is_refused_before_t
         ("internvl", 2),
         ("llava_onevision", 1),
         ("llava_onevision", 2),
+        family("gemma4", 2),
     ],
 )
 def test_prompts_equal_the_families_own_transformers_processor(arch, views, monkeypatch):
@@ -176,8 +188,8 @@ def test_prompts_equal_the_families_own_transformers_processor(arch, views, monk
     import transformers
     from transformers.processing_utils import ProcessorMixin
 
-    # InternVL's, LLaVA-OneVision's and GLM-4.1V's processors check for their video processors, which need torchvision (absent
-    # on CPU installs); images alone do not use them.
+    # InternVL's, LLaVA-OneVision's, GLM-4.1V's and Gemma 4's processors check for their video processors, which need
+    # torchvision (absent on CPU installs); images alone do not use them.
     monkeypatch.setattr(ProcessorMixin, "check_argument_for_proper_class", lambda self, name, value: None)
     policy = build_tiny(arch, prompt_template=TEMPLATE)
     obs = observations(arch, [0, 1], views=views)
@@ -194,6 +206,8 @@ def test_prompts_equal_the_families_own_transformers_processor(arch, views, monk
         "internvl": lambda: transformers.InternVLProcessor(*parts, **settings),
         "llava_onevision": lambda: transformers.LlavaOnevisionProcessor(*parts, **settings),
         "glm4v": lambda: transformers.Glm4vProcessor(*parts),
+        # Gemma 4's also takes an audio feature extractor and a video processor (torchvision): images use neither.
+        "gemma4": lambda: transformers.Gemma4Processor(None, *parts, None),
     }[arch]()
     texts = [policy.processor.prompt_text(s, views, TEMPLATE) for s in obs.instruction]
     if arch == "paligemma":  # its processor writes <bos> after the images and the closing newline itself
@@ -227,18 +241,17 @@ def test_smolvlm2_images_are_written_as_its_processor_writes_them():
     assert vision.texts == want and vision.units.tolist() == [5, 3, 5]
 
 
-@pytest.mark.parametrize(
-    "arch", ["gemma3", "idefics3", "smolvlm", "qwen3_5", "paligemma", "internvl", "llava_onevision", "glm4v"]
-)
+@pytest.mark.parametrize("arch", [family(arch) for arch in FAMILIES if arch != "qwen3_vl"])
 def test_a_folder_laid_out_as_the_hubs_loads_with_identical_logprobs(arch, tmp_path):
     policy = build_tiny(arch, prompt_template=TEMPLATE)
     rollout = policy.generate(observations(arch, [0]), sampling=Sampling(max_new_tokens=4, temperature=0))
     policy.save_pretrained(tmp_path)
     for name in ("config.json", "preprocessor_config.json", "tokenizer.json"):
         assert (tmp_path / name).is_file()
-    # PaliGemma has no chat template; Qwen3.5, PaliGemma, GLM-4.1V no processor numbers beyond the image processor's.
+    # PaliGemma has no chat template; Qwen3.5, PaliGemma, GLM-4.1V, Gemma 4 no processor numbers beyond the image
+    # processor's.
     assert (tmp_path / "chat_template.jinja").is_file() == (arch != "paligemma")
-    assert (tmp_path / "processor_config.json").is_file() == (arch not in ("qwen3_5", "paligemma", "glm4v"))
+    assert (tmp_path / "processor_config.json").is_file() == (arch not in ("qwen3_5", "paligemma", "glm4v", "gemma4"))
     from mmrl.policy import load_policy
     from mmrl.runtime.config import ModelConfig
 
@@ -301,7 +314,7 @@ def train_demo(arch: str, steps: int, tiny_run_config, out, letters_env) -> list
     return steps_logged
 
 
-@pytest.mark.parametrize("arch", FAMILIES)
+@pytest.mark.parametrize("arch", [family(arch) for arch in FAMILIES])
 def test_the_demo_task_trains_twenty_grpo_steps(arch, tiny_run_config, tmp_path, letters_env):
     train_demo(arch, 20, tiny_run_config, tmp_path, letters_env)  # 2 prompts x 2 samples x 6 tokens a step: 2-5 s
 
@@ -313,6 +326,10 @@ def test_a_family_this_transformers_lacks_is_named_before_anything_loads(tmp_pat
     monkeypatch.delitem(configuration_auto.CONFIG_MAPPING_NAMES, "qwen3_5")  # as in a transformers before Qwen3.5
     with pytest.raises(ValueError, match=r"model family 'qwen3_5' needs a transformers that has its classes"):
         VLMPolicy.from_pretrained(tmp_path)
+    # Gemma 4 (in transformers 5.19 and 5.24): its tiny model too is refused by name.
+    monkeypatch.delitem(configuration_auto.CONFIG_MAPPING_NAMES, "gemma4", raising=False)
+    with pytest.raises(ValueError, match=r"model family 'gemma4' needs a transformers that has its classes"):
+        build_tiny("gemma4")
     (tmp_path / "config.json").write_text('{"model_type": "llava"}')
     with pytest.raises(ValueError, match=r"model family 'llava' .* not supported yet; supported: qwen2_vl, "):
         VLMPolicy.from_pretrained(tmp_path)
@@ -322,7 +339,7 @@ def test_a_family_this_transformers_lacks_is_named_before_anything_loads(tmp_pat
         VLMPolicy.from_pretrained(tmp_path)
 
 
-@pytest.mark.parametrize("arch", ["gemma3", "idefics3", "paligemma", "internvl", "llava_onevision"])
+@pytest.mark.parametrize("arch", [family(arch) for arch in FAMILIES])
 def test_papo_masks_pixels_of_every_family_and_patches_only_where_rows_are_patches(arch):
     policy = build_tiny(arch, prompt_template=TEMPLATE)
     rollout = policy.generate(observations(arch, [0]), sampling=Sampling(max_new_tokens=2, temperature=0))
@@ -331,12 +348,19 @@ def test_papo_masks_pixels_of_every_family_and_patches_only_where_rows_are_patch
     assert masked.pixel_values.shape == rollout.pixel_values.shape and 0.4 < hidden.float().mean() < 0.6
     with torch.no_grad():
         assert not torch.allclose(policy.logprobs(masked), policy.logprobs(rollout))
-    with pytest.raises(ValueError, match="patches needs pixel rows that are vision patches"):
-        policy.masked(rollout, "patches", 0.5, torch.Generator().manual_seed(0))
+    if not policy.family.patch_rows:
+        with pytest.raises(ValueError, match="patches needs pixel rows that are vision patches"):
+            policy.masked(rollout, "patches", 0.5, torch.Generator().manual_seed(0))
+        return
+    patched = policy.masked(rollout, "patches", 0.5, torch.Generator().manual_seed(0))
+    rows = (patched.pixel_values != rollout.pixel_values).any(-1)  # [U] the patches hidden, each whole
+    assert 0.3 < rows.float().mean() < 0.7
+    with torch.no_grad():
+        assert not torch.allclose(policy.logprobs(patched), policy.logprobs(rollout))
 
 
 @pytest.mark.parametrize(
-    "arch", ["gemma3", "idefics3", "qwen3_5", "paligemma", "internvl", "llava_onevision", "glm4v"]
+    "arch", ["gemma3", "idefics3", "qwen3_5", "paligemma", "internvl", "llava_onevision", "glm4v", family("gemma4")]
 )
 def test_a_judge_of_any_family_scores_a_padded_batch_as_each_prompt_alone(arch):
     from mmrl.methods.judge import Judge
@@ -358,7 +382,7 @@ def test_a_judge_of_any_family_scores_a_padded_batch_as_each_prompt_alone(arch):
 
 
 @pytest.mark.parametrize(
-    "arch", ["gemma3", "idefics3", "qwen3_5", "paligemma", "internvl", "llava_onevision", "glm4v"]
+    "arch", ["gemma3", "idefics3", "qwen3_5", "paligemma", "internvl", "llava_onevision", "glm4v", family("gemma4")]
 )
 def test_progress_embeddings_come_from_every_familys_vision_tower(arch):
     from mmrl.methods.progress import trajectory_embeddings

@@ -10,6 +10,7 @@ import torch
 
 import sim
 import sim.gui  # registers gui_click and gui_task
+from mmrl.families import FAMILIES, missing_classes
 from mmrl.runtime.config import ConfigError, load_config
 from mmrl.runtime.paths import REPO
 
@@ -112,7 +113,12 @@ def test_gui_task_clicks_act_where_the_convention_points():
 SYSTEM = "You are a careful annotator."
 
 
-@pytest.mark.parametrize("arch", ["qwen3_vl", "gemma3"])  # its own system turn; folded into Gemma 3's first user turn
+# Qwen3-VL's and Gemma 4's own system turn; folded into Gemma 3's first user turn.
+@pytest.mark.parametrize(
+    "arch",
+    ["qwen3_vl", "gemma3",
+     pytest.param("gemma4", marks=pytest.mark.skipif(bool(missing_classes("gemma4")), reason=missing_classes("gemma4")))],
+)  # fmt: skip
 def test_the_system_prompt_reaches_the_prompt_ids_as_the_familys_template_renders_it(arch):
     from mmrl.policy import apply_model_options, load_policy
     from mmrl.policy.vision import to_pil
@@ -302,11 +308,18 @@ def test_a_family_without_a_chat_template_refuses_the_system_prompt():
         apply_model_options(load_policy(cfg.model), cfg.model)
 
 
-def test_the_config_side_repeats_the_family_tables_units_and_pixel_bounds():
-    """`mmrl.runtime.conventions` repeats two columns of the family table (the policy package imports the config module,
-    not the other way round): they must agree, family for family."""
-    from mmrl.families import FAMILIES
-    from mmrl.runtime.conventions import FAMILY_COORDINATES, PIXEL_BOUND_FAMILIES
-
-    assert FAMILY_COORDINATES == {name: family.coordinates for name, family in FAMILIES.items()}
-    assert {name for name, family in FAMILIES.items() if family.pixel_bounds} == PIXEL_BOUND_FAMILIES
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_a_folder_of_each_family_gives_the_env_that_familys_units_and_resized_side(name, tmp_path):
+    """The config reads the family table itself: a folder whose config.json names the family gets its units; asked for
+    pixels, a family whose processor resizes within a pixel budget (Qwen-VL's smart_resize) gets the side it resizes
+    to, any other the error that asks for `env.options.input_size`."""
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": name}))
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({"patch_size": 14, "merge_size": 2}))
+    folder = [f"model.path={tmp_path}", "env.options.image_size=128"]
+    assert load_config(None, folder).env.options["coordinates"] == FAMILIES[name].coordinates
+    pixels = [*folder, "env.options.coordinates=pixels"]
+    if FAMILIES[name].pixel_bounds:  # by hand: 128 px onto a 28 px grid (14 px patches, merge 2) is 5 x 28 = 140 px
+        assert load_config(None, pixels).env.options["input_size"] == 140
+    else:
+        with pytest.raises(ConfigError, match=rf"is 'pixels' for a {name} model.*env\.options\.input_size"):
+            load_config(None, pixels)

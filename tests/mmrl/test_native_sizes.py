@@ -15,6 +15,7 @@ from PIL import Image
 
 import sim
 from mmrl.build import native_pixel_bounds
+from mmrl.families import missing_classes
 from mmrl.policy import build_tiny
 from mmrl.runtime.config import ConfigError, load_config
 from mmrl.types import Sampling
@@ -35,6 +36,16 @@ def two_sizes(tmp_path) -> Path:
     return tmp_path / "data.jsonl"
 
 
+def samples_and_rescores(policy, obs) -> None:
+    """The batch of `obs` samples, and the sampled log-probs equal the training forward's."""
+    torch.manual_seed(0)
+    rollout = policy.generate(obs, group_size=1, sampling=Sampling(max_new_tokens=3, temperature=1.0))
+    with torch.no_grad():
+        again = policy.logprobs(rollout)
+    mask = rollout.completion_mask
+    torch.testing.assert_close(again[mask], rollout.logprobs[mask], atol=1e-5, rtol=0)
+
+
 def test_qwen_sees_each_image_at_its_own_size(two_sizes):
     """Qwen2-VL (14 px patches, 2x2 merge: a 28 px grid): the env's 308x196 and 56x56 reach the vision tower as
     they are (grids 14x22 and 4x4 patches), so their token counts differ per row, and the batch samples and
@@ -46,12 +57,7 @@ def test_qwen_sees_each_image_at_its_own_size(two_sizes):
     inputs = policy.encode(obs)
     assert inputs.vision.per_image["image_grid_thw"].tolist() == [[1, 14, 22], [1, 4, 4]]
     assert inputs.vision.tokens.tolist() == [14 * 22 // 4, 4 * 4 // 4]
-    torch.manual_seed(0)
-    rollout = policy.generate(obs, group_size=1, sampling=Sampling(max_new_tokens=3, temperature=1.0))
-    with torch.no_grad():
-        again = policy.logprobs(rollout)
-    mask = rollout.completion_mask
-    torch.testing.assert_close(again[mask], rollout.logprobs[mask], atol=1e-5, rtol=0)
+    samples_and_rescores(policy, obs)
 
 
 def test_gemma3_resizes_each_image_itself(two_sizes):
@@ -65,6 +71,25 @@ def test_gemma3_resizes_each_image_itself(two_sizes):
     assert inputs.vision.tokens.tolist() == [4, 4]  # image_seq_length of the tiny model, per image
     rollout = policy.generate(obs, group_size=1, sampling=Sampling(max_new_tokens=2, temperature=1.0))
     assert rollout.completion_ids.shape[0] == 2
+
+
+@pytest.mark.skipif(bool(missing_classes("gemma4")), reason=missing_classes("gemma4"))
+def test_gemma4_keeps_each_images_aspect_within_its_patch_budget(two_sizes):
+    """Gemma 4's processor resizes each image, aspect kept, to the most patches its budget allows (the tiny model: 70
+    soft tokens of 3 x 3 patches of 4 px, 630 patches; sides multiples of 12 px), so native sizes cost different
+    tokens. By hand (the env's native sizes, on its default 28 px grid): 196 x 308 px scales by
+    sqrt(630 * 16 / 60368) to 80 x 126, down to 72 x 120 px = 18 x 30 = 540 patches = 60 soft tokens; 56 x 56 px up
+    to 100 x 100, down to 96 x 96 = 576 patches = 64. Both rows are padded to 630 patches and batch together, and the
+    batch samples and re-scores."""
+    policy = build_tiny("gemma4", seed=0)
+    env = sim.make("dataset", num_envs=2, path=two_sizes, split="all", shuffle=False, resize="native")
+    obs = env.reset(seed=[0, 1])
+    assert obs.sizes.tolist() == [[196, 308], [56, 56]]
+    inputs = policy.encode(obs)
+    assert tuple(inputs.vision.pixel_values.shape) == (2, 630, 3 * 4 * 4)
+    assert (inputs.vision.per_image["image_position_ids"] >= 0).all(-1).sum(-1).tolist() == [540, 576]
+    assert inputs.vision.tokens.tolist() == [60, 64]
+    samples_and_rescores(policy, obs)
 
 
 def config(*overrides: str):

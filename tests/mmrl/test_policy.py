@@ -313,6 +313,23 @@ def test_saved_policy_loads_back_with_identical_logprobs(arch, tmp_path, tiny_po
     torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_the_tiny_folders_carry_their_familys_released_chat_template(arch):
+    """scripts/make_assets.py writes the released templates; TRL keeps copies of them for identity comparison."""
+    from importlib.resources import files
+
+    from mmrl.policy.vlm.tiny import tiny_processor
+
+    pytest.importorskip("trl")
+    released = {"qwen2_vl": "qwen2_5_vl", "qwen2_5_vl": "qwen2_5_vl", "qwen3_vl": "qwen3_vl"}[arch]  # 2 = 2.5
+    processor = tiny_processor(arch)
+    assert processor.tokenizer.chat_template == (files("trl") / "chat_templates" / f"{released}.jinja").read_text()
+    # Qwen2-VL's and Qwen2.5-VL's open every chat with a default system turn; Qwen3-VL's with the user's turn.
+    default = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+    want = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Find it.<|im_end|>\n<|im_start|>assistant\n"
+    assert processor.prompt_text("Find it.") == (want if arch == "qwen3_vl" else default + want)
+
+
 def test_greedy_generation_is_deterministic(tiny_policy, grounding_obs):
     policy = tiny_policy("qwen2_vl", seed=0)
     obs = grounding_obs("qwen2_vl", [7, 8])

@@ -33,8 +33,8 @@ untied).
 
 **Refusals.** `unsupported_reason` says why vLLM cannot sample for a model here, from the family's `VLLMFacts`: its
 processor's vocabulary or Python needs, its image limit, and on vLLM's CPU build its kernels' dtypes and sizes, or
-an attention pattern the CPU build lacks (Gemma 3's and PaliGemma's bidirectional attention). The backend raises it
-before an engine starts.
+an attention pattern the CPU build lacks (Gemma 3's and PaliGemma's bidirectional attention); a family whose vLLM
+path has not been checked (Gemma 4) is refused everywhere. The backend raises it before an engine starts.
 """
 
 from __future__ import annotations
@@ -228,6 +228,8 @@ def unsupported_reason(family: Family, tokenizer, config, dtype: torch.dtype, on
         images: the images a prompt would hold (`limit_mm_per_prompt`).
     """
     facts = family.vllm
+    if facts.refused:
+        return facts.refused
     vocab = tokenizer.get_vocab()
     missing = [entry for entry in facts.vocab if entry not in vocab]
     if missing:

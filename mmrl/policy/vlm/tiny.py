@@ -1,9 +1,10 @@
 """Tiny real models built offline from the files in assets/ (no model hub).
 
 The architectures are the real `transformers` classes at about 0.2-1 M parameters: Qwen2-VL, Qwen2.5-VL and Qwen3-VL
-with the locally trained tokenizer in assets/tokenizer (`TINY_ARCHS`, written by `scripts/make_assets.py`), and the
+with the locally trained tokenizer in assets/tokenizer and each its family's released chat template from its folder
+(`TINY_ARCHS`, written by `scripts/make_assets.py`), and the
 other families (`FAMILY_ARCHS`: Gemma 3, Idefics3 / SmolVLM, SmolVLM2, Qwen3.5, PaliGemma, InternVL,
-LLaVA-OneVision, GLM-4.1V), each a folder laid out as the hub's less the weights,
+LLaVA-OneVision, GLM-4.1V, Gemma 4), each a folder laid out as the hub's less the weights,
 with its own tokenizer, special tokens and chat template (`scripts/make_family_assets.py`).
 """
 
@@ -28,6 +29,7 @@ FAMILY_ARCHS = (
     "internvl",
     "llava_onevision",
     "glm4v",
+    "gemma4",
 )  # one self-contained folder each
 ALL_TINY_ARCHS = TINY_ARCHS + FAMILY_ARCHS
 
@@ -37,6 +39,7 @@ def tiny_processor(arch: str = "qwen2_vl") -> VisionTextProcessor:
     if arch in FAMILY_ARCHS:
         return VisionTextProcessor.from_pretrained(folder)
     tokenizer = AutoTokenizer.from_pretrained(ASSETS / "tokenizer")
+    tokenizer.chat_template = (folder / "chat_template.jinja").read_text()  # the family's own (Qwen3-VL's differs)
     image_processor = AutoImageProcessor.from_pretrained(folder)
     return VisionTextProcessor(tokenizer, image_processor, arch)
 
