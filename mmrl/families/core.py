@@ -144,3 +144,13 @@ class Family:
         if prompt_length is not None:
             types[:, prompt_length:] = 1
         return types
+
+
+def tokens_per_unit(key: str) -> Callable[..., torch.Tensor]:
+    """The `features` of a family whose every vision unit (an image, a tile) takes the same number of tokens, read from
+    the image processor's settings under `key`."""
+
+    def features(units: torch.Tensor, per_image: dict, settings: dict, image_processor=None) -> torch.Tensor:
+        return units * int(settings[key])
+
+    return features

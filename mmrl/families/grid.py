@@ -69,7 +69,7 @@ QWEN2_VL = _qwen("qwen2_vl", "0-1000")
 QWEN2_5_VL = _qwen("qwen2_5_vl", "pixels")
 QWEN3_VL = _qwen("qwen3_vl", "0-1000")
 # Qwen3.5: Qwen3-VL's vision stack and tokens in a hybrid (Gated DeltaNet + attention) language model; its
-# coordinates are taken as Qwen3-VL's 0-1000 (not confirmed from a Qwen3.5 model card on this machine).
+# coordinates are taken as Qwen3-VL's 0-1000 (no Qwen3.5 model card documents them).
 # vLLM's CPU build runs its Gated DeltaNet layers in bfloat16 only ("CPU GDN attention requires BF16"), and its
 # kernel refuses head sizes 16 ("multiples of 32") and 32 ("Unexpected head dim size"); 64 and 128 ran.
 QWEN3_5 = _qwen(
@@ -84,7 +84,7 @@ QWEN3_5 = _qwen(
 # GLM-4.1V (zai-org/GLM-4.1V-9B-Thinking: `[gMASK]<sop>`, then `<|user|>` / `<|assistant|>` turns with no closing
 # token: the model ends its answer with `<|user|>`, `<|observation|>` or `<|endoftext|>`, its EOS tokens), Qwen2-VL's
 # vision layout and M-RoPE. Boxes `<|begin_of_box|>[x1, y1, x2, y2]<|end_of_box|>` relative, taken as 0-1000 (the
-# GLM-V README's grounding examples; not confirmed from a model card on this machine).
+# GLM-V README's grounding examples).
 GLM4V = Family(
     name="glm4v",
     image_token="<|image|>",

@@ -12,7 +12,7 @@ import math
 import torch
 from PIL import Image
 
-from .core import Family, Vision, VLLMFacts
+from .core import Family, Vision, VLLMFacts, tokens_per_unit
 
 # ---------------------------------------------------------------------------------------------- Idefics3 / SmolVLM
 
@@ -51,17 +51,13 @@ def _idefics3_vision(image_processor, images: list[Image.Image], settings: dict,
     )
 
 
-def _idefics3_features(units: torch.Tensor, per_image: dict, settings: dict, image_processor=None) -> torch.Tensor:
-    return units * int(settings["image_seq_len"])
-
-
 def _idefics3_like(name: str, vllm: VLLMFacts | None = None) -> Family:
     return Family(
         name=name,
         image_token="<image>",
         template_image="<image>",
         vision=_idefics3_vision,
-        features=_idefics3_features,
+        features=tokens_per_unit("image_seq_len"),
         turn_start="<|im_start|>",
         turn_end="<end_of_utterance>",
         coordinates="0-1",
@@ -100,10 +96,6 @@ def _internvl_vision(image_processor, images: list[Image.Image], settings: dict,
     )
 
 
-def _internvl_features(units: torch.Tensor, per_image: dict, settings: dict, image_processor=None) -> torch.Tensor:
-    return units * int(settings["image_seq_length"])
-
-
 # InternVL 3 (OpenGVLab/InternVL3-1B-hf: Qwen2.5's <|im_start|> / <|im_end|> turns). InternVL writes boxes as
 # <box>[[x1, y1, x2, y2]]</box> normalised to 0-1000 (InternVL2 / 3 model cards, "grounding").
 INTERNVL = Family(
@@ -111,7 +103,7 @@ INTERNVL = Family(
     image_token="<IMG_CONTEXT>",
     template_image="<IMG_CONTEXT>",
     vision=_internvl_vision,
-    features=_internvl_features,
+    features=tokens_per_unit("image_seq_length"),
     turn_start="<|im_start|>",
     turn_end="<|im_end|>",
     coordinates="0-1000",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from PIL import Image
 
-from .core import Family, Vision, VLLMFacts
+from .core import Family, Vision, VLLMFacts, tokens_per_unit
 
 # vLLM's CPU attention (`CPUAttentionBackend`) has no `supports_mm_prefix`: image tokens attend causally there.
 _CPU_CAUSAL = (
@@ -40,10 +40,6 @@ def _gemma3_vision(image_processor, images: list[Image.Image], settings: dict, p
     )
 
 
-def _gemma3_features(units: torch.Tensor, per_image: dict, settings: dict, image_processor=None) -> torch.Tensor:
-    return units * int(settings["image_seq_length"])
-
-
 # Gemma 3 (google/gemma-3-4b-it model card; the chat template's <start_of_turn>user / model turns). It has no
 # documented box format; PaliGemma's <locYYYY> tokens are 0-1023 bins, and Gemma 3 prompts in the wild ask for
 # 0-1000 boxes, which is what we use.
@@ -52,7 +48,7 @@ GEMMA3 = Family(
     image_token="<image_soft_token>",
     template_image="<start_of_image>",
     vision=_gemma3_vision,
-    features=_gemma3_features,
+    features=tokens_per_unit("image_seq_length"),
     turn_start="<start_of_turn>",
     turn_end="<end_of_turn>",
     coordinates="0-1000",
@@ -156,7 +152,7 @@ def _gemma4_features(units: torch.Tensor, per_image: dict, settings: dict, image
 # `<turn|>`, `<|image|>` where an image's soft tokens go, between `<|image>` and `<image|>`). Its EOS tokens are
 # `<eos>`, `<turn|>` and `<|tool_response>` (generation_config.json). Its forward takes the image marks as
 # `mm_token_type_ids` (bidirectional attention within an image on sliding-window layers where the checkpoint asks for
-# it, `use_bidirectional_attention="vision"`). No box format is documented on this machine; Gemini's is 0-1000
+# it, `use_bidirectional_attention="vision"`). No box format is documented in a model card; Gemini's is 0-1000
 # (as [y0, x0, y1, x1]), and "0-1000" (in the x0, y0, x1, y1 order our parsers read) is our choice, not confirmed.
 GEMMA4 = Family(
     name="gemma4",

@@ -8,8 +8,8 @@ name. What happens to a folder afterwards (a full disk, a copy cut short, a file
 caught by `manifest.json`, written last: every other file's size, and the SHA-256 of the small ones (up to
 `HASHED_BYTES`: the JSON files, the tokenizer; hashing the weights would cost seconds per GB at every save and
 resume, and a cut or missing weight file already shows in its size). A checkpoint is complete when every file the
-manifest lists is there with its size and hash (`checkpoint_problem`). Folders written before manifests existed are
-checked by what they must hold instead: a readable `trainer_state.json`, a non-empty `training_state.pt` and
+manifest lists is there with its size and hash (`checkpoint_problem`). A folder without a manifest is checked by
+what it must hold instead: a readable `trainer_state.json`, a non-empty `training_state.pt` and
 weights whose safetensors headers match their sizes.
 
 `latest_checkpoint` returns the newest complete checkpoint, warning (one line each) about newer ones it skips;

@@ -11,7 +11,7 @@ per mini-batch, and the critic's step beside the policy's.
 The update draws its own mini-batches (one draw a step, alike in every process), builds PAPO's masked copy of the
 rows through the policy's `masked` verb, and steps only the pieces it is given (`Learner`). With one epoch, one
 mini-batch and no critic this is one pass of gradient accumulation and one optimiser step, the old log-probs being
-the sampler's: bit for bit what the loop did before epochs existed.
+the sampler's: bit for bit a plain policy-gradient step.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 On CPU the static backend runs without compilation (transformers compiles the decoding step on CUDA only; see
 `mmrl.policy.engines.backends`), so these tests pin what must not change when it is compiled: the same tokens and the
-same sampling-time log-probs as `hf`. vLLM is not installed here and cannot run on CPU: its engine tests skip
-unless vLLM and a GPU are present (`-m gpu`), and only its pure functions run here.
+same sampling-time log-probs as `hf`. vLLM lives in its own environment (`.venv-vllm`), where tests/vllm runs its
+engines (on the CPU build, and on a GPU with `-m gpu`); only the vLLM backend's pure functions run here.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from PIL import Image
 
 from mmrl.policy import TINY_ARCHS, Sampling, VLMPolicy, add_action_tokens
 from mmrl.policy.engines.backends import StaticCacheBackend
-from mmrl.policy.engines.vllm_colocated import completions_from_vllm, sampling_params_kwargs, vllm_requests
+from mmrl.policy.engines.vllm_prompts import completions_from_vllm, sampling_params_kwargs, vllm_requests
 from sim.base import Observation
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -290,19 +290,3 @@ def test_compiled_static_cache_on_cuda_gives_the_hf_tokens(arch, tiny_policy, gr
         torch.testing.assert_close(got.logprobs[mask], want.logprobs[mask], rtol=0, atol=1e-3)
         recomputed = policy.logprobs(got, temperature=sampling.temperature).detach()
         torch.testing.assert_close(got.logprobs[mask], recomputed[mask], rtol=0, atol=1e-3)
-
-
-# ---------------------------------------------------------------------------------------------- vLLM, GPU only
-@pytest.mark.gpu
-@pytest.mark.skipif(not HAS_VLLM or not torch.cuda.is_available(), reason="needs vLLM and a CUDA device")
-def test_vllm_backend_samples_what_the_policy_scores(tiny_policy, grounding_obs):  # pragma: no cover - GPU only
-    policy = tiny_policy("qwen2_5_vl", seed=0)
-    policy.model.to("cuda")
-    policy.set_generation_backend("vllm", gpu_memory_utilization=0.2, max_model_len=1024, enforce_eager=True)
-    torch.manual_seed(0)
-    rollout = policy.generate(grounding_obs("qwen2_5_vl", [0, 0, 1, 1]), group_size=2, sampling=SAMPLING)
-    assert rollout.completion_ids.shape[0] == 4
-    assert not torch.isin(rollout.completion_ids, torch.tensor(policy.suppress_token_ids, device="cuda")).any()
-    recomputed = policy.logprobs(rollout, temperature=SAMPLING.temperature).detach()
-    mask = rollout.completion_mask
-    torch.testing.assert_close(rollout.logprobs[mask], recomputed[mask], rtol=0, atol=1e-2)

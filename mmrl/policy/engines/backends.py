@@ -16,9 +16,8 @@
   dominates decoding at RL batch sizes. **Compilation is skipped on CPU**, deliberately: transformers' own
   auto-compile criteria leave the CPU out, and compiling even the tiny test models on CPU takes minutes. On CPU
   the backend is therefore the static cache without compilation, which the tests check gives the `hf` tokens and
-  log-probs. The compiled path is tested on CUDA (`-m gpu`: `hf`'s tokens in float32 on the tiny models) and
-  measured on an H200 (BENCHMARKS.md: 2.09x `hf`'s tokens/s at 3B after a 46 s compile; in bfloat16 at 3B its
-  greedy tokens leave `hf`'s at near-ties, from rounding). **Nor is it compiled outside the main thread**
+  log-probs. The compiled path is tested on CUDA (`-m gpu`: `hf`'s tokens in float32 on the tiny models; its speed
+  against `hf` is in BENCHMARKS.md; in bfloat16 its greedy tokens may leave `hf`'s at near-ties, from rounding). **Nor is it compiled outside the main thread**
   (pipelined collection, `trainer.max_staleness: 1`, generates in a thread): torch's CUDA graph trees keep
   thread-local state that a Python thread lacks, and the first compiled call there fails with an AssertionError in
   `cudagraph_trees.get_obj` (seen on an H100 with torch 2.11; pytorch/pytorch#123177). There the backend decodes

@@ -4,7 +4,7 @@ The colocated backend (`mmrl.policy.engines.vllm_colocated`) runs the engine in 
 update while it samples. Here the engine lives in a child process the backend starts at its first `sample`, so the
 trainer's collector thread (`trainer.max_staleness` = k >= 1, `mmrl.stages.collect`) can sample step s + k there
 while this process updates. Tested on CPU with vLLM's CPU build (tests/vllm/test_engine_process.py); the GPU weight
-transfer below follows vLLM 0.32's interface but has not run here (no GPU was lent).
+transfer below follows vLLM 0.32's interface (docs/vllm.md says what has run where).
 
 How it works:
 
@@ -13,8 +13,8 @@ How it works:
   without adapters, uninitialised: `mmrl.runtime.distributed.unsharded_module`), whose parameters live in shared
   memory. It wraps the shadow in a colocated `VLLMBackend` of its own and serves `sample` and `sync` calls over a
   pipe, with `threads` torch / OpenMP threads (the trainer's, set before vLLM starts: vLLM's CPU worker makes
-  `torch.set_num_threads` a no-op afterwards, and a child left at every core sampled 7x slower than the colocated
-  engine on a shared 2-core machine). Everything vLLM prints goes to `log_file`; every error of this backend names
+  `torch.set_num_threads` a no-op afterwards, and a child left at every core spins its threads against the
+  trainer's: BENCHMARKS.md has the figures). Everything vLLM prints goes to `log_file`; every error of this backend names
   it and quotes its last lines.
 * **Weights, on CPU: shared-memory tensors plus the worker's `reload_weights`.** A push copies the policy's weights
   (LoRA merged, `merged_named_weights`) into the shadow's (one memcpy, in this process) and tells the child, which
@@ -66,9 +66,10 @@ from ...runtime import distributed
 from ...types import Completions, Sampling
 from ..lora import merged_named_weights, plain_model
 from ..tokens import GenerationTarget
-from .vllm_colocated import VLLMBackend, engine_named_weights, free_port, weights_version
+from .vllm_colocated import VLLMBackend, free_port
+from .vllm_prompts import engine_named_weights, weights_version
 
-DEFAULT_START_TIMEOUT_S = 600.0  # importing vLLM and building the engine: 12-34 s here, minutes for a large model
+DEFAULT_START_TIMEOUT_S = 600.0  # importing vLLM and building the engine: seconds for a tiny model, minutes for a large one
 DEFAULT_TIMEOUT_S = 600.0
 
 
@@ -86,8 +87,8 @@ class VLLMProcessBackend:
             temporary folder.
         threads: the child's torch / OpenMP threads (CPU); None: this process's `torch.get_num_threads()` when the
             child starts (the trainer's `trainer.threads`). Set before vLLM starts: afterwards vLLM's CPU worker makes
-            `torch.set_num_threads` a no-op, and a child left at torch's default (every core) sampled 7-37x slower
-            with its compiled kernels on a shared 2-core machine (BENCHMARKS.md).
+            `torch.set_num_threads` a no-op, and a child left at torch's default (every core) samples far slower
+            with its compiled kernels on a machine it shares with the trainer (BENCHMARKS.md).
         engine_options: the child's `VLLMBackend` arguments (`gpu_memory_utilization`, `max_model_len`,
             `max_num_seqs`, ...).
     """
@@ -360,8 +361,8 @@ def _serve(conn, options: dict, log_file: str, threads: int) -> None:
     os.dup2(fd, 2)
     # The thread count, now: vLLM's CPU worker replaces `torch.set_num_threads` with a no-op once it starts, so its
     # own "reducing torch threads to 1" never happens, and the spawned child would keep torch's default (every core)
-    # for the kernels it compiles; on a 2-core machine shared with the trainer those threads spin against each other
-    # (a sample call 7-37x slower). OMP_NUM_THREADS tells vLLM the count was chosen.
+    # for the kernels it compiles; on a machine shared with the trainer those threads spin against each other
+    # (BENCHMARKS.md). OMP_NUM_THREADS tells vLLM the count was chosen.
     os.environ["OMP_NUM_THREADS"] = str(threads)
     torch.set_num_threads(threads)
     # The engine's own one-process group: under torchrun this process inherited the trainer rank's RANK, WORLD_SIZE
@@ -486,7 +487,7 @@ def weight_source(policy: GenerationTarget):
 
 
 def _gpu_transfer(backend: VLLMProcessBackend, policy: GenerationTarget):
-    """vLLM's trainer-side CUDA IPC weight transfer over `policy`'s `weight_source` (GPU only; not run here).
+    """vLLM's trainer-side CUDA IPC weight transfer over `policy`'s `weight_source` (GPU only).
 
     Rank-local: vLLM's IPC trainer engine all-gathers the IPC handles over torch.distributed's default group and
     waits at a barrier after each send, for trainer ranks that feed one tensor-parallel engine together. Under

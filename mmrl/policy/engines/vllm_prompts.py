@@ -1,4 +1,5 @@
-"""What the vllm backend hands vLLM for a model family: its prompts, its weights' names, and what it refuses.
+"""What the vllm backend hands vLLM and takes back: a family's prompts, its weights' names and what it refuses; the
+sampling parameters, the completions, the weights with their version.
 
 Tested on vLLM's CPU build (tests/vllm/test_vllm_families.py) for Idefics3 (SmolVLM v1), SmolVLM2, Qwen3.5 (bfloat16),
 InternVL, LLaVA-OneVision and GLM-4.1V, and for Gemma 3 and PaliGemma with their CPU refusal lifted against a causal
@@ -48,9 +49,13 @@ import torch
 from sim.base import Observation
 
 from ...families import Family
-from ..lora import plain_model
+from ...runtime import distributed
+from ...types import Completions, Sampling
+from ..lora import merged_named_weights, plain_model
 from ..tokens import GenerationTarget
 from ..vision import to_pil
+
+BANNED_LOGIT_BIAS = -100.0  # vLLM's logit_bias for tokens never to sample (the OpenAI API's floor)
 
 
 def _tokens(tokenizer, text: str, cache: dict[str, list[int]]) -> list[int]:
@@ -266,3 +271,115 @@ def unsupported_reason(family: Family, tokenizer, config, dtype: torch.dtype, on
         if value is not None and value not in values:
             return f"vLLM's CPU kernels for {family.name} take {key} in {values}, and the model's is {value}"
     return None
+
+
+# ---------------------------------------------------------------------------------------------- sampling, completions, weights
+def sampling_params_kwargs(
+    policy: GenerationTarget, group_size: int, sampling: Sampling, seed: int | None = None
+) -> dict:
+    """Keyword arguments of `vllm.SamplingParams` equivalent to the `hf` backend's `generate` call.
+
+    Greedy asks for one completion per prompt (the caller repeats it G times); `top_k <= 0` is -1 (off) in vLLM.
+    A VLA emits exactly C*D tokens restricted to its action tokens; a text policy stops at its EOS ids and never
+    samples a vision placeholder.
+    """
+    greedy = sampling.temperature <= 0
+    kwargs: dict[str, Any] = {
+        "n": 1 if greedy else group_size,
+        "temperature": 0.0 if greedy else sampling.temperature,
+        "top_p": 1.0 if greedy else sampling.top_p,
+        "top_k": -1 if greedy or sampling.top_k <= 0 else sampling.top_k,
+        "repetition_penalty": 1.0,
+        "logprobs": 0,  # the sampled token's log-prob only
+        "detokenize": False,  # GenerationTarget decodes the ids itself
+        "seed": seed,
+    }
+    codec = policy.action_codec
+    if codec is not None:
+        tokens = codec.tokens_per_generation
+        kwargs.update(
+            max_tokens=tokens, min_tokens=tokens, allowed_token_ids=codec.token_ids.tolist(), ignore_eos=True
+        )
+    else:
+        kwargs.update(max_tokens=sampling.max_new_tokens, stop_token_ids=list(policy.eos_token_ids))
+        if policy.suppress_token_ids:
+            kwargs["logit_bias"] = {int(t): BANNED_LOGIT_BIAS for t in policy.suppress_token_ids}
+    return kwargs
+
+
+def scheduler_chunks(tokens: Sequence[int], n: int, batch_tokens: int, max_seqs: int) -> list[tuple[list[int], bool]]:
+    """Consecutive runs of prompts whose prefill fits one scheduler step, each with whether it can be seeded.
+
+    vLLM's CPU sampler fails a seeded request whose prefill is split across scheduler steps, and one step takes at
+    most `batch_tokens` prompt tokens and `max_seqs` sequences (each of a prompt's n samples is a sequence of its
+    own). A call is sent as such runs, one after another, each seeded; a prompt that alone does not fit goes alone,
+    unseeded.
+
+    >>> scheduler_chunks([30, 30, 30, 80], n=2, batch_tokens=128, max_seqs=16)
+    [([0, 1], True), ([2], True), ([3], False)]
+    """
+    chunks: list[tuple[list[int], bool]] = []
+    run, used = [], 0
+    for i, t in enumerate(tokens):
+        cost = int(t) * n
+        if run and (used + cost > batch_tokens or (len(run) + 1) * n > max_seqs):
+            chunks.append((run, True))
+            run, used = [], 0
+        if cost > batch_tokens or n > max_seqs:
+            chunks.append(([i], False))
+            continue
+        run, used = run + [i], used + cost
+    if run:
+        chunks.append((run, True))
+    return chunks
+
+
+def completions_from_vllm(outputs: Sequence[Any], pad_token_id: int, repeat: int = 1) -> Completions:
+    """`Completions` from vLLM's `RequestOutput`s (one per prompt, in prompt order).
+
+    Reads `output.outputs` (the `CompletionOutput`s of a prompt, ordered by `.index`), each with `.token_ids`
+    (the sampled ids; a final EOS included) and `.logprobs` (one `{token_id: Logprob(logprob=...)}` dict per
+    sampled token, as `SamplingParams(logprobs=0)` returns them).
+
+    Args:
+        outputs: B request outputs.
+        pad_token_id: fills each row after its last token.
+        repeat: each completion is repeated this many times (greedy decoding sampled one per prompt).
+
+    Returns:
+        R = B * (completions per prompt) * repeat rows; the mask is True on each row's own tokens.
+    """
+    rows = [c for request in outputs for c in sorted(request.outputs, key=lambda c: c.index) for _ in range(repeat)]
+    if not rows:
+        raise ValueError("vLLM returned no completions")
+    length = max(max(len(c.token_ids) for c in rows), 1)
+    completion_ids = torch.full((len(rows), length), pad_token_id, dtype=torch.long)  # [R, L]
+    logprobs = torch.zeros(len(rows), length)  # [R, L]
+    for r, c in enumerate(rows):
+        ids = list(c.token_ids)
+        if c.logprobs is None or len(c.logprobs) != len(ids):
+            raise ValueError("vLLM returned no per-token log-probs: SamplingParams(logprobs=0) is required")
+        completion_ids[r, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        logprobs[r, : len(ids)] = torch.tensor([step[t].logprob for step, t in zip(c.logprobs, ids)])
+    lengths = torch.tensor([len(c.token_ids) for c in rows])  # [R]
+    mask = torch.arange(length).unsqueeze(0) < lengths.unsqueeze(1)  # [R, L]
+    return Completions(completion_ids=completion_ids, completion_mask=mask, logprobs=logprobs.masked_fill(~mask, 0.0))
+
+
+def engine_named_weights(model) -> list[tuple[str, torch.Tensor]]:
+    """What a weight push hands vLLM: `model`'s weights with LoRA merged (`merged_named_weights`), detached, under the
+    names its hub checkpoints use (`checkpoint_named_weights`, a tied head named too), in a fixed order.
+
+    Every route sends this: the colocated engine's `sync_weights` (and through it the engine process's CPU route,
+    whose child syncs from its shared-memory shadow) and the engine process's GPU weight transfer
+    (`vllm_engine.weight_source`). The tensors are the model's own, or new ones where a LoRA delta is merged.
+    """
+    weights = [(name, tensor.detach()) for name, tensor in merged_named_weights(model)]
+    return checkpoint_named_weights(model, weights)
+
+
+def weights_version(model) -> tuple[int, ...]:
+    """Version counters of the trainable parameters: they change whenever an optimiser updates them in place. For a
+    model FSDP2 shards (torchrun), those of the shards (`distributed.parameter_versions`): the whole parameters
+    `full_weights` gathers for generation keep theirs across an update."""
+    return distributed.parameter_versions(model)

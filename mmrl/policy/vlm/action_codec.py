@@ -111,8 +111,8 @@ class ActionCodec:
 
 def action_rows_seed(seed: int) -> int:
     """The generator seed of the new action-token rows for run seed `seed`: a hash, not `seed` itself, because other
-    streams start from `torch.Generator().manual_seed(seed)` (the cold start's batches; until 2026-11-26 also the
-    demonstrations' execution noise, whose first draws the rows' perturbations then were)."""
+    streams start from `torch.Generator().manual_seed(seed)` (the cold start's batches), whose first draws the rows'
+    perturbations would otherwise be)."""
     return stream_seed("action-token rows", seed)
 
 

@@ -506,7 +506,7 @@ class VLMPolicy(Policy):
         `patches` needs a family whose pixel rows are patches (Qwen-VL); every family takes `pixels`."""
         if domain == "patches" and not self.family.patch_rows:
             raise ValueError(
-                "algo.papo_mask_domain=patches needs pixel rows that are vision patches (Qwen-VL); a "
+                "algo.papo_mask=patches needs pixel rows that are vision patches (Qwen-VL); a "
                 f"{self.family.name} model's are not: use pixels"
             )
         return masked_images(batch, domain, ratio, generator, self.processor.image_processor)
