@@ -350,3 +350,9 @@ class Demonstrations:
     def describe(self) -> str:
         return (f"{len(self)} demonstration rows from {self.episodes} episodes (demonstrator success "
                 f"{self.success_rate:.2f})")
+
+
+# The batch types a checkpoint may hold (the steps queued ahead by asynchronous collection): `torch.load` with
+# `weights_only=True` builds these and nothing else of the project (`mmrl.runtime.checkpoint`). A kind whose rollout
+# is a type of its own appends it where it defines it.
+CHECKPOINT_TYPES: list[type] = [Collected, Episodes, Rollout]

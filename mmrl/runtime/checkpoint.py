@@ -12,6 +12,12 @@ manifest lists is there with its size and hash (`checkpoint_problem`). A folder 
 what it must hold instead: a readable `trainer_state.json`, a non-empty `training_state.pt` and
 weights whose safetensors headers match their sizes.
 
+`training_state.pt` holds tensors and plain data only (the numpy RNG state as a tensor; the steps queued ahead by
+asynchronous collection as the project's own batch dataclasses, `mmrl.types.CHECKPOINT_TYPES`), so it loads with
+`torch.load(..., weights_only=True)`: a checkpoint folder handed over by someone else cannot run code when resumed. A checkpoint
+written before this format resumes only with the opt-in `MMRL_TRUST_CHECKPOINTS=1` (environment), which loads it as
+a full pickle: for folders one wrote oneself.
+
 `latest_checkpoint` returns the newest complete checkpoint, warning (one line each) about newer ones it skips;
 `resume_checkpoint` is what `resume=true` starts from, and refuses to start over a run folder that holds an earlier
 run's history when no complete checkpoint is left.
@@ -22,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import random
 import re
 import shutil
@@ -33,13 +40,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from sim.base import Observation
 from sim.errors import InputError
 
+from ..types import CHECKPOINT_TYPES
 from . import distributed
 
 _NAME = re.compile(r"^step_(\d{8})$")
 MANIFEST = "manifest.json"
 HASHED_BYTES = 1 << 20  # files up to this size get a SHA-256 in the manifest; larger ones their size only
+TRUST_ENV = "MMRL_TRUST_CHECKPOINTS"  # =1: load a training state as a full pickle (it may run code: own folders only)
 
 
 def checkpoint_dir(output_dir: str | Path) -> Path:
@@ -47,12 +57,17 @@ def checkpoint_dir(output_dir: str | Path) -> Path:
 
 
 def rng_state() -> dict[str, Any]:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    """The random states, as tensors and plain data (numpy's key as a tensor): what `weights_only` loads."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    numpy = (name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached))
+    return {"torch": torch.get_rng_state(), "numpy": numpy, "python": random.getstate()}
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    keys = keys.numpy().astype(np.uint32) if isinstance(keys, torch.Tensor) else keys  # an older checkpoint's array
+    np.random.set_state((name, keys, pos, has_gauss, cached))
     random.setstate(state["python"])
 
 
@@ -253,9 +268,19 @@ def load_training_state(path: str | Path) -> tuple[dict[str, Any], dict[str, Any
         raise InputError(
             f"checkpoint {path}: trainer_state.json cannot be read ({type(error).__name__}: {error})"
         ) from None
+    trusted = os.environ.get(TRUST_ENV, "") == "1"
     try:
-        states = torch.load(path / "training_state.pt", weights_only=False)
-    except Exception as error:  # a damaged pickle raises anything from EOFError to UnpicklingError
+        with torch.serialization.safe_globals([*CHECKPOINT_TYPES, Observation]):
+            states = torch.load(path / "training_state.pt", weights_only=not trusted)
+    except pickle.UnpicklingError as error:
+        if "Weights only load failed" not in str(error):
+            raise InputError(f"checkpoint {path}: training_state.pt cannot be read (UnpicklingError: {error})") from None
+        raise InputError(
+            f"checkpoint {path}: training_state.pt holds objects other than tensors and plain data, which could run "
+            f"code when loaded, so it is not loaded. A checkpoint an older mmrl wrote looks so too: if you wrote it "
+            f"yourself, resume with {TRUST_ENV}=1 in the environment"
+        ) from None
+    except Exception as error:  # a damaged file raises anything from EOFError to RuntimeError
         raise InputError(
             f"checkpoint {path}: training_state.pt cannot be read ({type(error).__name__}: {error})"
         ) from None

@@ -409,3 +409,38 @@ def test_metrics_logger_without_resume_starts_a_fresh_file(tmp_path):
     path.write_text(json.dumps({"step": 9}) + "\n")
     MetricsLogger(path).log(1, {"x": 1})
     assert read_metrics(path) == [{"step": 1, "x": 1.0}]
+
+
+class RunsCode:
+    """Pickles as a call of `os.mkdir(path)`: what a hostile `training_state.pt` could hold instead."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return os.mkdir, (self.path,)
+
+
+def test_a_training_state_whose_pickle_would_run_code_is_refused_and_not_run(
+    uninterrupted_run, tmp_path, monkeypatch, tiny_run_config, letters_env
+):
+    from mmrl.runtime import checkpoint
+
+    shutil.copytree(uninterrupted_run, tmp_path / "run")
+    folder = latest_checkpoint(tmp_path / "run")
+    states = load_training_state(folder)[1]  # a real one loads with weights_only (the queued steps' types allowed)
+    assert set(states) >= {"optimizer", "scheduler", "rng"}
+    ran = tmp_path / "ran"
+    torch.save({**states, "payload": RunsCode(str(ran))}, folder / "training_state.pt")
+    (folder / MANIFEST).unlink()
+    (folder / MANIFEST).write_text(json.dumps(checkpoint._manifest(folder)))  # complete, as a colleague hands it over
+    assert checkpoint_problem(folder) is None
+    monkeypatch.delenv(checkpoint.TRUST_ENV, raising=False)
+    with pytest.raises(InputError, match=r"training_state.pt holds objects other than tensors .*MMRL_TRUST_CHECKPOINTS"):
+        load_training_state(folder)
+    with pytest.raises(InputError, match="could run code"):
+        train(tiny_run_config(tmp_path / "run", f"env.name={letters_env}", *RESUMED_RUN, "resume=true"))
+    assert not ran.exists()
+    monkeypatch.setenv(checkpoint.TRUST_ENV, "1")  # the documented opt-in loads a full pickle: it runs
+    load_training_state(folder)
+    assert ran.is_dir()

@@ -10,6 +10,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ...types import CHECKPOINT_TYPES
+
 STATS_FILE = "processor_config.json"  # where PI0Processor keeps the statistics, and so do we
 NOISE_METHODS = ("flow_sde", "flow_noise")  # how a chain's steps are drawn (FlowRollout.noise_method)
 
@@ -78,6 +80,9 @@ class FlowRollout:
         picked = {name: getattr(self, name)[start:stop] for name in _ROW_TENSORS}
         return replace(self, **picked, texts=self.texts[start:stop])
 
+
+
+CHECKPOINT_TYPES.append(FlowRollout)  # a checkpoint of queued flow steps holds them (`weights_only` loads it)
 
 _ROW_TENSORS = (
     "prompt_ids", "prompt_mask", "pixel_values", "pixel_attention_mask", "state", "chain", "actions",
