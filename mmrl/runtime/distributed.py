@@ -309,12 +309,13 @@ def is_sharded(model: torch.nn.Module) -> bool:
 
 
 def parameter_versions(model: torch.nn.Module) -> tuple[int, ...]:
-    """Version counters of `model`'s parameters, which every in-place update (`optimizer.step()`) bumps, also for a
-    model FSDP2 shards: there the sharded parameters' counters, since inside `full_weights` the whole parameters are
-    all-gathered into the same tensors again without a counter moving (seen: a step left them all at 0), so the
-    whole parameters' counters cannot tell whether the weights changed."""
+    """Version counters of `model`'s parameters, which every in-place write bumps (`optimizer.step()`, or a queued
+    step's weights copied into the collector thread's copy, which trains nothing), also for a model FSDP2 shards:
+    there the sharded parameters' counters, since inside `full_weights` the whole parameters are all-gathered into the
+    same tensors again without a counter moving (seen: a step left them all at 0), so the whole parameters' counters
+    cannot tell whether the weights changed."""
     if not is_sharded(model):
-        return tuple(p._version for p in model.parameters() if p.requires_grad)
+        return tuple(p._version for p in model.parameters())
     versions = []
     for module in model.modules():
         if _is_sharded(module):

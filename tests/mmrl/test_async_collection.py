@@ -166,3 +166,21 @@ def test_an_engine_process_that_cannot_start_is_an_error_naming_the_backend_its_
         policy.generate(obs, group_size=1, sampling=Sampling(max_new_tokens=2))
     assert time.monotonic() - t0 < 100
     assert not backend.alive
+
+
+def test_the_collector_copys_weights_version_moves_when_a_queued_steps_weights_are_written(tiny_policy):
+    """The colocated vLLM engine re-syncs when `weights_version` moves. The collector thread's copy trains nothing
+    (no parameter requires a gradient) and gets each queued step's weights written into it: its version must move
+    then, or the engine samples every step with the first weights it was given."""
+    from mmrl.policy.engines.vllm_prompts import weights_version
+    from mmrl.stages.collect import policy_copy
+
+    policy = tiny_policy("qwen2_vl", seed=0)
+    copy = policy_copy(policy)
+    assert not any(p.requires_grad for p in copy.model.parameters())
+    before = weights_version(copy.model)
+    with torch.no_grad():  # what `Collector._serve` does with a queued step's snapshot
+        for name, p in copy.model.named_parameters():
+            p.copy_(dict(policy.model.named_parameters())[name] + 0.01)
+    assert weights_version(copy.model) != before
+    assert weights_version(copy.model) == weights_version(copy.model)  # unchanged weights: the same version

@@ -313,6 +313,15 @@ def test_apply_model_options_is_idempotent_and_sets_the_backend(tiny_policy):
     assert policy.model.get_base_model().model.language_model.gradient_checkpointing
 
 
+def test_the_engine_memory_share_reaches_the_engine_process_too(tiny_policy):
+    # `model.vllm_gpu_memory_utilization` is the engine's share on either route: the engine process's child engine
+    # takes it from the backend's options (nothing starts until the first sample).
+    policy = tiny_policy("qwen2_vl")
+    apply_model_options(policy, ModelConfig(generation_backend="vllm_process", vllm_gpu_memory_utilization=0.5))
+    assert policy.generation_backend == "vllm_process"
+    assert policy.backend.engine_options["gpu_memory_utilization"] == 0.5
+
+
 def test_lora_without_peft_names_the_extra(tiny_policy, monkeypatch):
     monkeypatch.setitem(sys.modules, "peft", None)  # what an install without the extra looks like to `import`
     with pytest.raises(ImportError, match=r"mmrl\[lora\]"):

@@ -25,7 +25,8 @@ def apply_model_options(policy: ModelHolder, cfg: ModelConfig) -> ModelHolder:
     if cfg.system_prompt and getattr(policy.family, "prompt", None) is not None:
         raise ValueError(f"model.system_prompt: a {policy.family.name} model has no chat template to put it in")
     policy.processor.system_prompt = cfg.system_prompt  # a system turn before every prompt (processing.chat)
-    options = {"gpu_memory_utilization": cfg.vllm_gpu_memory_utilization} if cfg.generation_backend == "vllm" else {}
+    vllm = cfg.generation_backend in ("vllm", "vllm_process")  # both routes' engines take the memory share
+    options = {"gpu_memory_utilization": cfg.vllm_gpu_memory_utilization} if vllm else {}
     if cfg.generation_backend != policy.generation_backend or options:
         policy.set_generation_backend(cfg.generation_backend, **options)
     if cfg.min_pixels or cfg.max_pixels:
