@@ -148,6 +148,23 @@ def test_a_wedged_engine_times_out_instead_of_hanging(engine_vla, monkeypatch):
     assert policy.backend.llm is None
 
 
+def test_a_prefix_cache_vllm_could_not_reset_after_a_push_is_an_error(engine_vla, monkeypatch):
+    """After a weight push the cached prompt keys are the old weights'; vLLM's reset answers False where it could not
+    drop them, and sampling on would read them: the push fails, named, instead."""
+    policy, log = engine_vla
+    obs = reach_obs()
+    sample(policy, obs)  # the engine runs, synced
+    monkeypatch.setattr(policy.backend.llm, "reset_prefix_cache", lambda *args, **kwargs: False)
+    with torch.no_grad():
+        next(p for p in policy.model.parameters() if p.requires_grad).add_(1e-3)  # new weights: the next call pushes
+    with pytest.raises(VLLMEngineError, match="did not reset its prefix cache") as error:
+        sample(policy, obs)
+    assert_names_the_backend_and_its_log(error, log)
+    assert policy.backend.llm is None  # shut down: the next call starts a fresh engine
+    monkeypatch.undo()
+    assert_vla_matches(policy, sample(policy, obs))
+
+
 def test_an_engine_without_memory_for_its_kv_cache_says_so(monkeypatch, tmp_path):
     policy = vla()
     log = tmp_path / "vllm.log"

@@ -325,8 +325,7 @@ class VLLMBackend:
                 "reload_weights", kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True}
             )
             self.llm.apply_model(_repack_tied_head)
-            self.llm.llm_engine.reset_encoder_cache()  # image features of the old vision tower (scheduler, runner)
-            self.llm.reset_prefix_cache()  # cached prompt KV was computed with the old weights
+            reset_caches(self.llm)
         except Exception as e:
             raise self._fail("loading the policy's weights", e) from e
         self._synced = weights_version(policy.model)
@@ -456,6 +455,16 @@ def _about_memory(error: BaseException) -> bool:
             return True
         error = error.__cause__ or error.__context__
     return False
+
+
+def reset_caches(llm) -> None:
+    """Drop what the engine computed with the old weights: the image features of the old vision tower (scheduler,
+    runner) and the prompts' cached keys and values. vLLM answers False where it could not reset the prefix cache (a
+    request still holding blocks): the next samples would then read keys of the old weights, so that is an error."""
+    llm.llm_engine.reset_encoder_cache()
+    if llm.reset_prefix_cache() is False:
+        raise RuntimeError("vLLM did not reset its prefix cache (requests still hold blocks): the next samples would "
+                           "read keys and values computed with the old weights")  # fmt: skip
 
 
 def sleep_mode_available() -> bool:

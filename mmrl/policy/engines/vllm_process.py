@@ -66,7 +66,7 @@ from ...runtime import distributed
 from ...types import Completions, Sampling
 from ..lora import merged_named_weights, plain_model
 from ..tokens import GenerationTarget
-from .vllm_colocated import VLLMBackend, free_port
+from .vllm_colocated import VLLMBackend, free_port, reset_caches
 from .vllm_prompts import engine_named_weights, weights_version
 
 DEFAULT_START_TIMEOUT_S = 600.0  # importing vLLM and building the engine: seconds for a tiny model, minutes for a large one
@@ -411,8 +411,7 @@ def _serve(conn, options: dict, log_file: str, threads: int) -> None:
             elif kind == "mark":  # GPU: the weights arrived through vLLM's weight transfer
                 backend._synced = weights_version(shadow.model)
                 if backend.llm is not None:
-                    backend.llm.llm_engine.reset_encoder_cache()
-                    backend.llm.reset_prefix_cache()
+                    reset_caches(backend.llm)
                 version = message[1]
                 conn.send(("ok", version))
             elif kind == "rpc":  # GPU: a weight-transfer call to the worker
