@@ -290,3 +290,42 @@ def test_compiled_static_cache_on_cuda_gives_the_hf_tokens(arch, tiny_policy, gr
         torch.testing.assert_close(got.logprobs[mask], want.logprobs[mask], rtol=0, atol=1e-3)
         recomputed = policy.logprobs(got, temperature=sampling.temperature).detach()
         torch.testing.assert_close(got.logprobs[mask], recomputed[mask], rtol=0, atol=1e-3)
+
+
+# ---------------------------------------------------------------------------------------------- vllm_process, its GPU route
+def test_each_trainer_ranks_engine_process_takes_that_ranks_gpu():
+    """vLLM's worker in the engine process takes `cuda:<LOCAL_RANK>`: the child's LOCAL_RANK is its trainer rank's
+    GPU (under torchrun rank r trains on cuda:r), not 0 for every rank."""
+    from mmrl.policy.engines.vllm_process import engine_local_rank
+
+    assert engine_local_rank(torch.device("cuda:3")) == 3
+    assert engine_local_rank(torch.device("cpu")) == 0
+
+
+def test_a_weight_push_by_another_policy_sends_that_policys_weights(tiny_policy, monkeypatch):
+    """The GPU weight transfer reads the policy it was made for: a push by a second policy object (the collector
+    thread's copy, then the trainer's policy for an evaluation) must send the second one's weights. The CUDA pieces
+    (vLLM's IPC transfer, the child) are replaced by in-process stand-ins that record what they would send."""
+    from mmrl.policy.engines import vllm_process
+    from mmrl.policy.engines.vllm_prompts import engine_named_weights
+
+    sent = []
+
+    class Transfer:  # what vLLM's IPC trainer engine does with its source: send every weight it yields
+        def __init__(self, backend, policy):
+            self.policy = policy
+
+        def send_weights(self):
+            sent.append(sum(float(t.double().sum()) for _, t in engine_named_weights(self.policy.model)))
+
+    monkeypatch.setattr(vllm_process, "_gpu_transfer", Transfer)
+    backend = vllm_process.VLLMProcessBackend()
+    monkeypatch.setattr(backend, "_started", lambda policy, what: None)
+    monkeypatch.setattr(backend, "_call", lambda *args: None)
+    backend._on_gpu = backend._built = True  # as after the engine was built on a GPU
+    first, second = tiny_policy("qwen2_vl", seed=0), tiny_policy("qwen2_vl", seed=1)
+    weight_sum = lambda policy: sum(float(t.double().sum()) for _, t in engine_named_weights(policy.model))  # noqa: E731
+    backend.push(first)
+    backend.push(second)
+    backend.push(second)
+    assert sent == [weight_sum(first), weight_sum(second), weight_sum(second)]

@@ -31,9 +31,9 @@ How it works:
   change reach vLLM. vLLM's on-device image normalisation is turned off (`mm_device_do_normalize=False`): with
   dummy weights its mean/std buffers would stay random (no weight sync restores buffers), and the processor then
   normalises on the host, as the training forward's processor does.
-* **Weights re-synced when they changed.** Each `sample` compares the version counters of the trainable parameters
-  (bumped by every in-place update, i.e. by `optimizer.step()`) with those of the last sync, so the T turns of a
-  multi-turn step or an evaluation sync once. The sync goes through the worker's `reload_weights(weights_iterator=
+* **Weights re-synced when they changed.** Each `sample` compares the version counters of the parameters (bumped
+  by every in-place write: `optimizer.step()`, a queued step's weights copied in) with those of the last sync, so
+  the T turns of a multi-turn step or an evaluation sync once. The sync goes through the worker's `reload_weights(weights_iterator=
   ..., is_checkpoint_format=True)` (`collective_rpc`): vLLM maps the Hugging Face names to its own modules and
   re-runs each layer's post-load processing (the CPU build repacks linear weights into its kernels' layout, which
   is why the model's plain `load_weights` is not enough there). A tied output head has no weight of its own in the

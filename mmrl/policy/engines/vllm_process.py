@@ -69,7 +69,7 @@ from ..tokens import GenerationTarget
 from .vllm_colocated import VLLMBackend, free_port, reset_caches
 from .vllm_prompts import engine_named_weights, weights_version
 
-DEFAULT_START_TIMEOUT_S = 600.0  # importing vLLM and building the engine: seconds for a tiny model, minutes for a large one
+DEFAULT_START_TIMEOUT_S = 600.0  # importing vLLM and building the engine: seconds (tiny model) to minutes (large)
 DEFAULT_TIMEOUT_S = 600.0
 
 
@@ -124,6 +124,7 @@ class VLLMProcessBackend:
         self._synced: tuple[int, ...] | None = None
         self._synced_policy: int | None = None
         self._transfer = None  # the GPU trainer-side weight transfer engine
+        self._transfer_policy = None  # the policy whose weights it sends (the trainer's, or the collector's copy)
         self._built = self._on_gpu = False  # the child has built its engine (at the first sample); on a GPU
 
     def __deepcopy__(self, memo) -> VLLMProcessBackend:
@@ -162,7 +163,13 @@ class VLLMProcessBackend:
         open(self.log_file, "a").close()  # noqa: SIM115  (exists before the child writes, so errors can name it)
         self._process = mp.Process(
             target=_serve,
-            args=(theirs, options, self.log_file, self.threads or torch.get_num_threads()),
+            args=(
+                theirs,
+                options,
+                self.log_file,
+                self.threads or torch.get_num_threads(),
+                engine_local_rank(shadow.device),
+            ),
             name="mmrl-vllm-engine",
             daemon=True,
         )
@@ -194,7 +201,7 @@ class VLLMProcessBackend:
         """Shut the child down (its engine first); kill it if it does not end within 30 s."""
         process, conn = self._process, self._conn
         self._process = self._conn = None
-        self._shadow, self._transfer, self.version, self._synced = {}, None, None, None
+        self._shadow, self._transfer, self._transfer_policy, self.version, self._synced = {}, None, None, None, None
         if process is None:
             return
         try:
@@ -273,8 +280,8 @@ class VLLMProcessBackend:
         version = version if version is not None else (self.version or 0) + 1
         t0 = time.perf_counter()
         if self._on_gpu and self._built:  # GPU, engine built: vLLM's weight-transfer interface
-            if self._transfer is None:
-                self._transfer = _gpu_transfer(self, policy)
+            if self._transfer is None or self._transfer_policy is not policy:  # it reads the policy it was made for
+                self._transfer, self._transfer_policy = _gpu_transfer(self, policy), policy
             self._transfer.send_weights()
             self._call("pushing weights", "mark", version)
         else:
@@ -353,9 +360,18 @@ def _send_quietly(conn, obj) -> None:
         pass
 
 
-def _serve(conn, options: dict, log_file: str, threads: int) -> None:
+def engine_local_rank(device: torch.device) -> int:
+    """The GPU the engine process must use, as the LOCAL_RANK vLLM's worker takes `cuda:<LOCAL_RANK>` from: the
+    trainer rank's own (its policy's device), so that under torchrun each rank's engine lands on that rank's GPU (0 on
+    CPU, where it names no device)."""
+    if device.type != "cuda":
+        return 0
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def _serve(conn, options: dict, log_file: str, threads: int, local_rank: int = 0) -> None:
     """The engine process: a colocated `VLLMBackend` on the policy copy the parent sends first (whose weights the
-    parent writes), serving calls, with `threads` torch / OpenMP threads."""
+    parent writes), serving calls, with `threads` torch / OpenMP threads, on GPU `local_rank` (`engine_local_rank`)."""
     fd = os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -367,7 +383,8 @@ def _serve(conn, options: dict, log_file: str, threads: int) -> None:
     torch.set_num_threads(threads)
     # The engine's own one-process group: under torchrun this process inherited the trainer rank's RANK, WORLD_SIZE
     # and rendezvous address, which vLLM's in-process executor would otherwise try to join.
-    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_WORLD_SIZE", "1"),
+    # Its LOCAL_RANK is the trainer rank's GPU, which vLLM's worker takes (`engine_local_rank`).
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", str(local_rank)), ("WORLD_SIZE", "1"), ("LOCAL_WORLD_SIZE", "1"),
                        ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(free_port()))):  # fmt: skip
         os.environ[key] = value
     # torchrun's agent also tells its workers to join the TCP store it hosts rather than host one: the engine's
