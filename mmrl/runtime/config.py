@@ -362,7 +362,7 @@ class TrainerConfig:
     total_steps: int = 100
     prompts_per_step: int = 8  # B; each step trains on R = B*G completions
     micro_batch_size: int = 64  # rows per forward/backward; gradients accumulate over R / micro_batch_size
-    lr: float = 1e-5
+    lr: float = 1e-4  # what most presets train at; real-size LoRA presets use 2e-5
     weight_decay: float = 0.0
     warmup_steps: int = 0
     max_grad_norm: float = 1.0

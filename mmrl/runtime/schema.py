@@ -144,6 +144,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], cls) -> dict[str
                     )
                 tp = types_[part]
                 node_cls = tp if dataclasses.is_dataclass(tp) else None
+                if not last and node_cls is None and dict not in (tp, typing.get_origin(tp)):
+                    raise ConfigError(f"override {key!r}: {'.'.join(parts[: depth + 1])} is not a section")
             if last:
                 node[part] = value
             else:
