@@ -27,7 +27,7 @@ from mmrl.policy.lora import (
     merged_named_weights,
 )
 from mmrl.policy.vlm.options import apply_model_options
-from mmrl.runtime.config import ModelConfig
+from mmrl.runtime.config import LoRAConfig, ModelConfig
 from mmrl.stages.batching import token_budget_slices, trim_padding
 
 SAMPLING = Sampling(max_new_tokens=6, temperature=1.0)
@@ -304,7 +304,8 @@ def test_lora_with_gradient_checkpointing_gives_the_same_gradients(tiny_policy, 
 
 def test_apply_model_options_is_idempotent_and_sets_the_backend(tiny_policy):
     policy, _ = vla(tiny_policy, "qwen2_vl")
-    cfg = ModelConfig(gradient_checkpointing=True, freeze_vision=True, lora_r=2, generation_backend="static")
+    lora = LoRAConfig(r=2)
+    cfg = ModelConfig(gradient_checkpointing=True, freeze_vision=True, lora=lora, generation_backend="static")
     apply_model_options(policy, cfg)
     first = [n for n, p in policy.model.named_parameters() if p.requires_grad]
     apply_model_options(policy, cfg)  # e.g. on a policy resumed from a LoRA checkpoint: no second adapter set
