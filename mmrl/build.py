@@ -229,9 +229,10 @@ def assemble(setup: Setup) -> Run:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
     critic = None
     if ac.advantage in CRITIC_ADVANTAGES:
+        head = ac.critic
         critic = Critic(
-            policy.value_input(model), width=ac.critic_hidden, lr=ac.critic_lr, trunk_grad=ac.critic_trunk_grad, seed=tc.seed,
-            device=cfg.model.device, time=ac.critic_time,
+            policy.value_input(model), width=head.hidden, lr=head.lr, trunk_grad=head.trunk_grad, seed=tc.seed,
+            device=cfg.model.device, time=head.time,
         )  # fmt: skip
     start_step = 0
     if resume_from is not None:

@@ -109,7 +109,7 @@ def train_step(run: Run, step: int, last: int) -> dict[str, float]:
     advantages, returns = row_advantages(episodes, ac, world, old.values)  # [M], and the critic's targets
 
     # ---- update: ppo_epochs passes, each over mini-batches of whole groups, one optimiser step per mini-batch
-    warming = run.critic is not None and step < ac.critic_warmup_steps  # the value head trains, the policy waits
+    warming = run.critic is not None and step < ac.critic.warmup_steps  # the value head trains, the policy waits
     losses, grad_norm = update(run.learner, cfg, run.sampling, episodes, advantages, returns, old, step, warming)
     run.shaping.follow(run.policy)
 

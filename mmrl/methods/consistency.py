@@ -8,9 +8,9 @@ episodes and hands them back reshaped. (ACRE, the third consistency method, is a
   reward by the vote of its group: the share of the group giving the same parsed answer plus a bonus for a low entropy
   of the group's answer distribution. The env's labels then only reach the logs (`reward/<env component>`,
   `env/success_rate`), never the advantages; the held-out evaluation scores with labels as always.
-* **GRPO-CARE** (`algo.care_coef > 0`, https://arxiv.org/abs/2506.16141): `CareReference` is an EMA copy of the
+* **GRPO-CARE** (`algo.care.coef > 0`, https://arxiv.org/abs/2506.16141): `CareReference` is an EMA copy of the
   policy; its likelihood of each answer given the completion's reasoning is the answer's consistency, and correct
-  answers more consistent than their group's correct peers on average gain `care_coef` (`care_bonus`). The bonus
+  answers more consistent than their group's correct peers on average gain `algo.care.coef` (`care_bonus`). The bonus
   replaces the KL penalty (`algo.kl_coef` stays 0), and the EMA follows the policy after every update.
 """
 
@@ -50,16 +50,16 @@ def _first_answers(episodes: Episodes, method: str) -> torch.Tensor:
 def with_vote_rewards(episodes: Episodes, ac: AlgoConfig) -> Episodes:
     """The episodes with TTRV's vote rewards in place of the env's (with `algo.label_free: ttrv`; else unchanged).
 
-    Each world's answer is read by `rewards.consistency.answer_keys` (`algo.ttrv_answer`); the vote and certainty
+    Each world's answer is read by `rewards.consistency.answer_keys` (`algo.ttrv.answer`); the vote and certainty
     terms join the components as `ttrv_vote` and `ttrv_certainty` (the env's own components stay, for the logs).
     """
     if ac.label_free != "ttrv":
         return episodes
     rows = _first_answers(episodes, "algo.label_free ttrv")
-    keys = answer_keys([episodes.rollout.texts[m] if m >= 0 else "" for m in rows.tolist()], ac.ttrv_answer)
+    keys = answer_keys([episodes.rollout.texts[m] if m >= 0 else "" for m in rows.tolist()], ac.ttrv.answer)
     index: dict[str, int] = {}
     answers = torch.tensor([-1 if k is None else index.setdefault(k, len(index)) for k in keys], dtype=torch.long)
-    rewards, vote, certainty = vote_rewards(answers, group_size=ac.group_size, entropy_coef=ac.ttrv_entropy_coef)
+    rewards, vote, certainty = vote_rewards(answers, group_size=ac.group_size, entropy_coef=ac.ttrv.entropy_coef)
     step_rewards = torch.zeros_like(episodes.step_rewards)
     step_rewards[:, 0] = rewards
     components = {**episodes.components, "ttrv_vote": vote, "ttrv_certainty": certainty}
@@ -100,8 +100,8 @@ class CareReference:
 
     Args:
         policy: the policy it starts as (copied).
-        decay: the EMA's decay per update, `ref <- decay * ref + (1 - decay) * policy` (`algo.care_ema_decay`).
-        coef: the bonus (`algo.care_coef`).
+        decay: the EMA's decay per update, `ref <- decay * ref + (1 - decay) * policy` (`algo.care.ema_decay`).
+        coef: the bonus (`algo.care.coef`).
         group_size: G.
         micro_batch_size: rows per scoring forward.
     """
@@ -130,8 +130,8 @@ class CareReference:
         (the step's `reward/*` are logged before shaping): mean consistency (over all samples and over the correct
         ones), the mean bonus and the share of samples given it."""
         if episodes.success is None:
-            raise ValueError("GRPO-CARE (algo.care_coef > 0) needs an env that reports success (correct answers)")
-        rows = _first_answers(episodes, "GRPO-CARE (algo.care_coef > 0)")
+            raise ValueError("GRPO-CARE (algo.care.coef > 0) needs an env that reports success (correct answers)")
+        rows = _first_answers(episodes, "GRPO-CARE (algo.care.coef > 0)")
         scores = self.consistency(episodes.rollout, temperature)  # [M]
         consistency = torch.where(rows >= 0, scores[rows.clamp_min(0)], 0.0)  # [R]
         bonus = care_bonus(consistency, episodes.success, group_size=self.group_size, coef=self.coef)  # [R]
@@ -153,10 +153,10 @@ class CareReference:
 
 
 def make_care(cfg: TrainConfig, policy: Policy, world_size: int = 1) -> CareReference | None:
-    """The run's GRPO-CARE reference (with `algo.care_coef > 0`; else None)."""
+    """The run's GRPO-CARE reference (with `algo.care.coef > 0`; else None)."""
     ac = cfg.algo
-    if ac.care_coef <= 0:
+    if ac.care.coef <= 0:
         return None
     if world_size > 1:
-        raise ValueError("algo.care_coef > 0 (GRPO-CARE) under torchrun is not supported yet: use one process")
-    return CareReference(policy, ac.care_ema_decay, ac.care_coef, ac.group_size, cfg.trainer.micro_batch_size)
+        raise ValueError("algo.care.coef > 0 (GRPO-CARE) under torchrun is not supported yet: use one process")
+    return CareReference(policy, ac.care.ema_decay, ac.care.coef, ac.group_size, cfg.trainer.micro_batch_size)

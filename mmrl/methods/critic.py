@@ -7,13 +7,13 @@ VLA action chunk); `mmrl.algos.critic` turns them into GAE advantages. A model t
 policy, `mmrl.policy.flow`: it has no language-model head) is read there instead: the tap receives `[r, 1, F]` state
 features on each scoring pass, the same layout.
 
-The head is float32 and small (`algo.critic_hidden` units, or a linear probe with 0), replicated in every process
-(its gradients averaged over processes), with its own AdamW at `algo.critic_lr`. With `algo.critic_time` the head also
+The head is float32 and small (`algo.critic.hidden` units, or a linear probe with 0), replicated in every process
+(its gradients averaged over processes), with its own AdamW at `algo.critic.lr`. With `algo.critic.time` the head also
 reads the share of the episode's turns still to come, `(T - t) / T`: under a time limit the return-to-go depends on
 it, and the prompt state does not show it (Pardo et al. 2018, "Time Limits in Reinforcement Learning",
-https://arxiv.org/abs/1712.00378, time-aware value functions). With `algo.critic_trunk_grad` the
+https://arxiv.org/abs/1712.00378, time-aware value functions). With `algo.critic.trunk_grad` the
 value loss also trains the policy's trunk (a shared actor-critic); by default the trunk's features are detached, so
-the critic never moves the policy, which is also what the warm-up (`algo.critic_warmup_steps`: the head trains, the
+the critic never moves the policy, which is also what the warm-up (`algo.critic.warmup_steps`: the head trains, the
 policy does not) needs.
 """
 

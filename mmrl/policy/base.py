@@ -54,8 +54,8 @@ class Feature:
 
 FEATURES: dict[str, Feature] = {
     "papo": Feature(
-        ("algo.papo_gamma", "algo.papo_monitor"),
-        lambda c, k: c.algo.papo_gamma > 0 or c.algo.papo_monitor,
+        ("algo.papo.gamma", "algo.papo.monitor"),
+        lambda c, k: c.algo.papo.masked_pass,
         "masked(batch, domain, ratio, generator): the batch with its images masked",
     ),
     "branching": Feature(
@@ -80,9 +80,9 @@ FEATURES: dict[str, Feature] = {
         "a whole copy of an FSDP-sharded policy for the collector thread under torchrun",
     ),
     "text_answers": Feature(
-        ("algo.overlong_filter", "algo.overlong_penalty", "algo.label_free", "algo.care_coef"),
+        ("algo.overlong.filter", "algo.overlong.penalty", "algo.label_free", "algo.care.coef"),
         lambda c, k: (
-            c.algo.overlong_filter or c.algo.overlong_penalty > 0 or c.algo.label_free != "off" or c.algo.care_coef > 0
+            c.algo.overlong.filter or c.algo.overlong.penalty > 0 or c.algo.label_free != "off" or c.algo.care.coef > 0
         ),
         "eos_token_ids and a processor: rows that end by an EOS token, answers as text (overlong shaping, TTRV "
         "votes, GRPO-CARE's consistency)",
@@ -111,9 +111,9 @@ FEATURES: dict[str, Feature] = {
         "continuous actions as added tokens (an action codec)",
     ),
     "flow_sampler": Feature(
-        ("model.flow_noise_level", "model.flow_noise_method", "model.flow_steps"),
+        ("model.flow.noise_level", "model.flow.noise_method", "model.flow.steps"),
         lambda c, k: any(
-            v is not None for v in (c.model.flow_noise_level, c.model.flow_noise_method, c.model.flow_steps)
+            v is not None for v in (c.model.flow.noise_level, c.model.flow.noise_method, c.model.flow.steps)
         ),
         "a stochastic denoising sampler (Flow-SDE / Flow-Noise)",
     ),
@@ -124,7 +124,7 @@ FEATURES: dict[str, Feature] = {
     ),
     "untied_expert": Feature(
         ("model.freeze",),
-        lambda c, k: c.model.lora_r == 0 and not set(FREEZE_PARTS) - set(c.model.freeze),
+        lambda c, k: c.model.lora.r == 0 and not set(FREEZE_PARTS) - set(c.model.freeze),
         "a part model.freeze never freezes (an action expert), so freezing every part still trains something",
     ),
 }
@@ -250,10 +250,13 @@ class Policy(ABC):
 
 
 def _set(cfg: TrainConfig, name: str) -> bool:
-    """Whether field `name` ("section.field") of `cfg` differs from its section's default."""
-    section, field_name = name.split(".")
-    value = getattr(getattr(cfg, section), field_name)
-    return value != getattr(type(getattr(cfg, section))(), field_name)
+    """Whether field `name` ("section.field", or deeper: "algo.papo.gamma") of `cfg` differs from its section's
+    default."""
+    *path, field_name = name.split(".")
+    section = cfg
+    for part in path:
+        section = getattr(section, part)
+    return getattr(section, field_name) != getattr(type(section)(), field_name)
 
 
 POLICY_KINDS: Registry[type[Policy]] = Registry("policy kind")

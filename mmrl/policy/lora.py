@@ -2,7 +2,7 @@
 and the weights with adapters merged in.
 
 LoRA adapters go on the language model's linear layers (never `lm_head`; the vision tower's and its projector's only
-with `lora_vision`); everything else is frozen. A VLA's added action-token rows stay trainable (PEFT's
+with `model.lora.vision`); everything else is frozen. A VLA's added action-token rows stay trainable (PEFT's
 `trainable_token_indices`: only those rows of the embedding, and of `lm_head` when it is not tied, train). Freezing
 gives parameters `requires_grad=False`, so autograd records nothing for them: no activation memory, no gradients, no
 optimiser state. Gradient checkpointing recomputes each block's activations in the backward pass (non-reentrant
@@ -40,7 +40,7 @@ def require_peft():
         import peft
     except ImportError as e:
         raise ImportError(
-            "LoRA (model.lora_r > 0) needs PEFT, which is not installed: pip install 'mmrl[lora]' (or pip install peft)"
+            "LoRA (model.lora.r > 0) needs PEFT, which is not installed: pip install 'mmrl[lora]' (or pip install peft)"
         ) from e
     return peft
 
@@ -92,7 +92,7 @@ PROJECTOR_NAMES = (*VISION_PROJECTOR_NAMES, "deepstack_merger_list")  # Qwen3-VL
 
 def vision_linear_names(model) -> list[str]:
     """The qualified names of every linear layer of the vision tower and its projector (`find_vision_modules`), as
-    the plain model names them: what LoRA's vision side (`model.lora_vision`) targets."""
+    the plain model names them: what LoRA's vision side (`model.lora.vision`) targets."""
     plain = plain_model(model)
     towers = find_vision_modules(plain)
     return [

@@ -1,8 +1,9 @@
 """The machinery under `mmrl.runtime.config`: nested frozen dataclasses built from YAML and `section.field=value` overrides.
 
-Nothing here knows mmrl's fields. `from_dict` checks every value against its annotation (Literal choices, unions with
-None, lists, mappings, bools, ints, floats, strings; strings from the command line are converted) and refuses unknown
-keys; every error is a `ConfigError` whose message names the key and, where it helps, the valid ones.
+Nothing here knows mmrl's fields but `MOVED`, the keys that moved. `from_dict` checks every value against its
+annotation (Literal choices, unions with None, lists, mappings, bools, ints, floats, strings; strings from the command
+line are converted) and refuses unknown keys; every error is a `ConfigError` whose message names the key and, where it
+helps, the valid ones (or, for a key in `MOVED`, its new place).
 """
 
 from __future__ import annotations
@@ -15,6 +16,41 @@ from typing import Any, Literal
 
 import yaml
 
+# Keys that moved when the configuration was nested by feature: old dotted key -> new one. A preset or override that
+# uses an old key is refused in one line naming the new place (`moved`), never taken silently.
+MOVED: dict[str, str] = {
+    "algo.papo_gamma": "algo.papo.gamma",
+    "algo.papo_eta": "algo.papo.eta",
+    "algo.papo_mask": "algo.papo.mask",
+    "algo.papo_mask_ratio": "algo.papo.mask_ratio",
+    "algo.papo_grad_through_masked": "algo.papo.grad_through_masked",
+    "algo.papo_kl_bound": "algo.papo.kl_bound",
+    "algo.papo_monitor": "algo.papo.monitor",
+    "algo.critic_lr": "algo.critic.lr",
+    "algo.critic_hidden": "algo.critic.hidden",
+    "algo.critic_warmup_steps": "algo.critic.warmup_steps",
+    "algo.critic_trunk_grad": "algo.critic.trunk_grad",
+    "algo.critic_time": "algo.critic.time",
+    "algo.gae_lambda": "algo.critic.gae_lambda",
+    "algo.value_coef": "algo.critic.value_coef",
+    "algo.value_clip": "algo.critic.value_clip",
+    "algo.overlong_filter": "algo.overlong.filter",
+    "algo.overlong_penalty": "algo.overlong.penalty",
+    "algo.overlong_cache_len": "algo.overlong.cache_len",
+    "algo.ttrv_entropy_coef": "algo.ttrv.entropy_coef",
+    "algo.ttrv_answer": "algo.ttrv.answer",
+    "algo.care_coef": "algo.care.coef",
+    "algo.care_ema_decay": "algo.care.ema_decay",
+    "model.lora_r": "model.lora.r",
+    "model.lora_alpha": "model.lora.alpha",
+    "model.lora_dropout": "model.lora.dropout",
+    "model.lora_target_modules": "model.lora.target_modules",
+    "model.lora_vision": "model.lora.vision",
+    "model.flow_noise_level": "model.flow.noise_level",
+    "model.flow_noise_method": "model.flow.noise_method",
+    "model.flow_steps": "model.flow.steps",
+}
+
 
 class ConfigError(ValueError):
     """A config file or override that does not fit the schema; the message names the offending key."""
@@ -24,6 +60,12 @@ def require(ok: bool, field: str, message: str, sep: str = " ") -> None:
     """Raise a ConfigError naming `field` unless `ok`."""
     if not ok:
         raise ConfigError(f"{field}{sep}{message}")
+
+
+def moved(key: str) -> None:
+    """Refuse `key` (a dotted key not in the schema) naming its new place, if it is one that moved."""
+    if key in MOVED:
+        raise ConfigError(f"{key} moved to {MOVED[key]}")
 
 
 def field_types(cls) -> dict[str, Any]:
@@ -100,6 +142,8 @@ def from_dict(cls, data: dict[str, Any], prefix: str = ""):
         raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {data!r}")
     types_ = field_types(cls)
     unknown = sorted(set(data) - set(types_))
+    for name in unknown:
+        moved(f"{prefix}{name}")
     if unknown:
         raise ConfigError(f"unknown key {prefix}{unknown[0]!r}; valid keys here: {', '.join(types_)}")
     kwargs = {}
@@ -138,12 +182,15 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], cls) -> dict[str
             if node_cls is not None:
                 types_ = field_types(node_cls)
                 if part not in types_:
+                    moved(".".join(parts[: depth + 1]))
                     where = ".".join(parts[:depth]) or "the top level"
                     raise ConfigError(
                         f"unknown key {key!r}: {part!r} is not a field of {where}; valid: {', '.join(types_)}"
                     )
                 tp = types_[part]
                 node_cls = tp if dataclasses.is_dataclass(tp) else None
+                if not last and node_cls is None and dict not in (tp, typing.get_origin(tp)):
+                    raise ConfigError(f"override {key!r}: {'.'.join(parts[: depth + 1])} is not a section")
             if last:
                 node[part] = value
             else:

@@ -33,7 +33,7 @@ def row_advantages(
         grid[episodes.world, episodes.turn] = values.to(grid.dtype)
         gae = algos.CRITIC_ADVANTAGES.get(ac.advantage)
         turn_advantages, turn_returns = gae(
-            episodes.step_rewards, grid, episodes.active, gamma=ac.gamma, lam=ac.gae_lambda
+            episodes.step_rewards, grid, episodes.active, gamma=ac.gamma, lam=ac.critic.gae_lambda
         )
         advantages = turn_advantages[episodes.world, episodes.turn]
         if ac.scale_by_std:

@@ -7,11 +7,11 @@
 
    1 and 2 apply to every batch the collector samples (`Shaping.sampled`, called by `mmrl.stages.collect`), because the
    data-side filters (dynamic sampling, difficulty) and their refill read the rewards these give.
-3. **Overlong penalty** (`algo.overlong_penalty`): DAPO's soft penalty joins each turn's reward (component
+3. **Overlong penalty** (`algo.overlong.penalty`): DAPO's soft penalty joins each turn's reward (component
    `overlong`); the step's `reward/*` metrics see it.
-4. **Overlong filter** (`algo.overlong_filter`): truncated rows (no EOS) stay in the group statistics but leave the
+4. **Overlong filter** (`algo.overlong.filter`): truncated rows (no EOS) stay in the group statistics but leave the
    loss (their completion mask is emptied; after 3, which reads their lengths).
-5. **GRPO-CARE** (`algo.care_coef`): a correct answer more consistent under an EMA reference than its group's peers
+5. **GRPO-CARE** (`algo.care.coef`): a correct answer more consistent under an EMA reference than its group's peers
    gains a bonus (`care/*` metrics).
 6. **SRPO progress** (`algo.progress_coef`): a failed episode whose group has a success gains a reward by its
    latent distance to the successes (component `srpo`, `srpo/*` metrics).
@@ -52,7 +52,7 @@ class Shaping:
     def __init__(self, cfg: TrainConfig, world: distributed.World):
         self.cfg, self.world = cfg, world
         self.judge: Judge | RemoteJudge | None = make_judge(cfg.judge)  # None without judge.model
-        self.care: CareReference | None = None  # made from the policy at the first step (algo.care_coef > 0)
+        self.care: CareReference | None = None  # made from the policy at the first step (algo.care.coef > 0)
 
     @property
     def keeps_answered(self) -> bool:
@@ -71,10 +71,10 @@ class Shaping:
         ac = self.cfg.algo
         episodes = with_overlong_penalty(collected.episodes, ac, sampling.max_new_tokens)
         sampled = with_overlong_penalty(collected.sampled, ac, sampling.max_new_tokens)
-        if ac.overlong_filter:
+        if ac.overlong.filter:
             episodes = without_truncated(episodes, policy.eos_token_ids)
         metrics: dict[str, torch.Tensor | float] = {}
-        if ac.care_coef > 0:
+        if ac.care.coef > 0:
             if self.care is None:  # the policy the run starts its updates from (a resumed run's, after a resume)
                 self.care = make_care(self.cfg, policy, self.world.size)
             episodes, care_metrics = self.care.shape(episodes, sampling.temperature)
@@ -122,10 +122,10 @@ def with_judge_rewards(episodes: Episodes, judge: Judge | RemoteJudge | None, we
 
 def with_overlong_penalty(episodes: Episodes, ac: AlgoConfig, max_new_tokens: int) -> Episodes:
     """The episodes with DAPO's soft overlong penalty added to each turn's reward and kept as component `overlong`."""
-    if ac.overlong_penalty <= 0:
+    if ac.overlong.penalty <= 0:
         return episodes
     lengths = episodes.rollout.completion_mask.sum(-1)  # [M] generated tokens
-    penalty = soft_overlong_penalty(lengths, max_new_tokens, ac.overlong_cache_len, ac.overlong_penalty)  # [M]
+    penalty = soft_overlong_penalty(lengths, max_new_tokens, ac.overlong.cache_len, ac.overlong.penalty)  # [M]
     step_rewards = episodes.step_rewards.index_put((episodes.world, episodes.turn), penalty, accumulate=True)
     per_world = torch.zeros(episodes.num_worlds).index_add(0, episodes.world, penalty)  # [R]
     return replace(episodes, step_rewards=step_rewards, components={**episodes.components, "overlong": per_world})

@@ -3,7 +3,7 @@ per mini-batch, and the critic's step beside the policy's.
 
     for epoch, for mini-batch:                            # algo.ppo_epochs x mini-batches of algo.mini_batch_groups
         for micro-batch:                                  # mmrl/stages/batching.py
-            out = objective(logprobs, old, advantages, ...)   (+ value_coef * value loss; + PAPO's masked pass)
+            out = objective(logprobs, old, advantages, ...)   (+ critic.value_coef * value loss; + PAPO's masked pass)
             backward
         clip, step the policy's optimiser (and the critic's)
     step the learning-rate schedule
@@ -85,9 +85,9 @@ def update(
     if old.logprobs is not None:
         rollout = replace(rollout, logprobs=old.logprobs)
     masked = None
-    if ac.papo_gamma > 0 or ac.papo_monitor:  # PAPO: the same rows with part of each image hidden
+    if ac.papo.masked_pass:  # PAPO: the same rows with part of each image hidden
         mask_rng = torch.Generator().manual_seed(image_mask_seed(tc.seed, step, world.rank))
-        masked = learner.policy.masked(episodes.rollout, ac.papo_mask, ac.papo_mask_ratio, mask_rng)
+        masked = learner.policy.masked(episodes.rollout, ac.papo.mask, ac.papo.mask_ratio, mask_rng)
     passes = mini_batches(episodes, cfg, world, step)
     updates, sums, norms = optimizer_steps(episodes, cfg, world), {}, 0.0
     left = critic_head.turns_left(episodes.turn, episodes.step_rewards.shape[1])  # [M, 1]
@@ -114,7 +114,7 @@ def update(
                     ref_logprobs=scored.get("ref_logprobs"), kl_coef=ac.kl_coef, kl_estimator=ac.kl_estimator,
                     entropy=scored.get("entropy"), entropy_coef=ac.entropy_coef,
                     masked_logprobs=scored.get("masked_logprobs"), masked_entropy=scored.get("masked_entropy"),
-                    papo_gamma=ac.papo_gamma, papo_eta=ac.papo_eta, papo_kl_bound=ac.papo_kl_bound,
+                    papo_gamma=ac.papo.gamma, papo_eta=ac.papo.eta, papo_kl_bound=ac.papo.kl_bound,
                     rollout_logprobs=mb.rollout_logprobs, correction=cfg.correction,
                     correction_cap=ac.rollout_correction_cap,
                 )  # fmt: skip
@@ -126,9 +126,9 @@ def update(
                 values = critic.values(train_trunk=not warming, turns_left=part_left[rows_mb])
                 value = algos.value_loss(
                     values, part_values[rows_mb].to(values.device), part_returns[rows_mb].to(values.device),
-                    clip=ac.value_clip,
+                    clip=ac.critic.value_clip,
                 )  # fmt: skip
-                loss = loss + ac.value_coef * value.loss * mb.row_weight
+                loss = loss + ac.critic.value_coef * value.loss * mb.row_weight
                 accumulate(sums, value.metrics, mb.row_weight, scale=1 / updates)
             # FSDP averages gradients over the K processes; the weights already divide by the whole batch.
             (loss * world.size).backward()
@@ -176,14 +176,14 @@ def forward(learner: Learner, cfg: TrainConfig, temperature: float, mb: MicroBat
     ac = cfg.algo
     # The full entropy where a term uses it; a monitoring run too, so its papo/entropy and papo/masked_entropy are
     # the same estimator as a PAPO run's (without it they would fall back to the sampled estimate -logprobs).
-    with_entropy = ac.entropy_coef > 0 or ac.papo_eta > 0 or ac.papo_monitor
+    with_entropy = ac.entropy_coef > 0 or ac.papo.eta > 0 or ac.papo.monitor
     with learner.critic.reading() if learner.critic is not None else nullcontext():
         out = dict(zip(("logprobs", "entropy"), _scored(learner.policy, mb.rollout, temperature, with_entropy)))
     if learner.reference is not None:
         with torch.no_grad():
             out["ref_logprobs"] = learner.reference.logprobs(mb.rollout, temperature=temperature)
     if mb.masked is not None:
-        through = ac.papo_grad_through_masked and ac.papo_gamma > 0  # a monitoring pass never takes gradients
+        through = ac.papo.grad_through_masked and ac.papo.gamma > 0  # a monitoring pass never takes gradients
         with torch.set_grad_enabled(through and torch.is_grad_enabled()):
             masked = _scored(learner.policy, mb.masked, temperature, with_entropy)
         out.update(zip(("masked_logprobs", "masked_entropy"), masked))

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
-from mmrl.runtime.config import AlgoConfig
+from mmrl.runtime.config import AlgoConfig, CriticConfig
 from mmrl.runtime.distributed import World
 from mmrl.stages.advantages import row_advantages, whitened
 from mmrl.types import Episodes
@@ -30,9 +32,8 @@ def test_gae_advantages_are_whitened_over_the_rows_like_the_group_estimators():
     active = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 1]], dtype=torch.bool)
     episodes = _episodes(rewards * active, active)
     values = torch.randn(len(episodes.world), generator=gen)  # [M]
-    ac = AlgoConfig(advantage="gae", group_size=2, gamma=0.9, gae_lambda=0.8)
-    raw, returns = row_advantages(episodes, AlgoConfig(advantage="gae", group_size=2, gamma=0.9, gae_lambda=0.8,
-                                                        scale_by_std=False), World(), values)  # fmt: skip
+    ac = AlgoConfig(advantage="gae", group_size=2, gamma=0.9, critic=CriticConfig(gae_lambda=0.8))
+    raw, returns = row_advantages(episodes, replace(ac, scale_by_std=False), World(), values)
     scaled, _ = row_advantages(episodes, ac, World(), values)
     torch.testing.assert_close(scaled, (raw - raw.mean()) / (raw.std() + 1e-6))
     assert returns.shape == (len(episodes.world),)

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import inspect
+import re
 from pathlib import Path
 
 import pytest
 
 import sim
 from mmrl import algos
-from mmrl.runtime.config import AlgoConfig, ConfigError, TrainConfig, TrainerConfig, load_config
+from mmrl.runtime.config import AlgoConfig, ConfigError, TrainConfig, TrainerConfig, load_config, to_dict
+from mmrl.runtime.schema import MOVED
 
 REPO = Path(__file__).resolve().parents[2]
 PRESETS = sorted((REPO / "configs").glob("*.yaml"))
@@ -128,6 +130,46 @@ def test_unknown_key_in_a_yaml_file_names_it_and_the_valid_ones(tmp_path):
     assert "learning_rate" in message and "lr" in message and "total_steps" in message
 
 
+@pytest.mark.parametrize(("old", "new"), sorted(MOVED.items()))
+def test_a_moved_key_is_refused_in_one_line_naming_its_new_place(tmp_path, old, new):
+    """Every key the nested sections replaced, on the command line and in a YAML preset; the new key takes the same
+    value."""
+    default = _get(TrainConfig(), new)
+    value = {"algo.ttrv_answer": "text", "algo.papo_mask": "pixels", "model.lora_target_modules": "q_proj",
+             "model.flow_noise_method": "flow_sde"}.get(old, "true" if isinstance(default, bool) else "1")  # fmt: skip
+    with pytest.raises(ConfigError, match=rf"^{re.escape(old)} moved to {re.escape(new)}$"):
+        load_config(None, [f"{old}={value}"])
+    section, key = old.split(".")
+    path = tmp_path / "old.yaml"
+    path.write_text(f"{section}:\n  {key}: {value}\n")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(old)} moved to {re.escape(new)}$"):
+        load_config(path)
+    extra = ["model.lora.r=1"] if new == "model.lora.vision" else []
+    extra += ["algo.advantage=gae"] if new.startswith("algo.critic.") else []
+    assert _get(load_config(None, [f"{new}={value}", *extra]), new) != default  # its new place takes it
+
+
+def test_every_moved_key_points_at_a_field_and_no_longer_exists():
+    fields = _flat_keys(to_dict(TrainConfig()))
+    for old, new in MOVED.items():
+        assert new in fields and old not in fields, (old, new)
+
+
+def _get(cfg, key: str):
+    for part in key.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def _flat_keys(data: dict, prefix: str = "") -> set[str]:
+    keys = set()
+    for key, value in data.items():
+        keys.add(f"{prefix}{key}")
+        if isinstance(value, dict):
+            keys |= _flat_keys(value, f"{prefix}{key}.")
+    return keys
+
+
 def test_unknown_top_level_key_in_a_yaml_file_is_refused(tmp_path):
     path = tmp_path / "typo.yaml"
     path.write_text("trainer: {total_steps: 3}\noutput: runs/x\n")
@@ -208,7 +250,7 @@ def test_defaults_need_no_file():
         (["algo.clip_high=-0.1"], "algo.clip_high must be >= 0"),
         (["algo.kl_coef=-1"], "algo.kl_coef must be >= 0"),
         (["algo.entropy_coef=-0.01"], "algo.entropy_coef must be >= 0"),
-        (["algo.papo_mask_ratio=1.5"], r"algo.papo_mask_ratio must be in \[0, 1\]"),
+        (["algo.papo.mask_ratio=1.5"], r"algo.papo.mask_ratio must be in \[0, 1\]"),
         (["algo.difficulty_low=0.8", "algo.difficulty_high=0.2"], "algo.difficulty_low must be below"),
         (["algo.max_sample_batches=0"], "algo.max_sample_batches must be >= 1"),
         (["trainer.prompts_per_step=0"], "trainer.prompts_per_step must be >= 1"),
@@ -217,7 +259,7 @@ def test_defaults_need_no_file():
         (["trainer.rollout_workers=1", "env.workers=1"], "trainer.rollout_workers and env.workers"),
         (["trainer.rollout_workers=1", "model.generation_backend=vllm"], "trainer.rollout_workers runs CPU copies"),
         (["trainer.master_weights=float32"], "trainer.master_weights='float32' needs model.dtype"),
-        (["trainer.master_weights=float32", "model.dtype=bfloat16", "model.lora_r=8"], "model.lora_r > 0"),
+        (["trainer.master_weights=float32", "model.dtype=bfloat16", "model.lora.r=8"], "model.lora.r > 0"),
         (["model.action_bins=1"], "model.action_bins must be 0"),
         (["env.workers=-2"], "env.workers must be >= 0"),
         (["sft.steps=0"], "sft.steps must be >= 1"),

@@ -124,11 +124,11 @@ def test_care_reference_scores_answers_and_follows_the_policy(episodes):
 @pytest.mark.parametrize(
     "overrides, field",
     [
-        (["algo.care_coef=0.5", "algo.kl_coef=0.1"], "algo.care_coef"),
+        (["algo.care.coef=0.5", "algo.kl_coef=0.1"], "algo.care.coef"),
         (["algo.label_free=ttrv", "algo.difficulty_low=0.1"], "algo.label_free"),
-        (["algo.label_free=ttrv", "algo.care_coef=0.5"], "algo.care_coef"),
-        (["algo.care_ema_decay=1.5"], "algo.care_ema_decay"),
-        (["algo.ttrv_entropy_coef=-1"], "algo.ttrv_entropy_coef"),
+        (["algo.label_free=ttrv", "algo.care.coef=0.5"], "algo.care.coef"),
+        (["algo.care.ema_decay=1.5"], "algo.care.ema_decay"),
+        (["algo.ttrv.entropy_coef=-1"], "algo.ttrv.entropy_coef"),
     ],
 )
 def test_config_refuses_inconsistent_options_naming_the_field(overrides, field):

@@ -21,7 +21,7 @@ VARIANTS = {
     "epochs_kl_papo_correction": (
         "algo.ppo_epochs=2",
         "algo.kl_coef=0.1",
-        "algo.papo_gamma=0.1",
+        "algo.papo.gamma=0.1",
         "algo.old_logprobs=recompute",
         "algo.rollout_correction=token_truncate",
     ),

@@ -129,7 +129,7 @@ def test_two_processes_with_epochs_mini_batches_and_a_critic_step_as_one_process
     from mmrl.trainer import train
 
     run = {**RUN, "algo": {"group_size": 2, "kl_coef": 0.0, "advantage": "gae", "ppo_epochs": 2,
-                           "mini_batch_groups": 3, "old_logprobs": "recompute", "critic_lr": 0.01}}  # fmt: skip
+                           "mini_batch_groups": 3, "old_logprobs": "recompute", "critic": {"lr": 0.01}}}  # fmt: skip
     run["trainer"] = {**RUN["trainer"], "eval_episodes": 2, "save_every": 0}
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump(run))
@@ -235,7 +235,7 @@ def lora_runs(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("fsdp_lora")
     config = root / "run.yaml"
-    config.write_text(yaml.safe_dump({**RUN, "model": {**RUN["model"], "lora_r": 4}}))
+    config.write_text(yaml.safe_dump({**RUN, "model": {**RUN["model"], "lora": {"r": 4}}}))
     two, one = root / "two", root / "one"
     torchrun(root / "two.log", "-m", "mmrl", "train", str(config), f"output_dir={two}")
     torch.rand(3)  # this process has drawn from the global generator; the torchrun workers have not

@@ -23,7 +23,7 @@ def lora_run(tmp_path_factory, tiny_run_config):
     """A one-step LoRA run of the tiny preset (adapters saved beside unmerged base weights). The random model's
     rewards are all alike, so the entropy bonus is what moves the adapters."""
     out = tmp_path_factory.mktemp("lora_run")
-    overrides = ("trainer.total_steps=1", "model.lora_r=4", "model.lora_alpha=8", "algo.entropy_coef=0.1")
+    overrides = ("trainer.total_steps=1", "model.lora.r=4", "model.lora.alpha=8", "algo.entropy_coef=0.1")
     train(tiny_run_config(out, *overrides, "trainer.lr=1e-2"))
     return out
 

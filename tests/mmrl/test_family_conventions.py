@@ -203,7 +203,7 @@ def test_lora_on_the_vision_tower_trains_its_adapters_moves_no_base_weight_and_r
     from mmrl.policy.lora import find_vision_modules, plain_model
     from mmrl.types import Sampling
 
-    overrides = [f"model.path=tiny:{arch}", "model.lora_r=4", "env.options.image_size=64"]
+    overrides = [f"model.path=tiny:{arch}", "model.lora.r=4", "env.options.image_size=64"]
     plain_cfg = load_config(None, overrides)
     without = apply_model_options(load_policy(plain_cfg.model), plain_cfg.model)
     towers = tuple(find_vision_modules(without.model))
@@ -216,7 +216,7 @@ def test_lora_on_the_vision_tower_trains_its_adapters_moves_no_base_weight_and_r
         }
 
     assert not vision_adapters(without)  # the default leaves the vision tower out
-    cfg = load_config(None, [*overrides, "model.lora_vision=true"])
+    cfg = load_config(None, [*overrides, "model.lora.vision=true"])
     policy = apply_model_options(load_policy(cfg.model), cfg.model)
     adapters = vision_adapters(policy)
     assert adapters and all(p.requires_grad for p in adapters.values())
@@ -265,8 +265,8 @@ def test_lora_vision_adds_the_towers_linear_layers_to_named_targets():
     pytest.importorskip("peft")
     from mmrl.policy import apply_model_options, load_policy
 
-    cfg = load_config(None, ["model.path=tiny:qwen3_vl", "model.lora_r=2", "model.lora_target_modules=q_proj",
-                             "model.lora_vision=true"])  # fmt: skip
+    cfg = load_config(None, ["model.path=tiny:qwen3_vl", "model.lora.r=2", "model.lora.target_modules=q_proj",
+                             "model.lora.vision=true"])  # fmt: skip
     names = [n for n, _ in apply_model_options(load_policy(cfg.model), cfg.model).model.named_parameters()]
     # Qwen3-VL's vision blocks name their attention `qkv` and `proj`: not q_proj, yet adapted; the language model
     # keeps only its q_proj adapters.
@@ -274,8 +274,8 @@ def test_lora_vision_adds_the_towers_linear_layers_to_named_targets():
     assert any(".visual.merger." in n and ".lora_A." in n for n in names)
     language = {n.split(".lora_A.")[0].rsplit(".", 1)[-1] for n in names if ".lora_A." in n and ".visual." not in n}
     assert language == {"q_proj"}
-    with pytest.raises(ConfigError, match=r"model\.lora_vision needs model\.lora_r > 0"):
-        load_config(None, ["model.lora_vision=true"])
+    with pytest.raises(ConfigError, match=r"model\.lora.vision needs model\.lora.r > 0"):
+        load_config(None, ["model.lora.vision=true"])
 
 
 def test_miniwob_clicks_are_brought_to_pixels_before_the_browser_sees_them():

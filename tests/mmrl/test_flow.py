@@ -153,7 +153,7 @@ def test_the_config_sets_what_the_policy_samples_with(tmp_path):
 
     obs, seed = _obs(2), torch.Generator().manual_seed
     # An override from the command line: noise level 0 turns sampling into the ODE (what greedy runs) ...
-    cfg = load_config(REPO / "configs" / "pi0_reach_tiny.yaml", ["model.flow_noise_level=0"])
+    cfg = load_config(REPO / "configs" / "pi0_reach_tiny.yaml", ["model.flow.noise_level=0"])
     quiet = load_policy(cfg.model).apply_options(cfg.model)
     quiet.set_stats(STATS)
     assert quiet.noise_level == 0.0
@@ -168,7 +168,7 @@ def test_the_config_sets_what_the_policy_samples_with(tmp_path):
     assert not torch.equal(plain.generate(obs, 1, Sampling(), generator=seed(1)).chain, greedy.chain)
     # Steps and level together: 3 denoising steps a chunk, each scored as sampled; a checkpoint keeps them and a
     # config leaving them null keeps the folder's.
-    cfg = load_config(REPO / "configs" / "pi0_reach_tiny.yaml", ["model.flow_steps=3", "model.flow_noise_level=0.3"])
+    cfg = load_config(REPO / "configs" / "pi0_reach_tiny.yaml", ["model.flow.steps=3", "model.flow.noise_level=0.3"])
     three = plain.apply_options(cfg.model)
     rollout = three.generate(obs, 1, Sampling(), generator=seed(2))
     assert rollout.chain.shape[1] == 4 and rollout.logprobs.shape == (2, 3) and rollout.noise_level == 0.3
@@ -178,13 +178,13 @@ def test_the_config_sets_what_the_policy_samples_with(tmp_path):
     again = load_policy(folder).apply_options(folder)
     assert (again.num_steps, again.noise_level, again.noise_method) == (3, 0.3, "flow_sde")
     # Left null, the level is the folder's (0.3), under which one step is refused when it loads, naming the field.
-    with pytest.raises(ConfigError, match="model.flow_steps is 1, but Flow-SDE at noise level 0.3"):
-        load_policy(folder).apply_options(replace(folder, flow_steps=1))
+    with pytest.raises(ConfigError, match="model.flow.steps is 1, but Flow-SDE at noise level 0.3"):
+        load_policy(folder).apply_options(replace(folder, flow=replace(folder.flow, steps=1)))
     # A VLM folder with the flow fields set is refused before it loads: its kind is read off its config.json.
     vlm = load_config(
-        None, [f"model.path={REPO / 'assets' / 'tiny_models' / 'qwen3_vl_warm_start'}", "model.flow_steps=3"]
+        None, [f"model.path={REPO / 'assets' / 'tiny_models' / 'qwen3_vl_warm_start'}", "model.flow.steps=3"]
     )
-    with pytest.raises(ConfigError, match="model.flow_steps: not built for VLM policies"):
+    with pytest.raises(ConfigError, match="model.flow.steps: not built for VLM policies"):
         check_run(vlm)
 
 
@@ -194,23 +194,23 @@ def test_bad_flow_options_are_config_errors_naming_the_field():
 
     pi0 = "model.path=tiny:pi0"
     cases = {
-        "model.flow_noise_level must be >= 0": [pi0, "model.flow_noise_level=-0.1"],
-        "model.flow_noise_level must be >= 0 (0: the deterministic ODE) or null": [pi0, "model.flow_noise_level=.nan"],
-        "model.flow_noise_method must be one of flow_sde, flow_noise": [pi0, "model.flow_noise_method=flow_cps"],
-        "model.flow_steps must be >= 1": [pi0, "model.flow_steps=0"],
-        "model.flow_steps is 1, but Flow-SDE at noise level 0.5": [
-            pi0, "model.flow_steps=1", "model.flow_noise_level=0.5"
+        "model.flow.noise_level must be >= 0": [pi0, "model.flow.noise_level=-0.1"],
+        "model.flow.noise_level must be >= 0 (0: the deterministic ODE) or null": [pi0, "model.flow.noise_level=.nan"],
+        "model.flow.noise_method must be one of flow_sde, flow_noise": [pi0, "model.flow.noise_method=flow_cps"],
+        "model.flow.steps must be >= 1": [pi0, "model.flow.steps=0"],
+        "model.flow.steps is 1, but Flow-SDE at noise level 0.5": [
+            pi0, "model.flow.steps=1", "model.flow.noise_level=0.5"
         ],
-        "model.flow_steps: not built for VLM policies": ["model.path=tiny:qwen2_vl", "model.flow_steps=3"],
-        "model.flow_noise_level, model.flow_noise_method: not built for VLM policies": [
-            "model.flow_noise_level=0", "model.flow_noise_method=flow_sde", "model.path=tiny:qwen3_vl"
+        "model.flow.steps: not built for VLM policies": ["model.path=tiny:qwen2_vl", "model.flow.steps=3"],
+        "model.flow.noise_level, model.flow.noise_method: not built for VLM policies": [
+            "model.flow.noise_level=0", "model.flow.noise_method=flow_sde", "model.path=tiny:qwen3_vl"
         ],
     }  # fmt: skip
     for message, overrides in cases.items():
         with pytest.raises(ConfigError, match=re.escape(message)):
             check_run(load_config(None, overrides))  # before anything loads
     assert (
-        check_run(load_config(None, [pi0, "model.flow_steps=1", "model.flow_noise_level=0"])).__name__ == "FlowPolicy"
+        check_run(load_config(None, [pi0, "model.flow.steps=1", "model.flow.noise_level=0"])).__name__ == "FlowPolicy"
     )
 
 
@@ -245,8 +245,8 @@ def test_an_env_without_proprio_is_refused_before_anything_trains(tiny_run_confi
     with pytest.raises(ValueError, match="obs.proprio is None"):
         train(cfg)
     assert not (tmp_path / "cold_start").exists()
-    papo = tiny_run_config(tmp_path, "model.path=tiny:pi0", f"env.name={point_env}", "algo.papo_monitor=true")
-    with pytest.raises(ValueError, match="algo.papo_monitor: not built for flow policies"):
+    papo = tiny_run_config(tmp_path, "model.path=tiny:pi0", f"env.name={point_env}", "algo.papo.monitor=true")
+    with pytest.raises(ValueError, match="algo.papo.monitor: not built for flow policies"):
         train(papo)
 
 
@@ -297,7 +297,7 @@ def test_mmrl_export_writes_a_pi0_folder_transformers_and_model_path_load(tiny_r
     from mmrl.policy import load_policy
     from mmrl.runtime.config import ModelConfig
 
-    _train(tiny_run_config, tmp_path / "run", "trainer.total_steps=1", "trainer.lr=1e-3", "model.flow_steps=3")
+    _train(tiny_run_config, tmp_path / "run", "trainer.total_steps=1", "trainer.lr=1e-3", "model.flow.steps=3")
     assert main(["export", str(tmp_path / "run"), str(tmp_path / "out")]) == 0
     assert "exported to" in capsys.readouterr().out
     out, trained = tmp_path / "out", FlowPolicy.from_pretrained(tmp_path / "run" / "checkpoints" / "step_00000001")
@@ -307,7 +307,7 @@ def test_mmrl_export_writes_a_pi0_folder_transformers_and_model_path_load(tiny_r
     model = PI0ForConditionalGeneration.from_pretrained(out)
     loaded = load_policy(ModelConfig(path=str(out)))
     assert isinstance(loaded, FlowPolicy) and loaded.stats == trained.stats and trained.stats is not None
-    assert (loaded.num_steps, loaded.noise_level) == (3, 0.5)  # the run's model.flow_steps travels with it
+    assert (loaded.num_steps, loaded.noise_level) == (3, 0.5)  # the run's model.flow.steps travels with it
     reference = trained.model.state_dict()
     for states in (model.state_dict(), loaded.model.state_dict()):
         assert states.keys() == reference.keys()

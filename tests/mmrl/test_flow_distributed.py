@@ -33,10 +33,10 @@ COMPARED = ("loss/policy", "grad_norm", "reward/total")
     [
         ({}, {}),
         # Flow-Noise's head and a critic with GAE (its gradients averaged over the processes), two epochs.
-        ({"flow_noise_method": "flow_noise"},
-         {"advantage": "gae", "ppo_epochs": 2, "old_logprobs": "recompute", "critic_lr": 0.01}),
+        ({"flow": {"noise_method": "flow_noise"}},
+         {"advantage": "gae", "ppo_epochs": 2, "old_logprobs": "recompute", "critic": {"lr": 0.01}}),
         # LoRA on both parts: the adapters are what FSDP shards and reduces, and lora/ what rank 0 saves.
-        ({"lora_r": 4, "lora_target_modules": "backbone,expert"}, {}),
+        ({"lora": {"r": 4, "target_modules": "backbone,expert"}}, {}),
     ],
     ids=["flow_sde", "flow_noise_gae", "lora"],
 )  # fmt: skip
@@ -66,8 +66,8 @@ def test_two_processes_train_the_tiny_pi0_as_one_process_with_two_shards(tmp_pat
     assert ends[0].keys() == ends[1].keys() == start.keys()
     assert max(float((ends[0][k] - ends[1][k]).abs().max()) for k in start) < 1e-4
     assert max(float((ends[0][k] - start[k]).abs().max()) for k in start) > 1e-3
-    if model.get("flow_noise_method"):
+    if model.get("flow"):
         assert any(k.startswith("noise_head.") for k in start)
-    if model.get("lora_r"):
+    if model.get("lora"):
         assert sum("lora_" in k for k in start) > 0
     assert all(torch.isfinite(v).all() for v in ends[1].values())

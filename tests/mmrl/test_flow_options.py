@@ -11,7 +11,7 @@ import torch
 from mmrl.policy import check_run
 from mmrl.policy.flow import FlowPolicy, FlowStats, build_tiny_flow
 from mmrl.policy.flow.options import apply_flow_options
-from mmrl.runtime.config import ConfigError, EnvConfig, ModelConfig, SFTConfig, TrainConfig
+from mmrl.runtime.config import ConfigError, EnvConfig, LoRAConfig, ModelConfig, SFTConfig, TrainConfig
 from mmrl.types import Sampling
 from sim.base import Observation
 
@@ -99,8 +99,8 @@ def test_freeze_vision_and_freeze_parts_leave_the_expert_training():
 
 def test_lora_vision_puts_adapters_on_siglip_and_its_projector():
     pytest.importorskip("peft")
-    without = _policy(lora_r=4, lora_target_modules="expert")
-    with_vision = _policy(lora_r=4, lora_target_modules="expert", lora_vision=True)
+    without = _policy(lora=LoRAConfig(r=4, target_modules="expert"))
+    with_vision = _policy(lora=LoRAConfig(r=4, target_modules="expert", vision=True))
     adapters = lambda p: {k for k, v in p.net.named_parameters() if "lora_" in k and v.requires_grad}  # noqa: E731
     assert not any(k.startswith((VISION, PROJECTOR)) for k in adapters(without))
     vision = {k for k in adapters(with_vision) if k.startswith((VISION, PROJECTOR))}

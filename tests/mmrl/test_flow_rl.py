@@ -125,7 +125,7 @@ def test_flow_noise_head_round_trips_with_the_checkpoint_and_the_model_folder_st
     b = loaded.generate(_obs(2), 1, Sampling(), generator=torch.Generator().manual_seed(5))
     assert torch.equal(a.chain, b.chain) and torch.equal(a.logprobs, b.logprobs)
     # The config field selects it: a fresh head on a Flow-SDE policy, one denoising step allowed (no infinite sigma).
-    cfg = load_config(None, ["model.path=tiny:pi0", "model.flow_noise_method=flow_noise", "model.flow_steps=1"])
+    cfg = load_config(None, ["model.path=tiny:pi0", "model.flow.noise_method=flow_noise", "model.flow.steps=1"])
     one = load_policy(cfg.model).apply_options(cfg.model)
     assert one.noise_method == "flow_noise" and one.num_steps == 1 and one.model.noise_head is not None
     one.set_stats(policy.stats)
@@ -138,7 +138,7 @@ def test_flow_noise_and_a_critic_train_on_reach_ratios_one_at_lr_zero(tiny_run_c
     from mmrl.runtime.checkpoint import load_training_state
 
     overrides = ("trainer.total_steps=1", "algo.ppo_epochs=2", "algo.mini_batch_groups=1", "trainer.lr=0",
-                 "model.flow_noise_method=flow_noise", "algo.advantage=gae", "algo.critic_lr=1e-2")  # fmt: skip
+                 "model.flow.noise_method=flow_noise", "algo.advantage=gae", "algo.critic.lr=1e-2")  # fmt: skip
     metrics = _train(tiny_run_config, tmp_path / "run", *overrides)
     step = next(m for m in metrics if "loss/policy" in m)
     assert step["optimizer_steps"] == 4 and step["clip_fraction"] == 0.0
@@ -197,11 +197,11 @@ def test_a_critic_reads_flow_values_its_loss_falls_on_a_fixed_batch_and_it_round
 @pytest.mark.parametrize("part", ["expert", "backbone"])
 def test_lora_on_one_part_trains_its_adapters_and_freezes_the_other(part):
     from mmrl.policy.flow import FlowStats
-    from mmrl.runtime.config import ModelConfig
+    from mmrl.runtime.config import LoRAConfig, ModelConfig
 
     pytest.importorskip("peft")
     policy = build_tiny_flow(seed=0, stats=FlowStats(*STATS), noise_method="flow_noise")
-    policy.apply_options(ModelConfig(path="tiny:pi0", lora_r=4, lora_target_modules=part))
+    policy.apply_options(ModelConfig(path="tiny:pi0", lora=LoRAConfig(r=4, target_modules=part)))
     chosen, other = ("model.dit.", "model.vlm.") if part == "expert" else ("model.vlm.language_model.", "model.dit.")
     named = dict(policy.net.named_parameters())
     adapters = {k: v for k, v in named.items() if "lora_" in k}
@@ -214,8 +214,8 @@ def test_lora_on_one_part_trains_its_adapters_and_freezes_the_other(part):
     assert any(v.grad is not None and v.grad.abs().sum() > 0 for k, v in adapters.items() if "lora_B" in k)
     assert all(v.grad is None for k, v in named.items() if k.startswith(other))
     assert policy.net.noise_head.net[2].weight.grad.abs().sum() > 0
-    with pytest.raises(ValueError, match="model.lora_target_modules 'vision'"):
-        build_tiny_flow().apply_options(ModelConfig(path="tiny:pi0", lora_r=4, lora_target_modules="vision"))
+    with pytest.raises(ValueError, match="model.lora.target_modules 'vision'"):
+        build_tiny_flow().apply_options(ModelConfig(path="tiny:pi0", lora=LoRAConfig(r=4, target_modules="vision")))
 
 
 def test_lora_checkpoint_round_trips_and_export_writes_the_merged_weights(tmp_path):
@@ -225,12 +225,12 @@ def test_lora_checkpoint_round_trips_and_export_writes_the_merged_weights(tmp_pa
     from mmrl.policy import load_policy
     from mmrl.policy.flow import FlowStats
     from mmrl.policy.lora import is_lora
-    from mmrl.runtime.config import ModelConfig
+    from mmrl.runtime.config import LoRAConfig, ModelConfig
 
     pytest.importorskip("peft")
     policy = build_tiny_flow(seed=0, stats=FlowStats(*STATS))
     base = {k: v.clone() for k, v in policy.net.state_dict().items()}
-    policy.apply_options(ModelConfig(path="tiny:pi0", lora_r=4, lora_target_modules="expert"))
+    policy.apply_options(ModelConfig(path="tiny:pi0", lora=LoRAConfig(r=4, target_modules="expert")))
     with torch.no_grad():  # adapters away from B = 0, so merging changes the expert's weights
         for name, param in policy.net.named_parameters():
             if "lora_B" in name:
@@ -264,8 +264,8 @@ def test_a_lora_run_on_the_expert_moves_only_its_adapters_and_mmrl_export_merges
     from mmrl.policy.lora import is_lora
 
     pytest.importorskip("peft")
-    overrides = ("trainer.total_steps=1", "trainer.lr=1e-2", "model.lora_r=4", "model.lora_target_modules=expert",
-                 "model.flow_noise_method=flow_noise")  # fmt: skip
+    overrides = ("trainer.total_steps=1", "trainer.lr=1e-2", "model.lora.r=4", "model.lora.target_modules=expert",
+                 "model.flow.noise_method=flow_noise")  # fmt: skip
     _train(tiny_run_config, tmp_path / "run", *overrides)
     start = FlowPolicy.from_pretrained(tmp_path / "run" / "cold_start")
     last = FlowPolicy.from_pretrained(sorted((tmp_path / "run" / "checkpoints").iterdir())[-1])

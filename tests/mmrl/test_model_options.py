@@ -7,7 +7,7 @@ import torch
 
 from mmrl.policy import TINY_ARCHS, Sampling, apply_model_options, check_run
 from mmrl.policy.lora import FREEZE_PARTS, part_parameters
-from mmrl.runtime.config import ConfigError, ModelConfig, TrainConfig
+from mmrl.runtime.config import ConfigError, LoRAConfig, ModelConfig, TrainConfig
 
 
 @pytest.mark.parametrize("arch", TINY_ARCHS)
@@ -39,7 +39,8 @@ def test_freeze_mistakes_name_the_field():
         ModelConfig(freeze=["encoder"])
     with pytest.raises(ConfigError, match=r"model\.freeze.*nothing to train"):  # a VLM's refusal, before it loads
         check_run(TrainConfig(model=ModelConfig(freeze=["vision", "projector", "language"])))
-    check_run(TrainConfig(model=ModelConfig(freeze=["vision", "projector", "language"], lora_r=4)))  # LoRA trains
+    lora = LoRAConfig(r=4)  # LoRA trains
+    check_run(TrainConfig(model=ModelConfig(freeze=["vision", "projector", "language"], lora=lora)))
 
 
 def test_pixel_bounds_set_the_image_tokens_and_the_policy_stays_consistent(tiny_policy, grounding_obs):

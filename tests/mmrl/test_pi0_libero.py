@@ -88,7 +88,7 @@ def test_presets_load_and_the_real_size_one_takes_a_pi0_folder_laid_out_as_the_h
     tiny = load_config(REPO / "configs" / "pi0_libero_tiny.yaml")
     assert tiny.model.path == "tiny:pi0" and tiny.env.name == "libero" and tiny.env.options["replan_steps"] == 2
     real = load_config(REPO / "configs" / "pi0_libero.yaml")
-    assert (real.model.dtype, real.model.device, real.model.flow_noise_level) == ("bfloat16", "cuda", 0.5)
+    assert (real.model.dtype, real.model.device, real.model.flow.noise_level) == ("bfloat16", "cuda", 0.5)
     options = real.env.options  # checked against LiberoEnv's constructor by the config (names and types)
     assert options["suite"] == "libero_spatial" and options.get("holdout", 0) == 0
     assert (options["replan_steps"], options["image_transform"], options["image_size"]) == (5, "rot180", 224)

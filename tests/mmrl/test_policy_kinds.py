@@ -177,27 +177,27 @@ def test_a_kind_defined_in_one_module_trains_through_every_stage(tiny_run_config
 
 
 def test_what_a_kind_lacks_is_refused_by_field_before_anything_loads():
-    cfg = load_config(None, ["model.path=tiny:gaussian", "algo.papo_gamma=0.1", "model.history_turns=2"])
-    with pytest.raises(ConfigError, match=r"algo.papo_gamma: not built for Gaussian policies; model.history_turns"):
+    cfg = load_config(None, ["model.path=tiny:gaussian", "algo.papo.gamma=0.1", "model.history_turns=2"])
+    with pytest.raises(ConfigError, match=r"algo.papo.gamma: not built for Gaussian policies; model.history_turns"):
         check_run(cfg)
 
 
 # ---------------------------------------------------------------------------------------------- refusals
 # A config asking for each feature (an entry per feature: a new feature needs one here, and so a test).
 ASKS = {
-    "papo": ["algo.papo_gamma=0.1"],
+    "papo": ["algo.papo.gamma=0.1"],
     "branching": ["algo.credit=branch"],
     "judge": ["judge.model=assets/tiny_models/qwen2_vl"],
     "history": ["model.history_turns=1"],
     "rollout_workers": ["trainer.rollout_workers=1"],
     "sharded_async": ["trainer.max_staleness=1"],  # under torchrun (two processes here)
-    "text_answers": ["algo.overlong_filter=true"],
+    "text_answers": ["algo.overlong.filter=true"],
     "progress": ["algo.progress_coef=0.1"],
     "engines": ["model.generation_backend=hf"],
     "system_prompt": ["model.system_prompt=Be brief."],
     "pixel_range": ["model.min_pixels=3136"],
     "action_tokens": ["model.action_bins=8"],
-    "flow_sampler": ["model.flow_steps=3"],
+    "flow_sampler": ["model.flow.steps=3"],
     "chunk_labels": ["sft.every_step=true", "sft.episodes=4"],
     "untied_expert": ["model.freeze=[vision,projector,language]"],
 }

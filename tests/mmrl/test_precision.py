@@ -149,8 +149,8 @@ def test_resumed_run_with_float32_masters_matches_the_uninterrupted_one(bf16_run
 def test_master_weights_refuse_what_they_cannot_do(tmp_path, tiny_run_config):
     with pytest.raises(ValueError, match=r"trainer.master_weights='float32' needs model.dtype bfloat16"):
         train(tiny_run_config(tmp_path, "trainer.master_weights=float32"))  # float32 already
-    with pytest.raises(ValueError, match=r"trainer.master_weights='float32' is for full fine-tuning.*model.lora_r"):
-        train(tiny_run_config(tmp_path, "trainer.master_weights=float32", "model.dtype=bfloat16", "model.lora_r=4"))
+    with pytest.raises(ValueError, match=r"trainer.master_weights='float32' is for full fine-tuning.*model.lora.r"):
+        train(tiny_run_config(tmp_path, "trainer.master_weights=float32", "model.dtype=bfloat16", "model.lora.r=4"))
     with pytest.raises(ConfigError, match=r"trainer.master_weights: 'fp32' is not one of 'model', 'float32'"):
         tiny_run_config(tmp_path, "trainer.master_weights=fp32")
     assert not (tmp_path / "config.json").exists()  # refused before anything ran

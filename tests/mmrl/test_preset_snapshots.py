@@ -26,12 +26,15 @@ def test_preset_resolves_to_its_snapshot(preset):
 def test_preset_states_only_what_differs_from_the_defaults(preset):
     import yaml
 
-    defaults = to_dict(TrainConfig())
-    restated = [
-        f"{section}.{key}"
-        for section, values in (yaml.safe_load(preset.read_text()) or {}).items()
-        if isinstance(values, dict) and isinstance(defaults.get(section), dict)
-        for key, value in values.items()
-        if defaults[section].get(key, object()) == value
-    ]
-    assert not restated, f"{preset.name} restates defaults: {restated}"
+    def restated(values: dict, defaults: dict, prefix: str) -> list[str]:  # nested sections too (algo.papo.gamma)
+        found = []
+        for key, value in values.items():
+            default = defaults.get(key, object())
+            if isinstance(value, dict) and isinstance(default, dict) and value and key != "options":
+                found += restated(value, default, f"{prefix}{key}.")
+            elif value == default:
+                found.append(f"{prefix}{key}")
+        return found
+
+    found = restated(yaml.safe_load(preset.read_text()) or {}, to_dict(TrainConfig()), "")
+    assert not found, f"{preset.name} restates defaults: {found}"

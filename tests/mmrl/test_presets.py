@@ -33,7 +33,7 @@ PRESETS = {
     "gui_click_tiny.yaml": [],
     "gui_task_tiny.yaml": [],
     "svg_tiny.yaml": [],
-    # Its critic trains alone for 2 steps (algo.critic_warmup_steps), so a third step moves the policy.
+    # Its critic trains alone for 2 steps (algo.critic.warmup_steps), so a third step moves the policy.
     "highway_tiny.yaml": ["env.options={image_size: 64, max_episode_steps: 2}", "trainer.total_steps=3"],
     "dataset_tiny.yaml": [],
     "cad_tiny.yaml": [],

@@ -27,7 +27,7 @@ from mmrl.policy.lora import (
     merged_named_weights,
 )
 from mmrl.policy.vlm.options import apply_model_options
-from mmrl.runtime.config import ModelConfig
+from mmrl.runtime.config import ConfigError, LoRAConfig, ModelConfig
 from mmrl.stages.batching import token_budget_slices, trim_padding
 
 SAMPLING = Sampling(max_new_tokens=6, temperature=1.0)
@@ -304,7 +304,8 @@ def test_lora_with_gradient_checkpointing_gives_the_same_gradients(tiny_policy, 
 
 def test_apply_model_options_is_idempotent_and_sets_the_backend(tiny_policy):
     policy, _ = vla(tiny_policy, "qwen2_vl")
-    cfg = ModelConfig(gradient_checkpointing=True, freeze_vision=True, lora_r=2, generation_backend="static")
+    lora = LoRAConfig(r=2)
+    cfg = ModelConfig(gradient_checkpointing=True, freeze_vision=True, lora=lora, generation_backend="static")
     apply_model_options(policy, cfg)
     first = [n for n, p in policy.model.named_parameters() if p.requires_grad]
     apply_model_options(policy, cfg)  # e.g. on a policy resumed from a LoRA checkpoint: no second adapter set
@@ -320,6 +321,8 @@ def test_the_engine_memory_share_reaches_the_engine_process_too(tiny_policy):
     apply_model_options(policy, ModelConfig(generation_backend="vllm_process", vllm_gpu_memory_utilization=0.5))
     assert policy.generation_backend == "vllm_process"
     assert policy.backend.engine_options["gpu_memory_utilization"] == 0.5
+    with pytest.raises(ConfigError, match=r"model.vllm_gpu_memory_utilization must be in \(0, 1\)"):
+        ModelConfig(vllm_gpu_memory_utilization=1.0)  # what the engine refuses is refused at load
 
 
 def test_lora_without_peft_names_the_extra(tiny_policy, monkeypatch):

@@ -155,7 +155,7 @@ def test_overlong_filter_leaves_truncated_completions_out_of_the_loss(
     moved = {}
     for flag in ("false", "true"):
         cfg = tiny_run_config(
-            tmp_path / flag, f"env.name={letters_env}", "trainer.total_steps=1", f"algo.overlong_filter={flag}"
+            tmp_path / flag, f"env.name={letters_env}", "trainer.total_steps=1", f"algo.overlong.filter={flag}"
         )
         policy = tiny_policy("qwen2_vl", seed=0, prompt_template=cfg.model.prompt_template)
         before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
@@ -170,8 +170,8 @@ def test_overlong_filter_leaves_truncated_completions_out_of_the_loss(
 
 def test_soft_overlong_penalty_is_a_logged_reward_component(tmp_path, tiny_run_config, tiny_policy, letters_env):
     cfg = tiny_run_config(
-        tmp_path, f"env.name={letters_env}", "trainer.total_steps=1", "algo.overlong_penalty=0.5",
-        "algo.overlong_cache_len=2",
+        tmp_path, f"env.name={letters_env}", "trainer.total_steps=1", "algo.overlong.penalty=0.5",
+        "algo.overlong.cache_len=2",
     )  # fmt: skip
     policy = tiny_policy("qwen2_vl", seed=0, prompt_template=cfg.model.prompt_template)
     with contextlib.redirect_stdout(io.StringIO()):

@@ -17,7 +17,7 @@ from mmrl.runtime.config import ConfigError
 from mmrl.runtime.metrics import read_metrics
 from mmrl.trainer import train
 
-GAE = ("algo.advantage=gae", "algo.critic_lr=0.01", "algo.group_size=4", "trainer.prompts_per_step=2")
+GAE = ("algo.advantage=gae", "algo.critic.lr=0.01", "algo.group_size=4", "trainer.prompts_per_step=2")
 
 
 def _rows(cfg, **kw) -> list[dict]:
@@ -43,7 +43,7 @@ def test_gae_trains_the_value_head_toward_the_returns(tmp_path, tiny_run_config,
 
 
 def test_warm_up_trains_the_head_and_leaves_the_policy(tmp_path, tiny_run_config, tiny_policy, letters_env):
-    cfg = _cfg(tiny_run_config, tmp_path, letters_env, "trainer.total_steps=2", "algo.critic_warmup_steps=2")
+    cfg = _cfg(tiny_run_config, tmp_path, letters_env, "trainer.total_steps=2", "algo.critic.warmup_steps=2")
     policy = tiny_policy("qwen2_vl", seed=0, prompt_template=cfg.model.prompt_template)
     start = copy.deepcopy(policy.model.state_dict())
     rows = _rows(cfg, policy=policy)
@@ -54,7 +54,7 @@ def test_warm_up_trains_the_head_and_leaves_the_policy(tmp_path, tiny_run_config
 
 
 def test_resume_is_exact_with_a_critic(tmp_path, tiny_run_config, letters_env):
-    options = ("trainer.total_steps=3", "algo.critic_warmup_steps=1", "algo.ppo_epochs=2")
+    options = ("trainer.total_steps=3", "algo.critic.warmup_steps=1", "algo.ppo_epochs=2")
     whole = _rows(_cfg(tiny_run_config, tmp_path / "whole", letters_env, *options))
     parts = tmp_path / "parts"
     _rows(_cfg(tiny_run_config, parts, letters_env, *options), stop_after=2)
@@ -72,7 +72,7 @@ def test_gae_over_vla_episodes_gives_each_turn_its_own_value(tmp_path, tiny_run_
 
     cfg = tiny_run_config(
         str(tmp_path), *VLA_RUN, f"env.name={point_env}", "trainer.total_steps=2", "algo.advantage=gae",
-        "algo.gamma=0.9", "algo.critic_lr=0.01", "sft.episodes=0",
+        "algo.gamma=0.9", "algo.critic.lr=0.01", "sft.episodes=0",
     )  # fmt: skip
     rows = _rows(cfg)
     assert all(r["env/episode_steps"] >= 1 and r["value/loss"] >= 0 for r in rows)
@@ -108,8 +108,8 @@ def test_a_time_aware_critic_explains_the_returns_of_multi_turn_episodes(tmp_pat
     def run(time: bool) -> list[dict]:
         cfg = tiny_run_config(
             str(tmp_path / str(time)), *VLA_RUN, f"env.name={first_axis_env}", "env.eval_metric=reward",
-            "trainer.total_steps=8", "algo.advantage=gae", "algo.critic_lr=0.003", "algo.value_clip=0",
-            "algo.ppo_epochs=4", f"algo.critic_time={time}",
+            "trainer.total_steps=8", "algo.advantage=gae", "algo.critic.lr=0.003", "algo.critic.value_clip=0",
+            "algo.ppo_epochs=4", f"algo.critic.time={time}",
             "sft.episodes=0", "trainer.eval_every=0",
         )  # fmt: skip
         return _rows(cfg)
@@ -126,10 +126,10 @@ def test_a_time_aware_critic_explains_the_returns_of_multi_turn_episodes(tmp_pat
             ("algo.advantage=gae", "algo.credit=step"),
             "algo.credit 'step' cannot be combined with algo.advantage 'gae'",
         ),
-        (("algo.critic_warmup_steps=2",), "algo.critic_warmup_steps needs a critic: algo.advantage gae, not 'grpo'"),
-        (("algo.critic_trunk_grad=true",), "algo.critic_trunk_grad needs a critic"),
-        (("algo.critic_time=true",), "algo.critic_time needs a critic"),
-        (("algo.advantage=gae", "algo.gae_lambda=1.5"), r"algo.gae_lambda must be in \[0, 1\]"),
+        (("algo.critic.warmup_steps=2",), "algo.critic.warmup_steps needs a critic: algo.advantage gae, not 'grpo'"),
+        (("algo.critic.trunk_grad=true",), "algo.critic.trunk_grad needs a critic"),
+        (("algo.critic.time=true",), "algo.critic.time needs a critic"),
+        (("algo.advantage=gae", "algo.critic.gae_lambda=1.5"), r"algo.critic.gae_lambda must be in \[0, 1\]"),
         (("algo.advantage=ppo",), "algo.advantage 'ppo' is not one of"),
     ],
 )

@@ -37,7 +37,7 @@ def test_lora_and_frozen_vision_train_only_what_they_should(tmp_path, tiny_run_c
     from mmrl.policy.lora import is_lora
 
     cfg = tiny_run_config(
-        tmp_path, f"env.name={letters_env}", "trainer.total_steps=1", "model.lora_r=4", "model.freeze_vision=true",
+        tmp_path, f"env.name={letters_env}", "trainer.total_steps=1", "model.lora.r=4", "model.freeze_vision=true",
         "trainer.lr=1e-2",
     )  # fmt: skip
     start = load_policy(cfg.model)

@@ -13,7 +13,7 @@ import pytest
 from mmrl.runtime.metrics import read_metrics
 from mmrl.trainer import train
 
-PAPO = ("algo.papo_gamma=0.02", "algo.papo_eta=0.03")
+PAPO = ("algo.papo.gamma=0.02", "algo.papo.eta=0.03")
 SAME_RUN = ("reward/total", "loss/policy", "grad_norm")
 
 
@@ -44,7 +44,7 @@ def test_papo_logs_its_terms_and_changes_the_update(tmp_path, tiny_run_config, l
 
 def test_monitoring_measures_the_kl_without_changing_the_run(tmp_path, tiny_run_config, letters_env):
     grpo = _rows(_cfg(tiny_run_config, tmp_path / "grpo", letters_env))
-    watched = _rows(_cfg(tiny_run_config, tmp_path / "watched", letters_env, "algo.papo_monitor=true"))
+    watched = _rows(_cfg(tiny_run_config, tmp_path / "watched", letters_env, "algo.papo.monitor=true"))
     papo = _rows(_cfg(tiny_run_config, tmp_path / "papo", letters_env, *PAPO))
     for got, want in zip(watched, grpo, strict=True):  # the monitoring pass takes no gradient and adds no loss
         for key in SAME_RUN:

@@ -21,15 +21,15 @@ def sampler_problem(method: str | None, level: float | None, steps: int | None) 
     (a folder's own fills it in later). The one check of the sampler's settings: the policy's constructor, its config
     check before loading and its options after loading all ask it."""
     if method is not None and method not in NOISE_METHODS:
-        return "model.flow_noise_method", f"must be one of {', '.join(NOISE_METHODS)} or null, got {method!r}"
+        return "model.flow.noise_method", f"must be one of {', '.join(NOISE_METHODS)} or null, got {method!r}"
     if level is not None and not (math.isfinite(level) and level >= 0):
-        return "model.flow_noise_level", f"must be >= 0 (0: the deterministic ODE) or null, got {level}"
+        return "model.flow.noise_level", f"must be >= 0 (0: the deterministic ODE) or null, got {level}"
     if steps is not None and steps < 1:
-        return "model.flow_steps", f"must be >= 1 or null, got {steps}"
+        return "model.flow.steps", f"must be >= 1 or null, got {steps}"
     if steps == 1 and (level or 0) > 0 and method in (None, "flow_sde"):
-        return "model.flow_steps", (
+        return "model.flow.steps", (
             f"is 1, but Flow-SDE at noise level {level} needs >= 2 denoising steps (its sigma is infinite at t = 1): "
-            "set model.flow_steps >= 2, or model.flow_noise_level=0 (the ODE)"
+            "set model.flow.steps >= 2, or model.flow.noise_level=0 (the ODE)"
         )
     return None
 

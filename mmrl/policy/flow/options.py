@@ -3,7 +3,7 @@
 What `mmrl.policy.vlm.options.apply_model_options` does for a VLM, for `FlowPolicy` (its `apply_options`), sharing
 `mmrl.policy.lora`'s helpers where the operation is the same:
 
-* `model.flow_noise_method` / `flow_noise_level` / `flow_steps`: the sampler's settings (null keeps the policy's);
+* `model.flow.noise_method` / `noise_level` / `steps`: the sampler's settings (null keeps the policy's);
 * `model.gradient_checkpointing`: the vision tower's (SigLIP) and the action expert's layers recompute their
   activations in the backward pass. PaliGemma's language model keeps its own: its layers write the prompt's
   key/value cache that the expert reads, and a layer replayed in the backward pass would write it a second time
@@ -13,8 +13,8 @@ What `mmrl.policy.vlm.options.apply_model_options` does for a VLM, for `FlowPoli
   projector as for a VLM);
 * `model.freeze`: parts fixed, "vision", "projector", "language" (PaliGemma's language model and its embeddings);
   the action expert and its projections are never frozen by it (LeRobot's `train_expert_only` is all three);
-* `model.lora_r > 0`: LoRA on `model.lora_target_modules`' parts (`LORA_PARTS`), plus the vision tower's and
-  projector's linear layers with `model.lora_vision`.
+* `model.lora.r > 0`: LoRA on `model.lora.target_modules`' parts (`LORA_PARTS`), plus the vision tower's and
+  projector's linear layers with `model.lora.vision`.
 """
 
 from __future__ import annotations
@@ -26,23 +26,23 @@ from ...runtime.schema import ConfigError
 from ..lora import checkpoint_layers, freeze_parts, freeze_vision, require_peft, vision_linear_names
 from .data import sampler_problem
 
-# LoRA's parts of a PI0 model (`model.lora_target_modules`): where each part's linear layers live.
+# LoRA's parts of a PI0 model (`model.lora.target_modules`): where each part's linear layers live.
 LORA_PARTS = {"backbone": "model.vlm.language_model.", "expert": "model.dit."}
 LANGUAGE_PART = LORA_PARTS["backbone"]  # model.freeze's "language" in a PI0 model
 
 
 def apply_flow_options(policy, cfg):
-    """Set a flow policy's (`mmrl.policy.flow.FlowPolicy`) sampling from `model.flow_noise_level`,
-    `model.flow_noise_method` and `model.flow_steps` (each left null keeps the policy's own, e.g. its folder's), apply
+    """Set a flow policy's (`mmrl.policy.flow.FlowPolicy`) sampling from `model.flow.noise_level`,
+    `model.flow.noise_method` and `model.flow.steps` (each left null keeps the policy's own, e.g. its folder's), apply
     checkpointing, frozen parts and LoRA (see the module docstring), and return the policy. What a flow policy lacks
     (`FlowPolicy.features`) is refused before it loads, by `FlowPolicy.check_config`.
 
     The sampling settings are attributes the sampler and the scorer read at each call, so applying them to a loaded
     policy is enough; a checkpoint saved afterwards carries them. Call it before the optimiser is built.
     """
-    method = policy.noise_method if cfg.flow_noise_method is None else cfg.flow_noise_method
-    level = policy.noise_level if cfg.flow_noise_level is None else float(cfg.flow_noise_level)
-    steps = policy.num_steps if cfg.flow_steps is None else int(cfg.flow_steps)
+    method = policy.noise_method if cfg.flow.noise_method is None else cfg.flow.noise_method
+    level = policy.noise_level if cfg.flow.noise_level is None else float(cfg.flow.noise_level)
+    steps = policy.num_steps if cfg.flow.steps is None else int(cfg.flow.steps)
     problem = sampler_problem(method, level, steps)  # the folder's own settings filled in
     if problem is not None:
         raise ConfigError(" ".join(problem))
@@ -55,9 +55,9 @@ def apply_flow_options(policy, cfg):
         freeze_vision(policy)
     if cfg.freeze:
         freeze_parts(policy, cfg.freeze, language=LANGUAGE_PART)
-    if cfg.lora_r > 0 and policy.model is policy.net:  # a policy loaded from a LoRA checkpoint has its adapters
+    if cfg.lora.r > 0 and policy.model is policy.net:  # a policy loaded from a LoRA checkpoint has its adapters
         apply_flow_lora(
-            policy, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules, cfg.seed, cfg.lora_vision
+            policy, cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.target_modules, cfg.seed, cfg.lora.vision
         )
     return policy
 
@@ -83,7 +83,7 @@ def apply_flow_lora(
     seed: int = 0,
     vision: bool = False,
 ):
-    """Wrap the policy's model in PEFT LoRA adapters on the linear layers of `parts` (`model.lora_target_modules`:
+    """Wrap the policy's model in PEFT LoRA adapters on the linear layers of `parts` (`model.lora.target_modules`:
     "backbone", "expert", "backbone,expert" or "all-linear" for both), and with `vision` on the vision tower's and
     its projector's too; everything else is frozen but Flow-Noise's head. `lora_A` draws from `seed` (PEFT draws it
     from the global generator)."""
@@ -91,7 +91,7 @@ def apply_flow_lora(
     names = ["backbone", "expert"] if parts == "all-linear" else [p.strip() for p in parts.split(",") if p.strip()]
     bad = [name for name in names if name not in LORA_PARTS]
     if bad or not names:
-        raise ValueError(f"model.lora_target_modules {parts!r}: a flow policy (π0) takes LoRA on its parts "
+        raise ValueError(f"model.lora.target_modules {parts!r}: a flow policy (π0) takes LoRA on its parts "
                          f"{', '.join(LORA_PARTS)} (comma-separated) or all-linear for both")  # fmt: skip
     prefixes = tuple(LORA_PARTS[name] for name in names)
     targets = [

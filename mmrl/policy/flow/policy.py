@@ -35,9 +35,9 @@ images and the instruction) joined with the normalised proprioceptive state, whi
 critic's head hooks the tap (as it hooks a VLM's language-model head), so its value is that of the state the chunk
 starts from, independent of the sampled chain (πRL's π0.5 variant, a value "after the VLM", plus the state).
 
-**LoRA** (`model.lora_r > 0`, `mmrl.policy.flow.options` with the other real-size options): PEFT adapters on the
-linear layers of the parts `model.lora_target_modules` names, `backbone` (PaliGemma's language model), `expert` (the
-action expert), or both (`all-linear`, or `backbone,expert`), and on the vision tower's with `model.lora_vision` (as
+**LoRA** (`model.lora.r > 0`, `mmrl.policy.flow.options` with the other real-size options): PEFT adapters on the
+linear layers of the parts `model.lora.target_modules` names, `backbone` (PaliGemma's language model), `expert` (the
+action expert), or both (`all-linear`, or `backbone,expert`), and on the vision tower's with `model.lora.vision` (as
 for VLMs); everything else is frozen but Flow-Noise's head, which starts untrained. Checkpoints hold the base weights
 plus `lora/`, as a VLM's; `mmrl export` merges them.
 
@@ -196,7 +196,7 @@ class FlowPolicy(Policy):
     def check_config(cls, cfg: TrainConfig, world_size: int = 1) -> None:
         super().check_config(cfg, world_size)
         model = cfg.model
-        problem = sampler_problem(model.flow_noise_method, model.flow_noise_level, model.flow_steps)
+        problem = sampler_problem(model.flow.noise_method, model.flow.noise_level, model.flow.steps)
         if problem is not None:
             raise ConfigError(" ".join(problem))
 

@@ -5,7 +5,7 @@
 2. the image-area range (`min_pixels`, `max_pixels`);
 3. gradient checkpointing (`mmrl.policy.lora`);
 4. `freeze_vision` and `freeze`: the parts kept fixed;
-5. `lora_r > 0`: LoRA adapters (`mmrl.policy.lora.apply_lora`).
+5. `lora.r > 0`: LoRA adapters (`mmrl.policy.lora.apply_lora`).
 
 Call it after the action codec is attached (`add_action_tokens`), since LoRA needs to know the action tokens, and
 before the optimiser is built. It is idempotent: a policy loaded from a LoRA checkpoint already carries its adapters
@@ -37,14 +37,14 @@ def apply_model_options(policy: ModelHolder, cfg: ModelConfig) -> ModelHolder:
         freeze_vision(policy)
     if cfg.freeze:
         freeze_parts(policy, cfg.freeze)
-    if cfg.lora_r > 0 and not is_lora(policy):
+    if cfg.lora.r > 0 and not is_lora(policy):
         apply_lora(
             policy,
-            r=cfg.lora_r,
-            alpha=cfg.lora_alpha,
-            dropout=cfg.lora_dropout,
-            target_modules=cfg.lora_target_modules,
-            vision=cfg.lora_vision,
+            r=cfg.lora.r,
+            alpha=cfg.lora.alpha,
+            dropout=cfg.lora.dropout,
+            target_modules=cfg.lora.target_modules,
+            vision=cfg.lora.vision,
             seed=cfg.seed,
         )
     return policy

@@ -64,7 +64,7 @@ class VLMPolicy(Policy):
         "folder)",
         "chunk_labels": "it labels a flow policy's (π0's) chunks at every step; the token path labels every step "
         "already",
-        "untied_expert": "with model.lora_r 0, freezing every part leaves nothing to train",
+        "untied_expert": "with model.lora.r 0, freezing every part leaves nothing to train",
     }
     label = "VLM policies"
     tiny_names = ALL_TINY_ARCHS
@@ -506,7 +506,7 @@ class VLMPolicy(Policy):
         `patches` needs a family whose pixel rows are patches (Qwen-VL); every family takes `pixels`."""
         if domain == "patches" and not self.family.patch_rows:
             raise ValueError(
-                "algo.papo_mask=patches needs pixel rows that are vision patches (Qwen-VL); a "
+                "algo.papo.mask=patches needs pixel rows that are vision patches (Qwen-VL); a "
                 f"{self.family.name} model's are not: use pixels"
             )
         return masked_images(batch, domain, ratio, generator, self.processor.image_processor)
