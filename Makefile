@@ -84,7 +84,7 @@ lock: setup
 	$(BIN)/python scripts/lock.py > requirements-lock.txt.new && mv requirements-lock.txt.new requirements-lock.txt
 
 demo: setup
-	$(BIN)/mmrl train configs/grounding_tiny.yaml output_dir=runs/demo
+	$(BIN)/mmrl train configs/grounding_tiny.yaml output_dir=runs/demo overwrite=true
 
 test: setup $(MS_STAMP) $(BROWSER_STAMP) $(LIBERO_STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m pytest -q

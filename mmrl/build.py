@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from sim.errors import InputError
+
 from .algos import CRITIC_ADVANTAGES
 from .families import FAMILIES
 from .methods.critic import Critic
@@ -27,7 +29,7 @@ from .methods.curriculum import Curriculum
 from .policy import Policy, check_run, load_policy
 from .report import report_before
 from .runtime import distributed, precision
-from .runtime.checkpoint import load_training_state, resume_checkpoint, set_rng_state
+from .runtime.checkpoint import earlier_run, load_training_state, resume_checkpoint, set_aside, set_rng_state
 from .runtime.config import TrainConfig, to_dict
 from .runtime.conventions import model_coordinates
 from .runtime.metrics import MetricsLogger, TensorBoardSink, WandbSink, require_backends
@@ -146,8 +148,10 @@ def build(cfg: TrainConfig, policy: Policy | None, generation_shards: int | None
     else:
         type(policy).check_config(cfg, world.size)
     out = Path(cfg.output_dir)
-    # Before anything is written there: with no complete checkpoint left, resume refuses and the folder stays as is.
+    # Before anything is written there: with no complete checkpoint left, resume refuses and the folder stays as is;
+    # a new run never writes over an earlier one's history (`no_run_overwritten`).
     resume_from = resume_checkpoint(out, warn=world.is_main) if cfg.resume else None
+    no_run_overwritten(cfg, out, resume_from, world)
     out.mkdir(parents=True, exist_ok=True)
     if world.is_main:
         (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
@@ -186,18 +190,36 @@ def build(cfg: TrainConfig, policy: Policy | None, generation_shards: int | None
                  policy if resume_from is None or cfg.algo.kl_coef > 0 else None, cold_started, live)  # fmt: skip
 
 
+def no_run_overwritten(cfg: TrainConfig, out: Path, resume_from: Path | None, world: distributed.World) -> None:
+    """Refuse what would write over an earlier run, or resume nothing, naming the ways on.
+
+    Raises:
+        InputError: `resume=true` with nothing to resume in `out`; a new run into a folder holding an earlier run's
+            metrics or checkpoints without `overwrite=true` (with it, the earlier run is moved aside first).
+    """
+    earlier = earlier_run(out)
+    if cfg.resume:
+        if resume_from is None and earlier is None:
+            raise InputError(f"resume=true: nothing to resume in {out} (no checkpoint, no metrics.jsonl): check "
+                             "output_dir, or drop resume=true to start a new run there")  # fmt: skip
+        return
+    if earlier is None:
+        return
+    if not cfg.overwrite:
+        raise InputError(f"output_dir {out} holds an earlier run ({earlier}): continue it with resume=true, or start "
+                         f"a new run there with overwrite=true, which moves the earlier one aside")  # fmt: skip
+    world.barrier()  # every process has seen the earlier run before rank 0 moves it
+    if world.is_main:
+        print(f"overwrite=true: the earlier run in {out} is now {set_aside(out)}", file=sys.stderr)
+    world.barrier()
+
+
 def assemble(setup: Setup) -> Run:
     """The `Run` from a built (and cold-started) `Setup`: the frozen reference (a copy of the starting policy), a
     resumed run's weights, the model sharded, the optimiser and schedule, the critic, the logger, and the initial
     model's held-out score (logged at step 0)."""
-    cfg, world, out, live, state, collector = (
-        setup.cfg,
-        setup.world,
-        setup.out,
-        setup.live,
-        setup.state,
-        setup.collector,
-    )
+    cfg, world, out, live, state = setup.cfg, setup.world, setup.out, setup.live, setup.state
+    collector = setup.collector
     tc, ac, resume_from, policy = cfg.trainer, cfg.algo, setup.resume_from, setup.policy
     compute_dtype = DTYPES[cfg.model.dtype]
     use_masters = tc.master_weights == "float32"

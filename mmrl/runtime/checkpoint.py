@@ -169,8 +169,8 @@ def resume_checkpoint(output_dir: str | Path, warn: bool = True) -> Path | None:
     out = Path(output_dir)
     history = out / "metrics.jsonl"
     advice = (
-        f"starting over would overwrite the earlier run's {history.name}: run without resume=true to start over, "
-        "or choose another output_dir"
+        f"starting over would overwrite the earlier run's {history.name}: start a new run there with "
+        "resume=false overwrite=true (the earlier run is moved aside), or choose another output_dir"
     )
     try:
         found = latest_checkpoint(out, warn)
@@ -180,6 +180,28 @@ def resume_checkpoint(output_dir: str | Path, warn: bool = True) -> Path | None:
         raise InputError(f"resume=true: no checkpoint in {checkpoint_dir(out)}, but {out} holds a {history.name}; "
                          f"{advice}")  # fmt: skip
     return found
+
+
+def earlier_run(output_dir: str | Path) -> str | None:
+    """What in `output_dir` shows an earlier run (its metrics, its checkpoints), or None: a new run there would
+    overwrite it. A cold start left alone is no run yet (a new run takes it up)."""
+    out = Path(output_dir)
+    history = out / "metrics.jsonl"
+    if history.is_file() and history.stat().st_size > 0:
+        return str(history)
+    if list_checkpoints(out) or any(checkpoint_dir(out).glob(".tmp_step_*")):
+        return str(checkpoint_dir(out))
+    return None
+
+
+def set_aside(output_dir: str | Path) -> Path:
+    """Move `output_dir` to the first free `<output_dir>.previous-<n>` and return that path."""
+    out = Path(output_dir)
+    n = 1
+    while (aside := out.with_name(f"{out.name}.previous-{n}")).exists():
+        n += 1
+    out.rename(aside)
+    return aside
 
 
 def checkpoint_problem(path: str | Path) -> str | None:
@@ -274,7 +296,9 @@ def load_training_state(path: str | Path) -> tuple[dict[str, Any], dict[str, Any
             states = torch.load(path / "training_state.pt", weights_only=not trusted)
     except pickle.UnpicklingError as error:
         if "Weights only load failed" not in str(error):
-            raise InputError(f"checkpoint {path}: training_state.pt cannot be read (UnpicklingError: {error})") from None
+            raise InputError(
+                f"checkpoint {path}: training_state.pt cannot be read (UnpicklingError: {error})"
+            ) from None
         raise InputError(
             f"checkpoint {path}: training_state.pt holds objects other than tensors and plain data, which could run "
             f"code when loaded, so it is not loaded. A checkpoint an older mmrl wrote looks so too: if you wrote it "

@@ -281,6 +281,9 @@ class TrainConfig:
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     output_dir: str = "runs/default"
     resume: bool = False  # continue from the last complete checkpoint in output_dir
+    # A new run into an output_dir that holds an earlier run's metrics or checkpoints is refused unless this is set;
+    # then the earlier run is moved aside, to `<output_dir>.previous-<n>`, before anything is written.
+    overwrite: bool = False
     checkpoint: str | None = None  # a checkpoint folder to evaluate (mmrl eval) or to start from
 
     def __post_init__(self):

@@ -326,7 +326,7 @@ def test_resume_with_no_complete_checkpoint_refuses_and_leaves_the_folder_as_it_
     (tmp_path / "checkpoints").rename(tmp_path / "moved")  # no checkpoint at all, but the history is there
     with pytest.raises(InputError, match=r"no checkpoint in .* holds a metrics.jsonl"):
         resume_checkpoint(tmp_path)
-    assert resume_checkpoint(tmp_path / "fresh") is None  # nothing trained there yet: start from scratch
+    assert resume_checkpoint(tmp_path / "fresh") is None  # nothing trained there (train then refuses resume=true)
 
 
 def test_a_checkpoint_without_a_manifest_is_checked_by_what_it_must_hold(tmp_path, saver):
@@ -444,3 +444,25 @@ def test_a_training_state_whose_pickle_would_run_code_is_refused_and_not_run(
     monkeypatch.setenv(checkpoint.TRUST_ENV, "1")  # the documented opt-in loads a full pickle: it runs
     load_training_state(folder)
     assert ran.is_dir()
+
+
+def test_a_new_run_never_writes_over_an_earlier_one(uninterrupted_run, tmp_path, tiny_run_config, letters_env):
+    run = tmp_path / "run"
+    shutil.copytree(uninterrupted_run, run)
+    before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    options = (f"env.name={letters_env}", "trainer.total_steps=1")
+    with pytest.raises(InputError, match=r"output_dir .*run holds an earlier run \(.*metrics.jsonl\): continue it with "
+                       r"resume=true, or start a new run there with overwrite=true"):  # fmt: skip
+        train(tiny_run_config(run, *options))
+    assert {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()} == before  # untouched
+    train(tiny_run_config(run, *options, "overwrite=true"))  # asked for: the earlier run is moved aside, whole
+    aside = tmp_path / "run.previous-1"
+    assert {p.relative_to(aside): p.read_bytes() for p in aside.rglob("*") if p.is_file()} == before
+    assert [c.name for c in list_checkpoints(run)] == ["step_00000001"]  # the new run's, and only its
+    assert [m["step"] for m in training_rows(run)] == [1]
+
+
+def test_resume_with_nothing_to_resume_says_so_and_writes_nothing(tmp_path, tiny_run_config, letters_env):
+    with pytest.raises(InputError, match=r"resume=true: nothing to resume in .*misspelt .*drop resume=true"):
+        train(tiny_run_config(tmp_path / "misspelt", f"env.name={letters_env}", "resume=true"))
+    assert not (tmp_path / "misspelt").exists()
