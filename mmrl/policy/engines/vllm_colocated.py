@@ -203,7 +203,7 @@ class VLLMBackend:
         on_cpu = policy.device.type == "cpu"
         # A conversation's prompt holds its K kept earlier turns' views too (`model.history_turns`).
         limit = self.max_images_per_prompt or prompts.views.shape[1] * (1 + getattr(policy, "history_turns", 0))
-        family = policy.processor.family  # one vLLM cannot run here is refused before anything starts
+        family = policy.processor.family  # one this vLLM build cannot run is refused before anything starts
         reason = unsupported_reason(family, policy.processor.tokenizer, plain.config, plain.dtype, on_cpu, limit)
         if reason is not None:
             raise ValueError(f"generation_backend='vllm' cannot run a {family.name} model here: {reason}")
