@@ -219,6 +219,12 @@ class AlgoConfig:
             "'branch' compares the G answers sampled at the branch turn: it needs algo.group_size >= 2",
         )
         require(self.advantage != "rloo" or self.group_size >= 2, "algo.advantage", "rloo needs algo.group_size >= 2")
+        require(  # a group of one answer is its own mean: every advantage 0, nothing trains
+            self.advantage not in ("grpo", "dr_grpo") or self.group_size >= 2,
+            "algo.group_size",
+            f"is 1, under which every {self.advantage} advantage is 0 (each answer is its group's mean) and nothing "
+            "trains: sample algo.group_size >= 2 answers per prompt, or use algo.advantage reinforce_pp or gae",
+        )
         for name in ("clip_low", "clip_high", "kl_coef", "entropy_coef"):
             require(getattr(self, name) >= 0, f"algo.{name}", f"must be >= 0, got {getattr(self, name)}")
         require(

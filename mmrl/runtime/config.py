@@ -136,6 +136,7 @@ class TrainerConfig:
                      "generation_shards"):  # fmt: skip
             require(getattr(self, name) >= 0, f"trainer.{name}", f"must be >= 0, got {getattr(self, name)}")
         require(self.lr >= 0, "trainer.lr", "must be >= 0")
+        require(self.weight_decay >= 0, "trainer.weight_decay", f"must be >= 0, got {self.weight_decay}")
         require(0 <= self.seed < TRAIN_SEEDS, "trainer.seed",
                  f"must be in [0, {TRAIN_SEEDS}): each run seed trains on its own range of worlds, got {self.seed}")  # fmt: skip
         require(self.max_grad_norm > 0, "trainer.max_grad_norm", "must be > 0")

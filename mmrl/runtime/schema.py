@@ -9,6 +9,7 @@ helps, the valid ones (or, for a key in `MOVED`, its new place).
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from pathlib import Path
@@ -126,9 +127,12 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
         if isinstance(value, bool):
             raise ConfigError(f"{key}: expected a number, got {value!r}")
         try:
-            return float(value)
+            number = float(value)
         except (TypeError, ValueError):
             raise ConfigError(f"{key}: expected a number, got {value!r}") from None
+        if not math.isfinite(number):  # no field means anything by nan or inf (a rate of inf trains to garbage)
+            raise ConfigError(f"{key}: expected a finite number, got {value!r}")
+        return number
     if tp is str:
         if not isinstance(value, str | int | float):
             raise ConfigError(f"{key}: expected a string, got {value!r}")
@@ -200,13 +204,29 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], cls) -> dict[str
     return data
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader refusing a key given twice in one mapping (a preset with `trainer:` twice would otherwise
+    drop the first block without a word)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice in one mapping", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load(cls, path: str | Path | None = None, overrides: list[str] | None = None):
     """Dataclass `cls` from a YAML file of nested sections plus `section.field=value` overrides."""
     data: dict[str, Any] = {}
     if path is not None:
         text = Path(path).read_text()
         try:
-            data = yaml.safe_load(text) or {}
+            data = yaml.load(text, Loader=UniqueKeyLoader) or {}
         except yaml.YAMLError as e:  # one line naming the file, line and column, not a traceback
             raise ConfigError(f"{path}:{_yaml_problem(e)}") from None
         if not isinstance(data, dict):

@@ -337,3 +337,31 @@ def test_a_token_sized_clip_range_with_gspo_is_refused_naming_the_fields(overrid
         load_config(None, ["algo.loss=gspo", *overrides])
     with pytest.raises(ConfigError, match="algo.clip_low and algo.clip_high"):
         AlgoConfig(loss="gspo", clip_low=0.2, clip_high=0.28)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["trainer.lr=inf"], "trainer.lr: expected a finite number, got 'inf'"),
+        (["trainer.lr=.inf"], "trainer.lr: expected a finite number, got inf"),
+        (["sampling.temperature=nan"], "sampling.temperature: expected a finite number, got 'nan'"),
+        (["algo.papo.gamma=.nan"], "algo.papo.gamma: expected a finite number, got nan"),
+        (["trainer.weight_decay=-0.1"], "trainer.weight_decay must be >= 0, got -0.1"),
+        (["algo.group_size=1"], "algo.group_size is 1, under which every grpo advantage is 0"),
+        (["algo.advantage=dr_grpo", "algo.group_size=1"], "algo.group_size is 1, under which every dr_grpo advantage"),
+    ],
+)
+def test_values_are_checked_as_numbers_naming_the_field(overrides, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(None, overrides)
+
+
+def test_group_size_one_is_fine_where_a_baseline_is_not_the_group():
+    assert load_config(None, ["algo.advantage=reinforce_pp", "algo.group_size=1"]).algo.group_size == 1
+
+
+def test_a_key_given_twice_in_a_preset_is_refused_naming_it_and_the_line(tmp_path):
+    preset = tmp_path / "twice.yaml"
+    preset.write_text("trainer:\n  lr: 0.001\nenv:\n  name: grounding\ntrainer:\n  total_steps: 3\n")
+    with pytest.raises(ConfigError, match=r"twice.yaml:5:1: key 'trainer' is given twice in one mapping"):
+        load_config(preset)
