@@ -195,7 +195,7 @@ def test_bad_flow_options_are_config_errors_naming_the_field():
     pi0 = "model.path=tiny:pi0"
     cases = {
         "model.flow.noise_level must be >= 0": [pi0, "model.flow.noise_level=-0.1"],
-        "model.flow.noise_level must be >= 0 (0: the deterministic ODE) or null": [pi0, "model.flow.noise_level=.nan"],
+        "model.flow.noise_level: expected a finite number, got nan": [pi0, "model.flow.noise_level=.nan"],  # at load
         "model.flow.noise_method must be one of flow_sde, flow_noise": [pi0, "model.flow.noise_method=flow_cps"],
         "model.flow.steps must be >= 1": [pi0, "model.flow.steps=0"],
         "model.flow.steps is 1, but Flow-SDE at noise level 0.5": [
