@@ -261,7 +261,10 @@ def test_vla_trains_from_demos_then_grpo_and_resumes(tiny_run_config, point_env,
         f"env.name={point_env}", "sft.episodes=8", "sft.steps=3", "sft.batch_size=8", "trainer.total_steps=2",
         "algo.entropy_coef=0.01",  # a gradient even when every group's returns are equal
     )  # fmt: skip
-    cfg, metrics = _run(tiny_run_config, tmp_path / "run", *overrides)
+    first = io.StringIO()
+    with contextlib.redirect_stderr(first):
+        cfg, metrics = _run(tiny_run_config, tmp_path / "run", *overrides)
+    assert "demonstration rows" in first.getvalue()  # the cold start said what it learned from
     steps = [m for m in metrics if "loss/policy" in m]
     assert len(steps) == 2 and all(torch.isfinite(torch.tensor(m["loss/policy"])) for m in steps)
     assert all(1 <= m["env/episode_steps"] <= 4 for m in steps)
@@ -282,7 +285,7 @@ def test_vla_trains_from_demos_then_grpo_and_resumes(tiny_run_config, point_env,
     err = io.StringIO()
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
         resumed = train(cfg3)
-    assert "demonstration steps" not in err.getvalue() and "resumed from" in err.getvalue()
+    assert "demonstration rows" not in err.getvalue() and "resumed from" in err.getvalue()
     assert [m["step"] for m in resumed if "loss/policy" in m] == [1, 2, 3]
 
 
