@@ -1,6 +1,6 @@
 """The coordinate convention a run's env reads answers in, chosen from the model's family (`TrainConfig` calls this).
 
-Grounding and GUI envs take `coordinates` ("pixels", "0-1000", "0-1") and, for pixels, `input_size` (the side of the
+Grounding, GUI and dataset envs take `coordinates` ("pixels", "0-1000", "0-1") and, for pixels, `input_size` (the side of the
 image as the model sees it after its processor's resize): `rewards.coordinates`. A model answers in its family's
 units (`mmrl.families.Family.coordinates`), so the config fills them in from the model it names, before any
 env is made, and every reader of the config (the collector, evaluation, rollout workers, `config.json`) sees the
@@ -104,7 +104,9 @@ def resolve_coordinates(cfg) -> dict[str, Any] | None:
     )
     if options["coordinates"] != "pixels" or "input_size" in options or "input_size" not in parameters:
         return options if options != env.options else None
-    if folder is None or family is None:
+    # Images shown at their own sizes (the dataset env's `resize: native`) are on the processor's grid already
+    # (`mmrl.build.native_pixel_bounds`): the model sees them as they are, so there is no square side to set.
+    if folder is None or family is None or options.get("resize") == "native":
         return options if options != env.options else None
     default = parameters["image_size"].default if "image_size" in parameters else None
     side = int(options.get("image_size", default))

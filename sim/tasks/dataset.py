@@ -3,10 +3,9 @@
 The records are read and validated in `sim.tasks.records`; this module is the env.
 
 **Task.** Each world shows one record's image (letterboxed to `image_size`, or at its own size: "Images" below),
-with the record's question (plus, with
-`answer_hint`, one sentence saying how to answer, e.g. `"Answer with <answer>[x1, y1, x2, y2]</answer> in pixels of
-the 64x64 image."`). The policy answers once; the answer is scored by a reward registered in `rewards.REWARDS`, and
-the episode ends.
+with the record's question (plus, with `answer_hint`, one sentence saying how to answer, in the units of "Coordinates"
+below, e.g. `"Answer with <answer>[x1, y1, x2, y2]</answer> in pixels of the 64x64 image."`). The policy answers
+once; the answer is scored by a reward registered in `rewards.REWARDS`, and the episode ends.
 
 **Data** (`path`): either a JSON-lines file (or a folder holding `data.jsonl`), one object a line:
 
@@ -40,6 +39,16 @@ tensor: each image fills the top-left w' x h' of a black canvas as large as the 
 default stays `"letterbox"` because the presets' recorded figures (`dataset_tiny` and the others on this env) were
 measured with it.
 
+**Coordinates** (`coordinates`, `input_size`). Boxes and points are asked for and read in the units the model's family
+writes them (`rewards.coordinates`; `mmrl train` chooses them from `model.path` as for the grounding env,
+`mmrl.runtime.conventions`): `"pixels"` of the image as the model sees it (the letterboxed square as its processor
+resizes it, `input_size` on a side when set; each image's own shown size with `"native"`), or `"0-1000"` / `"0-1"`
+relative to the image. The hint names them ("... in pixels of the 56x56 image.", "... in coordinates relative to the
+image, 0 to 1000."). Targets stay in pixels of the shown image (`info["target_box"]`); the rewards get them converted
+to the answers' units (`from_pixels`), where box IoU, GIoU, point-in-box and the box-list rewards score exactly as in
+pixels, and the expert writes its answers in those units. The default, pixels of the shown image, is what the
+presets' recorded figures were measured with (their model, the tiny warm start, says it answers in pixels).
+
 **Reward** (`reward`): a name in `rewards.REWARDS`, called as `fn(completions, target_box=..., answer=...)` (each
 function takes the targets it names; `reward_kwargs` maps a reward name to its options, e.g.
 `{"numeric_match": {"rel_tol": 0.05}}` for ChartQA's relaxed accuracy). Box targets feed `target_box`; a point
@@ -50,7 +59,7 @@ the reward of its target: `box` -> `box_iou`, `boxes` -> `matched_iou`, `point` 
 ("42", "-3.5", "45%") -> `numeric_match`, any other `answer` -> `exact_match`. Each reward used is logged as a
 component (0 in rows it does not score). To add terms (a format bonus, a second box reward) or replace the record's
 reward, mix rewards in YAML with `env.rewards` (`sim.mix`); this env hands those rewards `target_box`,
-`target_boxes` and `answer`.
+`target_boxes` (in the answers' units) and `answer`.
 
 **Success** where the reward has a natural one: IoU >= 0.5 (`box_iou`, `box_giou`: the IoU of the same answer), a
 hit (`point_in_box`), a match (`exact_match`, `numeric_match`, `multiple_choice`), every object found at IoU >= 0.5
@@ -76,7 +85,6 @@ answer the re-ask keeps, `acre_partial` for one it overturns, 0 for a wrong one)
 from __future__ import annotations
 
 import functools
-import inspect
 import math
 import os
 import sys
@@ -89,23 +97,23 @@ import numpy as np
 import torch
 from PIL import Image
 
-from rewards import REWARDS, answer_region, parse_box, parse_box_list, parse_choice, parse_number, parse_point
+from rewards import REWARDS
 from rewards.combine import BoundReward
 from rewards.consistency import split_options
+from rewards.coordinates import check_coordinates, from_pixels
 from sim.base import Observation, SingleStepImageEnv, StepResult, check_expert_noise, check_text_actions
 from sim.errors import InputError
 from sim.registry import ENVS
 from sim.seeds import EVAL_SEED_BASE
+from sim.tasks.answers import BOX_LIST_REWARDS, answer_hint, format_answer, low_score_reason, units_phrase
 from sim.tasks.choices import ConsistencyMode, ReAsk
-from sim.tasks.records import Record, check_inside, fit_pixels, image_size_of, open_image, read_records
+from sim.tasks.records import check_inside, fit_pixels, image_size_of, open_image, read_records
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_PATH = REPO / "assets" / "datasets" / "shapes_qa" / "data.jsonl"
 
 # Rewards whose success is a threshold on their own score: name -> minimum score that counts.
 _SUCCESS_AT = {"box_iou": 0.5, "exact_match": 1.0, "numeric_match": 1.0, "multiple_choice": 1.0}
-_BOX_ANSWER_REWARDS = ("box_iou", "box_giou", "box_size")  # answers parsed with parse_box
-_BOX_LIST_REWARDS = ("matched_iou", "detection_f1")  # answers parsed with parse_box_list, scored on `target_boxes`
 
 
 @ENVS.register("dataset")
@@ -133,6 +141,11 @@ class DatasetEnv(SingleStepImageEnv):
         shuffle_seed: Seeds those orders.
         point_tolerance: Half-side of the square around a point target, as a fraction of `image_size` (of the
             shown image's longer side with `resize="native"`).
+        coordinates: The units answers' boxes and points are asked for and read in: "pixels", "0-1000" or "0-1"
+            (relative to the image), as the model family writes them (`mmrl train` chooses them from the model);
+            see "Coordinates" in the module docstring.
+        input_size: With "pixels" and `resize="letterbox"`, the side of the square image the model sees after its
+            processor resizes it (Qwen-VL rounds sides to its patch grid); 0: `image_size`.
         reward_kwargs: Reward name -> options bound to that reward (`{"numeric_match": {"rel_tol": 0.05}}`).
         answer_hint: Append one sentence saying how to format the answer to each question.
         hf_split: The split of a saved `DatasetDict` to read.
@@ -173,6 +186,8 @@ class DatasetEnv(SingleStepImageEnv):
         min_pixels: int = 56 * 56,
         max_pixels: int = 28 * 28 * 1280,
         factor: int = 28,
+        coordinates: str = "pixels",
+        input_size: int = 0,
         device: str = "cpu",
     ):
         if num_envs < 1:
@@ -200,6 +215,15 @@ class DatasetEnv(SingleStepImageEnv):
             raise InputError(f"min_pixels ({min_pixels}) must be <= max_pixels ({max_pixels})")
         if max_pixels < factor * factor:
             raise InputError(f"max_pixels ({max_pixels}) must hold one factor x factor cell ({factor * factor})")
+        try:
+            check_coordinates(coordinates, input_size)
+        except ValueError as error:
+            raise InputError(str(error)) from None
+        if resize == "native" and input_size:
+            raise InputError(
+                f"input_size={input_size} is for letterboxed images; with resize='native' the model sees each image "
+                "at its own size (leave input_size 0)"
+            )
         if resize == "native" and consistency != "off":
             raise InputError(
                 "consistency re-asks with the first turn's image, which conversations keep uncropped; use "
@@ -212,6 +236,7 @@ class DatasetEnv(SingleStepImageEnv):
         self.shuffle = shuffle
         self.shuffle_seed = shuffle_seed
         self.point_tolerance = float(point_tolerance)
+        self.coordinates, self.input_size = coordinates, input_size
         self.answer_hint = answer_hint
         self.expert_number_offset = float(expert_number_offset)
 
@@ -244,7 +269,7 @@ class DatasetEnv(SingleStepImageEnv):
             raise InputError(f"reward_kwargs names rewards {unknown} that no record uses; used: {', '.join(used)}")
         self._fns = {name: BoundReward(name, REWARDS.get(name), kwargs.get(name, {})) for name in used}
         self._has_success = any(
-            name in _SUCCESS_AT or name in ("box_giou", "point_in_box", *_BOX_LIST_REWARDS) for name in used
+            name in _SUCCESS_AT or name in ("box_giou", "point_in_box", *BOX_LIST_REWARDS) for name in used
         )
 
         self._reask = None if consistency == "off" else self._re_asker(consistency, acre_partial)
@@ -270,13 +295,30 @@ class DatasetEnv(SingleStepImageEnv):
 
     def reward_targets(self) -> dict[str, Any]:
         """The current worlds' targets for `env.rewards` (`sim.mix`): `target_box` `[N, 4]` (NaN rows without one),
-        `target_boxes` (N entries, `[T, 4]` or None) and `answer` (N entries, None without one), in pixels of the
-        shown image."""
+        `target_boxes` (N entries, `[T, 4]` or None) and `answer` (N entries, None without one), boxes in the units
+        answers are written in (`coordinates`)."""
+        box, box_list = self._targets_in_units()
         return {
-            "target_box": self._target_boxes.clone(),
-            "target_boxes": [None if b is None else b.clone() for b in self._boxes],
+            "target_box": box,
+            "target_boxes": box_list,
             "answer": [None if i < 0 else self.records[i].answer for i in self._record_ids],
         }
+
+    def _in_units(self, index: int, values: torch.Tensor) -> torch.Tensor:
+        """`[..., 2k]` pixel values of record `index`'s shown image in the units answers are written in."""
+        width, height = self._shown_size(index)
+        return from_pixels(values, self.coordinates, width, height, self.input_size)
+
+    def _targets_in_units(self) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+        """The current worlds' target box `[N, 4]` and box lists (`[T, 4]` or None), as fresh tensors in the units
+        answers are written in; the targets themselves stay in pixels of the shown images."""
+        box = self._target_boxes.clone()  # [N, 4]
+        box_list = [None if b is None else b.clone() for b in self._boxes]
+        for k, index in enumerate(self._record_ids):
+            if index >= 0:
+                box[k] = self._in_units(index, box[k])
+                box_list[k] = None if box_list[k] is None else self._in_units(index, box_list[k])
+        return box, box_list
 
     # ------------------------------------------------------------------------------------------------ contract
     def record_index(self, seed: int) -> int:
@@ -329,6 +371,7 @@ class DatasetEnv(SingleStepImageEnv):
         success = torch.zeros(n, dtype=torch.bool)
         reasons = [""] * n
         components = {}
+        target_box, target_boxes = self._targets_in_units()  # the answers' units: the rewards compare like with like
         for name, fn in self._fns.items():
             rows = [k for k, record in enumerate(records) if record.reward == name]
             component = torch.zeros(n)
@@ -336,8 +379,8 @@ class DatasetEnv(SingleStepImageEnv):
                 index = torch.tensor(rows)
                 row_texts = [texts[k] for k in rows]
                 targets = {
-                    "target_box": self._target_boxes[index].clone(),
-                    "target_boxes": [self._boxes[k] for k in rows],
+                    "target_box": target_box[index],
+                    "target_boxes": [target_boxes[k] for k in rows],
                     "answer": [records[k].answer for k in rows],
                 }
                 scores = fn(row_texts, **targets).to(torch.float32)  # [K]
@@ -346,7 +389,9 @@ class DatasetEnv(SingleStepImageEnv):
                 if hit is not None:
                     success[index] = hit
                 for row, k in enumerate(rows):
-                    reasons[k] = _reason(name, texts[k], float(scores[row]), None if hit is None else bool(hit[row]))
+                    reasons[k] = low_score_reason(
+                        name, texts[k], float(scores[row]), None if hit is None else bool(hit[row])
+                    )
             components[name] = component
             reward += component
         info: dict[str, Any] = {
@@ -400,7 +445,8 @@ class DatasetEnv(SingleStepImageEnv):
         """Each world's target written the way its reward parses it, for an SFT cold start.
 
         Boxes as `<answer>[x1, y1, x2, y2]</answer>`, points as `<answer>(x, y)</answer>` (a box record under
-        `point_in_box` answers with the box centre), both rounded to whole pixels of the shown image; text as
+        `point_in_box` answers with the box centre), both in the env's `coordinates` (whole pixels of the image as
+        the model sees it, whole 0-1000 units, or 0-1 to three decimals); text as
         `<answer>text</answer>` (the first of several accepted texts).
 
         Args:
@@ -423,7 +469,11 @@ class DatasetEnv(SingleStepImageEnv):
                 part = self.eval_ids if index >= len(self.train_ids) else self.train_ids
                 index = part[int(torch.randint(len(part), (), generator=generator))]
                 _, box, box_list = self._prepared(index)
-            answers.append(_format_answer(self.records[index], box, box_list, self.expert_number_offset))
+            box = self._in_units(index, box)
+            box_list = None if box_list is None else self._in_units(index, box_list)
+            answers.append(
+                format_answer(self.records[index], box, box_list, self.expert_number_offset, self.coordinates)
+            )
         return answers
 
     # ------------------------------------------------------------------------------------------------ helpers
@@ -498,29 +548,13 @@ class DatasetEnv(SingleStepImageEnv):
         return torch.from_numpy(np.asarray(canvas).copy()), torch.tensor(box, dtype=torch.float32), box_list
 
     def _instruction(self, index: int) -> str:
-        """Record `index`'s question, with the answer hint (naming the size of the image as shown)."""
+        """Record `index`'s question, with the answer hint (naming the units of coordinates: the size of the image as
+        the model sees it, or the relative scale)."""
         record = self.records[index]
         if not self.answer_hint:
             return record.question
-        width, height = self._shown_size(index)
-        size = f"{width}x{height}"
-        name = record.reward
-        if name in _BOX_ANSWER_REWARDS:
-            hint = f"Answer with <answer>[x1, y1, x2, y2]</answer> in pixels of the {size} image."
-        elif name in _BOX_LIST_REWARDS:
-            hint = (
-                "Answer with <answer>[[x1, y1, x2, y2], ...]</answer>, one box per object ([] for none), in pixels "
-                f"of the {size} image."
-            )
-        elif name == "point_in_box":
-            hint = f"Answer with <answer>(x, y)</answer> in pixels of the {size} image."
-        elif name == "numeric_match":
-            hint = "Answer with a number in <answer></answer>."
-        elif name == "multiple_choice":
-            hint = "Answer with the letter of your choice in <answer></answer>."
-        else:
-            hint = "Answer in a few words in <answer></answer>."
-        return f"{record.question} {hint}"
+        width, height = (self.input_size,) * 2 if self.input_size else self._shown_size(index)
+        return f"{record.question} {answer_hint(record.reward, units_phrase(self.coordinates, width, height))}"
 
     def _success(
         self, name: str, scores: torch.Tensor, texts: list[str], targets: dict[str, Any]
@@ -532,7 +566,7 @@ class DatasetEnv(SingleStepImageEnv):
         if name == "box_giou":
             kwargs = {k: v for k, v in self._fns[name].kwargs.items() if k != "iou_threshold"}
             return REWARDS.get("box_iou")(texts, targets["target_box"], **kwargs) >= 0.5
-        if name in _BOX_LIST_REWARDS:
+        if name in BOX_LIST_REWARDS:
             kwargs = {k: v for k, v in self._fns[name].kwargs.items() if k != "iou_threshold"}
             return REWARDS.get("detection_f1")(texts, targets["target_boxes"], iou_threshold=0.5, **kwargs) >= 1.0
         return None
@@ -541,56 +575,3 @@ class DatasetEnv(SingleStepImageEnv):
 @functools.lru_cache(maxsize=16)
 def _permutation(seed: int, part: int, epoch: int, size: int) -> np.ndarray:
     return np.random.default_rng([seed, part, epoch]).permutation(size)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Answers: the expert's, and why one scored low
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-def _format_answer(
-    record: Record, box: torch.Tensor, box_list: torch.Tensor | None, number_offset: float = 0.0
-) -> str:
-    """The record's target written as its reward parses it; `box` (`box_list`) is the target box (boxes) in pixels of
-    the shown image, and `number_offset` is added to a numeric answer (whole numbers stay whole, a `%` stays)."""
-    name = record.reward
-    if box_list is not None and name in _BOX_LIST_REWARDS:
-        listed = ", ".join(f"[{', '.join(str(round(v)) for v in row)}]" for row in box_list.tolist())
-        return f"<answer>[{listed}]</answer>"
-    if name == "point_in_box":  # the centre: the point itself for point targets, the box's centre for boxes
-        x, y = ((box[0] + box[2]) / 2).item(), ((box[1] + box[3]) / 2).item()
-        return f"<answer>({round(x)}, {round(y)})</answer>"
-    if "target_box" in inspect.signature(REWARDS.get(name)).parameters:
-        return f"<answer>[{', '.join(str(round(v)) for v in box.tolist())}]</answer>"
-    answer = record.answer if isinstance(record.answer, str) else record.answer[0]  # type: ignore[index]
-    number = parse_number(answer) if name == "numeric_match" and number_offset else None
-    if number is not None and number.value is not None:
-        value = number.value + number_offset
-        answer = (str(int(value)) if value.is_integer() else format(value, ".10g")) + ("%" if number.percent else "")
-    return f"<answer>{answer}</answer>"
-
-
-def _reason(name: str, text: str, score: float, hit: bool | None) -> str:
-    """Why an answer scored low: the parser's reason when nothing was read, else that it was wrong; "" if right."""
-    if name in _BOX_ANSWER_REWARDS:
-        parsed = parse_box(text)
-        unread = parsed.reason if parsed.box is None else ""
-    elif name in _BOX_LIST_REWARDS:
-        listed = parse_box_list(text)
-        unread = listed.reason if listed.boxes is None else ""
-    elif name == "point_in_box":
-        point = parse_point(text)
-        unread = point.reason if point.point is None and parse_box(text).box is None else ""
-    elif name == "numeric_match":
-        number = parse_number(text)
-        unread = number.reason if number.value is None else ""
-    elif name == "multiple_choice":
-        choice = parse_choice(text)
-        unread = choice.reason if choice.letter is None else ""
-    else:
-        unread = "empty answer" if not answer_region(text).strip() else ""
-    if unread:
-        return unread
-    if hit is True or (hit is None and score > 0):
-        return ""
-    return f"wrong answer ({name} = {score:.2f})"
