@@ -23,6 +23,7 @@ EPILOG = """examples:
   mmrl eval configs/grounding_tiny.yaml checkpoint=runs/short/checkpoints/step_00000050
   mmrl eval configs/grounding_tiny.yaml checkpoint=runs/short/checkpoints/step_00000050 eval.k=8
   mmrl envs
+  mmrl data check data/refcoco.jsonl --model Qwen/Qwen2.5-VL-3B-Instruct image_size=448
   mmrl export runs/short exported/short
   mmrl score pairs.jsonl --metrics ssim,pixel,edge --render svg --size 256 --out scores.csv
 """
@@ -37,7 +38,13 @@ def main(argv: list[str] | None = None) -> int:
     file, line and field) and `mmrl.runtime.config.ConfigError` (a config key or value; the message names the key).
     """
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser(argv).parse_args(argv)
+    parser = build_parser(argv)
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "data":  # `key=value` overrides may follow its options too, as `mmrl train`'s follow the preset
+        args.overrides += [word for word in extra if "=" in word and not word.startswith("-")]
+        extra = [word for word in extra if word not in args.overrides]
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return run_command(args)
     except Exception as error:
@@ -87,6 +94,10 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"exported to {out}")
         return 0
 
+    if args.command == "data":
+        from .data_check import run as run_data_check
+
+        return run_data_check(args)
     if args.command == "envs":
         import sim
         from sim.registry import env_defaults
@@ -180,6 +191,20 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
         p.add_argument("config", help="a YAML preset from configs/")
         p.add_argument("overrides", nargs="*", help="section.field=value overrides, e.g. trainer.lr=1e-5")
     sub.add_parser("envs", help="list the registered environments")
+    data = sub.add_parser("data", help="look at a dataset before training on it")
+    checker = data.add_subparsers(dest="data_command", required=True).add_parser(
+        "check",
+        help="read a dataset as training would: rows, targets, image sizes, box units, prompt tokens, bad rows",
+        description="Read a dataset with the dataset env's options as a run would, show every record once, and "
+        "report rows, target kinds, image sizes, the boxes' convention, prompt tokens per row (with --model) and "
+        "every bad row with its reason. Exit code 2 when a row is bad.",
+    )
+    checker.add_argument("path", help="the dataset: a JSON-lines file or a folder, as env.options.path takes it")
+    checker.add_argument(
+        "overrides", nargs="*", help="key=value env options (image_size=128) or section.field=value config fields"
+    )
+    checker.add_argument("--model", help="model.path: its coordinate convention, and prompt tokens per row")
+    checker.add_argument("--config", help="a YAML preset on the dataset env whose options the data is read with")
     exporter = sub.add_parser(
         "export",
         help="write a run's policy as a standalone Hugging Face model folder (LoRA merged)",

@@ -226,7 +226,17 @@ def test_the_update_path_imports_neither_build_nor_report():
 # (the loop, the command line, build, report, export); the run's schema and machinery sit below the policy; the pure
 # maths, the data that flows and the per-family facts at the bottom.
 FLOORS = (
-    ("mmrl", "mmrl.__main__", "mmrl.cli", "mmrl.trainer", "mmrl.build", "mmrl.report", "mmrl.plots", "mmrl.export"),
+    (
+        "mmrl",
+        "mmrl.__main__",
+        "mmrl.cli",
+        "mmrl.trainer",
+        "mmrl.build",
+        "mmrl.report",
+        "mmrl.plots",
+        "mmrl.export",
+        "mmrl.data_check",
+    ),
     ("mmrl.stages",),
     ("mmrl.methods",),
     ("mmrl.policy",),

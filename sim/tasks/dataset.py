@@ -306,7 +306,7 @@ class DatasetEnv(SingleStepImageEnv):
 
     def _in_units(self, index: int, values: torch.Tensor) -> torch.Tensor:
         """`[..., 2k]` pixel values of record `index`'s shown image in the units answers are written in."""
-        width, height = self._shown_size(index)
+        width, height = self.shown_size(index)
         return from_pixels(values, self.coordinates, width, height, self.input_size)
 
     def _targets_in_units(self) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
@@ -345,10 +345,10 @@ class DatasetEnv(SingleStepImageEnv):
             image, box, box_list = self._prepared(index)
             images.append(image)
             boxes.append(box)
-            self._sizes[k] = torch.tensor(self._shown_size(index)[::-1])
+            self._sizes[k] = torch.tensor(self.shown_size(index)[::-1])
             self._boxes[k] = box_list
             self._record_ids[k] = index
-            instructions.append(self._instruction(index))
+            instructions.append(self.instruction(index))
             if self._reask is not None:
                 self._reask.start(k, world_seed)
         return torch.stack(images), instructions, torch.stack(boxes)
@@ -500,22 +500,37 @@ class DatasetEnv(SingleStepImageEnv):
             return np.arange(size)
         return _permutation(self.shuffle_seed % 2**63, int(held_out), epoch % 2**63, size)
 
-    def _shown_size(self, index: int) -> tuple[int, int]:
+    def shown_size(self, index: int) -> tuple[int, int]:
         """(W', H') of record `index`'s image as shown: its own bounded size, or the letterbox square."""
         shown = self._shown[index]
         return shown if shown is not None else (self.image_size, self.image_size)
+
+    def check_record(self, index: int) -> tuple[int, int]:
+        """(W, H) of record `index`'s image, decoded and its targets checked inside it, as a world showing it does
+        (`mmrl data check` reads every record so).
+
+        Raises:
+            InputError: the image does not decode, or a box or point lies outside it; naming the record and field.
+        """
+        return self._open(index).size
+
+    def _open(self, index: int) -> Image.Image:
+        """Record `index`'s image, decoded, with its targets checked inside it."""
+        record = self.records[index]
+        try:
+            image = open_image(record.image, self._rows)
+        except Exception as error:  # decoding happens here, not at construction: name the record
+            raise InputError(f"{record.where}: field 'image': cannot read the image: {error}") from error
+        check_inside(record, *image.size)  # done at construction for image files; embedded images are seen here
+        return image
 
     def _prepare(self, index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Record `index`'s image as shown `[H, W, 3]` uint8 (letterboxed into the square, or resized to its bounded
         size at the top left of the canvas), target box `[4]` (NaN for text targets) and target boxes `[T, 4]` (None
         unless the record has `boxes`), in pixels of that image."""
         record = self.records[index]
-        try:
-            image = open_image(record.image, self._rows)
-        except Exception as error:  # decoding happens here, not at construction: name the record
-            raise InputError(f"{record.where}: field 'image': cannot read the image: {error}") from error
+        image = self._open(index)
         width, height = image.size
-        check_inside(record, width, height)  # done at construction for image files; embedded images are seen here
         if self.resize == "native":
             new_w, new_h = self._shown[index]  # type: ignore[misc]
             left = top = 0
@@ -547,13 +562,13 @@ class DatasetEnv(SingleStepImageEnv):
             ).reshape(-1, 4)  # [T, 4]
         return torch.from_numpy(np.asarray(canvas).copy()), torch.tensor(box, dtype=torch.float32), box_list
 
-    def _instruction(self, index: int) -> str:
+    def instruction(self, index: int) -> str:
         """Record `index`'s question, with the answer hint (naming the units of coordinates: the size of the image as
         the model sees it, or the relative scale)."""
         record = self.records[index]
         if not self.answer_hint:
             return record.question
-        width, height = (self.input_size,) * 2 if self.input_size else self._shown_size(index)
+        width, height = (self.input_size,) * 2 if self.input_size else self.shown_size(index)
         return f"{record.question} {answer_hint(record.reward, units_phrase(self.coordinates, width, height))}"
 
     def _success(
