@@ -11,9 +11,13 @@ import torch
 from PIL import Image
 
 import sim.tasks.dataset  # noqa: F401  (registers `dataset`)
+from mmrl.cli import main
+from mmrl.runtime.checkpoint import latest_checkpoint
 from mmrl.runtime.config import load_config
 from sim import make
 from sim.errors import InputError
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture()
@@ -121,3 +125,20 @@ def test_native_sizes_in_0_1000_scale_each_axis_by_its_own_side(wide):
     env.reset(seed=[0])
     assert env.expert_action() == ["<answer>[100, 100, 600, 600]</answer>"]
     torch.testing.assert_close(env.step(["<answer>[100, 100, 600, 600]</answer>"]).reward, torch.ones(1))
+
+
+def test_a_qwen3_vl_run_on_the_dataset_env_trains_and_records_0_1000(wide, tmp_path):
+    """`mmrl train` as a user runs it: the run's config.json and its checkpoint say the units it was asked in, so
+    `mmrl eval` of that checkpoint reads answers the same way."""
+    out = tmp_path / "run"
+    overrides = [
+        "model.path=tiny:qwen3_vl", f"env.options.path={wide}", "env.options.eval_fraction=0.34", "sft.episodes=0",
+        "algo.group_size=2", "trainer.prompts_per_step=1", "trainer.total_steps=1", "trainer.eval_episodes=1",
+        "trainer.eval_every=0", "trainer.threads=1", "sampling.max_new_tokens=4", f"output_dir={out}",
+    ]  # fmt: skip
+    assert main(["train", str(REPO / "configs" / "dataset_tiny.yaml"), *overrides]) == 0
+    assert json.loads((out / "config.json").read_text())["env"]["options"]["coordinates"] == "0-1000"
+    checkpoint = latest_checkpoint(out)
+    assert checkpoint is not None
+    assert json.loads((checkpoint / "config.json").read_text())["grounding_coordinates"] == "0-1000"
+    assert load_config(None, [f"checkpoint={checkpoint}", "env.name=dataset"]).env.options["coordinates"] == "0-1000"
