@@ -110,13 +110,14 @@ def train_step(run: Run, step: int, last: int) -> dict[str, float]:
 
     # ---- update: ppo_epochs passes, each over mini-batches of whole groups, one optimiser step per mini-batch
     warming = run.critic is not None and step < ac.critic.warmup_steps  # the value head trains, the policy waits
+    lr = run.scheduler.get_last_lr()[0]  # this update's (the scheduler steps after it)
     losses, grad_norm = update(run.learner, cfg, run.sampling, episodes, advantages, returns, old, step, warming)
     run.shaping.follow(run.policy)
 
     # ---- log (over every episode sampled this step, before any filter); the curriculum reads the logged score
     elapsed = time.perf_counter() - t0
     extra = {
-        "grad_norm": grad_norm, "lr": run.scheduler.get_last_lr()[0], "perf/step_s": elapsed,
+        "grad_norm": grad_norm, "lr": lr, "perf/step_s": elapsed,
         "perf/generate_s": t_gen, "perf/tokens_per_s": collected.sampled.rollout.completion_mask.sum() / elapsed,
     }  # fmt: skip
     if old.values is not None:
