@@ -143,6 +143,7 @@ def build(cfg: TrainConfig, policy: Policy | None, generation_shards: int | None
     """
     tc = cfg.trainer
     require_backends(tc.log_with)  # a missing logging extra fails here, before anything is loaded or trained
+    cfg.check_validation_split()
     world = distributed.init_world(cfg.model.device)
     if policy is None:
         check_run(cfg, world.size)  # what the run asks of the model's kind, before anything loads

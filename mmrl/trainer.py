@@ -133,7 +133,10 @@ def train_step(run: Run, step: int, last: int) -> dict[str, float]:
     # ---- evaluate
     if tc.eval_every and (step + 1) % tc.eval_every == 0 and step + 1 < tc.total_steps:
         run.collector.wait()  # the evaluation seeds torch's generator, which the collector thread draws from
-        run.logger.log(step + 1, {f"eval/{k}": v for k, v in held_out(run.policy, cfg, world).metrics.items()})
+        # The validation split (`val/*`): what a run is watched and tuned on; the test split (`eval/*`) is scored
+        # before and after the run, for the report.
+        validation = held_out(run.policy, cfg, world, split="validation")
+        run.logger.log(step + 1, {f"val/{k}": v for k, v in validation.metrics.items()})
 
     # ---- checkpoint (every process gathers, rank 0 writes)
     if (tc.save_every and (step + 1) % tc.save_every == 0) or step + 1 == last:

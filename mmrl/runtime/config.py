@@ -102,9 +102,11 @@ class TrainerConfig:
     min_lr_ratio: float = 0.0
     max_grad_norm: float = 1.0
     seed: int = 0
-    eval_episodes: int = 200  # held-out seeds, disjoint from every training seed
+    eval_episodes: int = 200  # held-out seeds of each evaluation, disjoint from every training seed
     eval_batch_size: int = 100
-    eval_every: int = 0  # 0: only before and after training
+    # > 0: the validation split is scored every this many steps (metrics val/*), for watching and tuning a run; the
+    # test split (eval/*, eval.json) is scored before and after training alone, for the report (sim/seeds.py).
+    eval_every: int = 0
     save_every: int = 25
     keep_checkpoints: int = 2
     threads: int = 0  # torch CPU threads; 0 leaves torch's default
@@ -349,6 +351,21 @@ class TrainConfig:
                 "trainer.rollout_workers",
                 "runs CPU copies of the policy; it cannot use model.generation_backend vllm",
             )
+
+    def check_validation_split(self) -> None:
+        """A training run's check, not the config's (`mmrl eval` plays no mid-run evaluation): `trainer.eval_every`
+        scores the validation split, which the dataset env holds only with `val_fraction > 0`; without one the run
+        would stop at its first evaluation."""
+        options = self.env.options
+        require(
+            not self.trainer.eval_every
+            or self.env.name != "dataset"
+            or options.get("split", "auto") != "auto"
+            or bool(options.get("val_fraction")),
+            "trainer.eval_every",
+            "scores the validation split, and the dataset env keeps no record for it: set env.options.val_fraction "
+            "> 0 (its share of the records), or trainer.eval_every=0",
+        )
 
     @property
     def policy_updates(self) -> int:
