@@ -6,7 +6,8 @@ on all of them. Reported per arm: the held-out `env.eval_metric` after training 
 deviation, RL's own share (after RL minus before RL, i.e. after the cold start when there is one), and the means
 over training steps of the clip fraction, the optimiser steps per rollout, and the seconds per step (of which
 waiting for the step's episodes: `perf/generate_s`); and, where the preset evaluates mid-run
-(`trainer.eval_every`), each arm's held-out curve (mean over seeds per evaluated step).
+(`trainer.eval_every`), each arm's curve on the validation split (mean over seeds per evaluated step): the one to
+choose an arm by, where the score after training is the test split's, to report.
 
     .venv/bin/python bench/arms.py configs/grounding_tiny.yaml --steps 100 --seeds 0 1 2 \\
         --arm one_epoch= --arm two_epochs=algo.ppo_epochs=2 [--results RESULTS.md] [trainer.threads=1 ...]
@@ -64,7 +65,7 @@ def run(
     history = read_metrics(out / "metrics.jsonl")
     rows = [m for m in history if "loss/policy" in m]
     metric = cfg.env.eval_metric
-    curve = {m["step"]: m[f"eval/{metric}"] for m in history if f"eval/{metric}" in m}
+    curve = {m["step"]: m[f"val/{metric}"] for m in history if f"val/{metric}" in m}
     return {
         "initial": evals.get("initial", {}).get(metric),  # before the cold start (None without one)
         "before": evals["before"][metric],
@@ -75,7 +76,7 @@ def run(
         "step_s": statistics.mean(m.get("perf/step_s", 0.0) for m in rows),
         "collect_s": statistics.mean(m.get("perf/generate_s", 0.0) for m in rows),
         "metric": metric,
-        "curve": curve,  # held-out metric by step (trainer.eval_every), the RL start included
+        "curve": curve,  # the validation split's metric by step (trainer.eval_every)
         "logged": {key: [m.get(key, math.nan) for m in rows] for key in keys},  # --curve keys, one per RL step
     }
 
@@ -146,10 +147,10 @@ def main() -> None:
         f"Held-out {metric} before RL (after the cold start, if any; seed {args.seeds[0]}): {before:.3f}. "
         f"Command: `{command}`\n\n"
     )
-    # The held-out learning curve of each arm (mean over seeds at each evaluated step), when evaluated mid-run.
+    # The validation curve of each arm (mean over seeds at each evaluated step), when evaluated mid-run.
     steps = sorted(set.intersection(*(set(r["curve"]) for runs in results.values() for r in runs)))
-    if len(steps) > 2:
-        lines += ["", f"Held-out {metric} by RL step (mean over seeds):", "",
+    if steps:
+        lines += ["", f"Validation {metric} by RL step (mean over seeds):", "",
                   "| arm | " + " | ".join(str(s) for s in steps) + " |", "|---|" + "---|" * len(steps)]  # fmt: skip
         for name, runs in results.items():
             means = [statistics.mean(r["curve"][s] for r in runs) for s in steps]

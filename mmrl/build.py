@@ -32,6 +32,7 @@ from .runtime import distributed, precision
 from .runtime.checkpoint import earlier_run, load_training_state, resume_checkpoint, set_aside, set_rng_state
 from .runtime.config import TrainConfig, to_dict
 from .runtime.conventions import model_coordinates
+from .runtime.lr_schedule import lr_scheduler
 from .runtime.metrics import MetricsLogger, TensorBoardSink, WandbSink, require_backends
 from .runtime.precision import DTYPES
 from .runtime.schema import require
@@ -142,6 +143,7 @@ def build(cfg: TrainConfig, policy: Policy | None, generation_shards: int | None
     """
     tc = cfg.trainer
     require_backends(tc.log_with)  # a missing logging extra fails here, before anything is loaded or trained
+    cfg.check_validation_split()
     world = distributed.init_world(cfg.model.device)
     if policy is None:
         check_run(cfg, world.size)  # what the run asks of the model's kind, before anything loads
@@ -247,8 +249,7 @@ def assemble(setup: Setup) -> Run:
     master = precision.MasterWeights(model, compute_dtype) if use_masters and world.size == 1 else None
     trainable = master.params if master is not None else trainable  # the optimiser steps the float32 copies
     optimizer = torch.optim.AdamW(trainable, lr=tc.lr, weight_decay=tc.weight_decay)
-    warmup = max(tc.warmup_steps, 0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+    scheduler = lr_scheduler(optimizer, tc.lr_schedule, tc.warmup_steps, cfg.policy_updates, tc.min_lr_ratio)
     critic = None
     if ac.advantage in CRITIC_ADVANTAGES:
         head = ac.critic

@@ -22,6 +22,7 @@ EPILOG = """examples:
   torchrun --nproc_per_node=2 -m mmrl train configs/grounding_tiny.yaml model.device=cuda
   mmrl eval configs/grounding_tiny.yaml checkpoint=runs/short/checkpoints/step_00000050
   mmrl eval configs/grounding_tiny.yaml checkpoint=runs/short/checkpoints/step_00000050 eval.k=8
+  mmrl eval configs/grounding_tiny.yaml checkpoint=runs/short/checkpoints/step_00000050 --split validation
   mmrl envs
   mmrl data check data/refcoco.jsonl --model Qwen/Qwen2.5-VL-3B-Instruct image_size=448
   mmrl export runs/short exported/short
@@ -154,16 +155,17 @@ def run_command(args: argparse.Namespace) -> int:
         check_run(cfg)  # what the options ask of the checkpoint's kind, before it loads
         # The training run's model options too (pixel range, history), so the checkpoint sees what it trained on.
         policy = load_policy(cfg.model, checkpoint=cfg.checkpoint).apply_options(cfg.model)
-        result = held_out(policy, cfg)
+        result = held_out(policy, cfg, split=args.split)
         label = metric_label(cfg)
         for key, value in sorted(result.metrics.items()):
             print(f"{key:16s} {value:.4f}")
-        print(f"held-out {label}: {result.metrics[cfg.env.eval_metric]:.3f}")
+        split = "held-out" if args.split == "test" else args.split  # the test split's line as training prints it
+        print(f"{split} {label}: {result.metrics[cfg.env.eval_metric]:.3f}")
         if result.protocol:
             print(f"protocol: {result.protocol}")
         print(f"table and videos: {write_eval_report(cfg, result, Path(cfg.output_dir) / 'eval')}")
         if cfg.eval.k > 0:  # k sampled answers per item: avg@k, pass@k, and a report
-            sampled = evaluate_k(policy, cfg)
+            sampled = evaluate_k(policy, cfg, split=args.split)
             for key, value in sampled.summary().items():
                 print(f"{key:16s} {value:.4f}")
             for task, row in sampled.by_task().items():
@@ -190,6 +192,10 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
         p.add_argument("config", help="a YAML preset from configs/")
         p.add_argument("overrides", nargs="*", help="section.field=value overrides, e.g. trainer.lr=1e-5")
+        if name == "eval":  # the names of sim.seeds.SPLITS (sim is not imported before a command runs)
+            p.add_argument("--split", choices=("test", "validation"), default="test",
+                           help="the held-out seeds to play: test (the reported score) or validation (for tuning "
+                           "and choosing checkpoints)")  # fmt: skip
     sub.add_parser("envs", help="list the registered environments")
     data = sub.add_parser("data", help="look at a dataset before training on it")
     checker = data.add_subparsers(dest="data_command", required=True).add_parser(

@@ -28,12 +28,13 @@ def reward_curve(metrics: list[dict], path: str | Path, keys: tuple[str, ...] = 
             sum(values[max(0, i - k + 1) : i + 1]) / len(values[max(0, i - k + 1) : i + 1]) for i in range(len(values))
         ]
         ax.plot(steps, smooth, lw=2, label=f"{key} (train)")
-    evals = sorted({k for m in metrics for k in m if k.startswith("eval/") and k != "eval/episodes"})
-    for key in evals[:3]:
-        pts = [(m["step"], m[key]) for m in metrics if m.get(key) is not None]
-        if pts:
-            steps, values = zip(*pts)
-            ax.plot(steps, values, "o--", lw=1.5, label=f"{key} (held-out)")
+    for prefix, split, style in (("val/", "validation", "s:"), ("eval/", "test", "o--")):  # during / around the run
+        evals = sorted({k for m in metrics for k in m if k.startswith(prefix) and k != f"{prefix}episodes"})
+        for key in evals[:3]:
+            pts = [(m["step"], m[key]) for m in metrics if m.get(key) is not None]
+            if pts:
+                steps, values = zip(*pts)
+                ax.plot(steps, values, style, lw=1.5, label=f"{key} ({split})")
     ax.set_xlabel("step")
     ax.set_ylabel("reward")
     ax.grid(alpha=0.3)

@@ -170,9 +170,10 @@ def write_eval_report(cfg: TrainConfig, result: EvalResult, folder: Path, videos
     metric = cfg.env.eval_metric
     tasks = sorted(k.split("=", 1)[1] for k in metrics if k.startswith("episodes@task="))
     lines = [
-        f"# Held-out evaluation: {cfg.env.name}",
+        f"# Held-out evaluation: {cfg.env.name}, {result.split} split",
         "",
-        f"checkpoint `{cfg.checkpoint}`, {cfg.trainer.eval_episodes} held-out episodes, greedy actions",
+        f"checkpoint `{cfg.checkpoint}`, {cfg.trainer.eval_episodes} held-out episodes of the {result.split} split, "
+        "greedy actions",
         "",
         f"**{metric_label(cfg)}: {metrics[metric]:.3f}**",
         "",
@@ -204,7 +205,7 @@ def write_eval_report(cfg: TrainConfig, result: EvalResult, folder: Path, videos
                     lines.append(f"- {kind}: [{name}]({name}), {result.instructions[row]!r}")
         except ImportError as e:
             lines.append(f"(no videos: {e})")
-    (folder / "eval.json").write_text(json.dumps({"checkpoint": cfg.checkpoint, "env": cfg.env.name,
+    (folder / "eval.json").write_text(json.dumps({"checkpoint": cfg.checkpoint, "env": cfg.env.name, "split": result.split,
                                                   "protocol": result.protocol, "metrics": metrics}, indent=1))  # fmt: skip
     path = folder / "eval.md"
     path.write_text("\n".join(lines) + "\n")

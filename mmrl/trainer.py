@@ -110,13 +110,14 @@ def train_step(run: Run, step: int, last: int) -> dict[str, float]:
 
     # ---- update: ppo_epochs passes, each over mini-batches of whole groups, one optimiser step per mini-batch
     warming = run.critic is not None and step < ac.critic.warmup_steps  # the value head trains, the policy waits
+    lr = run.scheduler.get_last_lr()[0]  # this update's (the scheduler steps after it)
     losses, grad_norm = update(run.learner, cfg, run.sampling, episodes, advantages, returns, old, step, warming)
     run.shaping.follow(run.policy)
 
     # ---- log (over every episode sampled this step, before any filter); the curriculum reads the logged score
     elapsed = time.perf_counter() - t0
     extra = {
-        "grad_norm": grad_norm, "lr": run.scheduler.get_last_lr()[0], "perf/step_s": elapsed,
+        "grad_norm": grad_norm, "lr": lr, "perf/step_s": elapsed,
         "perf/generate_s": t_gen, "perf/tokens_per_s": collected.sampled.rollout.completion_mask.sum() / elapsed,
     }  # fmt: skip
     if old.values is not None:
@@ -132,7 +133,10 @@ def train_step(run: Run, step: int, last: int) -> dict[str, float]:
     # ---- evaluate
     if tc.eval_every and (step + 1) % tc.eval_every == 0 and step + 1 < tc.total_steps:
         run.collector.wait()  # the evaluation seeds torch's generator, which the collector thread draws from
-        run.logger.log(step + 1, {f"eval/{k}": v for k, v in held_out(run.policy, cfg, world).metrics.items()})
+        # The validation split (`val/*`): what a run is watched and tuned on; the test split (`eval/*`) is scored
+        # before and after the run, for the report.
+        validation = held_out(run.policy, cfg, world, split="validation")
+        run.logger.log(step + 1, {f"val/{k}": v for k, v in validation.metrics.items()})
 
     # ---- checkpoint (every process gathers, rank 0 writes)
     if (tc.save_every and (step + 1) % tc.save_every == 0) or step + 1 == last:

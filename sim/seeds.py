@@ -1,15 +1,23 @@
-"""Seed ranges: which world seeds train, which demonstrate, which are held out. One place, for every package.
+"""Seed ranges: which world seeds train, which demonstrate, which validate and which test. One place, for every
+package.
 
 A world's seed decides everything random about its episode (scene, target, dataset record), so disjoint ranges
 keep training, demonstrations and evaluation on disjoint worlds. `sim` owns the numbers because envs read them
-(the dataset env serves held-out records to held-out seeds) and `sim` cannot import `mmrl`.
+(the dataset env serves validation records to validation seeds and test records to test seeds) and `sim` cannot
+import `mmrl`.
 
 | range                                  | used by                                                    |
 | -------------------------------------- | ---------------------------------------------------------- |
 | `[s * TRAIN_SEED_STRIDE, +TRAIN_SEED_STRIDE)` | training prompts of a run with `trainer.seed = s` (0 <= s < TRAIN_SEEDS) |
 | `[SFT_SEED_BASE, +10**8)`              | the warm-start asset's supervised worlds (scripts/)        |
+| `[VALIDATION_SEED_BASE, DEMO_SEED_BASE)` | the validation split: `trainer.eval_every`'s evaluations during a run, tuning, `mmrl eval --split validation` |
 | `[DEMO_SEED_BASE, EVAL_SEED_BASE)`     | cold-start demonstrations (`sft.episodes`), warm-start validation |
-| `[EVAL_SEED_BASE, ...)`                | held-out evaluation                                        |
+| `[EVAL_SEED_BASE, ...)`                | the test split (held out): the score before and after a run, `mmrl eval` |
+
+Three splits, as a dataset ships them: training, validation and test. Anything chosen by looking at scores (a
+setting, a checkpoint, a recipe) is chosen on the validation split, and the test split is scored to report, so the
+reported figure is not one the choice was fitted to. The test range is where the held-out evaluation always was
+(`eval_seeds`), so the figures recorded before the validation split existed are the same worlds' scores.
 
 Beside the world seeds, every random stream of a training step has a named function here, so no two streams start
 from the same integer: `sampling_seed` (the completions of one generation shard), `mini_batch_seed` (the order of the
@@ -28,10 +36,13 @@ import hashlib
 TRAIN_SEED_STRIDE = 10_000_000
 SFT_SEED_BASE = 500_000_000
 TRAIN_SEEDS = SFT_SEED_BASE // TRAIN_SEED_STRIDE  # 50
+VALIDATION_SEED_BASE = 800_000_000  # the validation split: 10**8 worlds below the demonstrations'
 DEMO_SEED_BASE = 900_000_000
-EVAL_SEED_BASE = 1_000_000_000  # no run seed's training range and no cold start's demonstrations reach it
+EVAL_SEED_BASE = 1_000_000_000  # the test split; no run seed's training worlds and no demonstrations reach it
 
-assert SFT_SEED_BASE + 10**8 <= DEMO_SEED_BASE < EVAL_SEED_BASE
+assert SFT_SEED_BASE + 10**8 <= VALIDATION_SEED_BASE < DEMO_SEED_BASE < EVAL_SEED_BASE
+
+SPLITS = ("test", "validation")  # the splits an evaluation scores (`mmrl eval --split`)
 
 
 def train_seeds(step: int, prompts_per_step: int, group_size: int, seed: int = 0) -> list[int]:
@@ -57,8 +68,31 @@ def demo_seed_base(seed: int, episodes: int, num_envs: int) -> int:
 
 
 def eval_seeds(episodes: int, first: int = 0) -> list[int]:
-    """Held-out seeds `first .. first + episodes - 1` of the held-out range."""
+    """Test (held-out) seeds `first .. first + episodes - 1` of the test range."""
     return [EVAL_SEED_BASE + first + i for i in range(episodes)]
+
+
+def validation_seeds(episodes: int, first: int = 0) -> list[int]:
+    """Validation seeds `first .. first + episodes - 1` of the validation range."""
+    if first + episodes > DEMO_SEED_BASE - VALIDATION_SEED_BASE:
+        raise ValueError(f"{first + episodes} validation episodes would reach the demonstrations' worlds")
+    return [VALIDATION_SEED_BASE + first + i for i in range(episodes)]
+
+
+def split_seeds(split: str, episodes: int) -> list[int]:
+    """The first `episodes` seeds of an evaluation split: `"test"` (`eval_seeds`) or `"validation"`."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    return eval_seeds(episodes) if split == "test" else validation_seeds(episodes)
+
+
+def seed_split(seed: int) -> str:
+    """Which split a world seed belongs to: `"test"`, `"validation"` or `"train"` (every other seed: training,
+    demonstrations, the warm start's worlds). Envs whose test worlds are special (the dataset env's test records,
+    LIBERO's fixed initial states) read it."""
+    if seed >= EVAL_SEED_BASE:
+        return "test"
+    return "validation" if VALIDATION_SEED_BASE <= seed < DEMO_SEED_BASE else "train"
 
 
 def stream_seed(*parts: object) -> int:

@@ -20,6 +20,7 @@ from sim.mix import ENV_REWARD
 from sim.registry import ENVS, option_problem
 from sim.seeds import TRAIN_SEEDS
 
+from ..algos import CRITIC_ADVANTAGES
 from ..types import Sampling
 from .algo_config import (  # noqa: F401 (re-exported)
     GSPO_MAX_CLIP,
@@ -92,12 +93,20 @@ class TrainerConfig:
     micro_batch_size: int = 64  # rows per forward/backward; gradients accumulate over R / micro_batch_size
     lr: float = 1e-4  # what most presets train at; real-size LoRA presets use 2e-5
     weight_decay: float = 0.0
-    warmup_steps: int = 0
+    warmup_steps: int = 0  # the lr rises linearly over the policy's first updates: lr / warmup_steps at the first
+    # After the warm-up: "constant", or "linear" / "cosine" decay to lr * min_lr_ratio at the policy's last update
+    # (verl's optim.lr_scheduler_type and min_lr_ratio, transformers' get_cosine_schedule_with_warmup;
+    # mmrl.runtime.lr_schedule). The critic's warm-up steps (algo.critic.warmup_steps) do not count: the policy waits,
+    # and so does its schedule.
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    min_lr_ratio: float = 0.0
     max_grad_norm: float = 1.0
     seed: int = 0
-    eval_episodes: int = 200  # held-out seeds, disjoint from every training seed
+    eval_episodes: int = 200  # held-out seeds of each evaluation, disjoint from every training seed
     eval_batch_size: int = 100
-    eval_every: int = 0  # 0: only before and after training
+    # > 0: the validation split is scored every this many steps (metrics val/*), for watching and tuning a run; the
+    # test split (eval/*, eval.json) is scored before and after training alone, for the report (sim/seeds.py).
+    eval_every: int = 0
     save_every: int = 25
     keep_checkpoints: int = 2
     threads: int = 0  # torch CPU threads; 0 leaves torch's default
@@ -136,6 +145,7 @@ class TrainerConfig:
                      "generation_shards"):  # fmt: skip
             require(getattr(self, name) >= 0, f"trainer.{name}", f"must be >= 0, got {getattr(self, name)}")
         require(self.lr >= 0, "trainer.lr", "must be >= 0")
+        require(0 <= self.min_lr_ratio <= 1, "trainer.min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
         require(self.weight_decay >= 0, "trainer.weight_decay", f"must be >= 0, got {self.weight_decay}")
         require(0 <= self.seed < TRAIN_SEEDS, "trainer.seed",
                  f"must be in [0, {TRAIN_SEEDS}): each run seed trains on its own range of worlds, got {self.seed}")  # fmt: skip
@@ -317,6 +327,13 @@ class TrainConfig:
                 "float32 already",
                 sep="",
             )
+        if tc.lr_schedule != "constant" and tc.total_steps:
+            require(
+                tc.warmup_steps < self.policy_updates,
+                "trainer.warmup_steps",
+                f"must be below the policy's {self.policy_updates} updates (trainer.total_steps less "
+                f"algo.critic.warmup_steps) for lr_schedule {tc.lr_schedule!r} to decay, got {tc.warmup_steps}",
+            )
         if tc.rollout_workers:
             require(
                 self.algo.credit != "branch",
@@ -334,6 +351,28 @@ class TrainConfig:
                 "trainer.rollout_workers",
                 "runs CPU copies of the policy; it cannot use model.generation_backend vllm",
             )
+
+    def check_validation_split(self) -> None:
+        """A training run's check, not the config's (`mmrl eval` plays no mid-run evaluation): `trainer.eval_every`
+        scores the validation split, which the dataset env holds only with `val_fraction > 0`; without one the run
+        would stop at its first evaluation."""
+        options = self.env.options
+        require(
+            not self.trainer.eval_every
+            or self.env.name != "dataset"
+            or options.get("split", "auto") != "auto"
+            or bool(options.get("val_fraction")),
+            "trainer.eval_every",
+            "scores the validation split, and the dataset env keeps no record for it: set env.options.val_fraction "
+            "> 0 (its share of the records), or trainer.eval_every=0",
+        )
+
+    @property
+    def policy_updates(self) -> int:
+        """The policy's optimiser steps in the run: `trainer.total_steps`, less the critic's warm-up steps (the value
+        head trains alone) with a critic; the span a decaying lr schedule covers."""
+        warmup = self.algo.critic.warmup_steps if self.algo.advantage in CRITIC_ADVANTAGES else 0
+        return max(0, self.trainer.total_steps - warmup)
 
     @property
     def recompute_old_logprobs(self) -> bool:

@@ -1,4 +1,5 @@
-"""Held-out evaluation: greedy answers on seeds that training never sees."""
+"""Held-out evaluation: greedy answers on seeds that training never sees, of the test split (the score reported) or
+the validation split (`trainer.eval_every`'s evaluations during a run, tuning); `sim.seeds` holds both ranges."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 import torch
 
 import sim
-from sim.seeds import eval_seeds
+from sim.seeds import split_seeds
 
 from ..policy import Policy
 from ..runtime import distributed
@@ -31,6 +32,7 @@ class EvalResult:
     frames: torch.Tensor | None = None  # [K, S+1, H, W, 3] every observation of the first K episodes (multi-step)
     success: torch.Tensor | None = None  # [K] bool, whether each of those episodes succeeded
     protocol: str | None = None  # how the env plays its held-out episodes, where it says (`env.protocol`: LIBERO)
+    split: str = "test"  # the seeds played: "test" or "validation" (`sim.seeds.split_seeds`)
 
 
 @torch.no_grad()
@@ -43,8 +45,10 @@ def evaluate(
     max_new_tokens: int = 32,
     keep: int = 16,
     world: World | None = None,
+    split: str = "test",
 ) -> EvalResult:
-    """Mean episode return, success and reward components of greedy play over `episodes` held-out episodes.
+    """Mean episode return, success and reward components of greedy play over `episodes` held-out episodes, the
+    first seeds of `split` (`"test"` or `"validation"`).
 
     Where the env names each world's task (`info["task"]`: `gui_task`, `miniwob`), each task's mean reward and
     success join as `reward@task=<name>`, `success@task=<name>`, with its episode count `episodes@task=<name>`.
@@ -63,7 +67,7 @@ def evaluate(
         raise ValueError(f"evaluation needs episodes >= 1 and batch_size >= 1, got {episodes} and {batch_size}")
     world = world or World()
     shard = eval_shard(episodes, world)
-    seeds = eval_seeds(episodes)[shard.start : shard.stop]
+    seeds = split_seeds(split, episodes)[shard.start : shard.stop]
     kept = min(keep, batch_size, episodes)  # samples one process keeps: the first batch's first `keep` episodes
     mine = max(0, min(kept - shard.start, len(shard)))  # of which this process plays this many
     sums: dict[str, float] = {}
@@ -116,7 +120,7 @@ def evaluate(
         if "@task=" in key:
             task = key.split("@", 1)[1]
             metrics[key] = v if key.startswith("episodes@") else v / sums[f"episodes@{task}"]
-    return EvalResult(metrics=metrics, **(samples or _no_samples()), protocol=protocol)
+    return EvalResult(metrics=metrics, **(samples or _no_samples()), protocol=protocol, split=split)
 
 
 def _samples(first: Episodes, k: int) -> dict[str, Any]:
@@ -165,9 +169,9 @@ def _cat_samples(parts: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def held_out(policy: Policy, cfg: TrainConfig, world: World | None = None) -> EvalResult:
-    """Greedy play on the held-out seeds of `cfg`'s env; under torchrun every process plays its 1/K of them (rank 0
-    gets the samples) and must call this.
+def held_out(policy: Policy, cfg: TrainConfig, world: World | None = None, split: str = "test") -> EvalResult:
+    """Greedy play on the held-out seeds of `cfg`'s env, of `split` (`"test"`, or `"validation"` during a run);
+    under torchrun every process plays its 1/K of them (rank 0 gets the samples) and must call this.
 
     With `curriculum.eval_levels`, the same seeds are also played at every level of the curriculum, and each level's
     metrics join as `<name>@<option>=<level>` (e.g. `success@grid=2`); the plain names stay the config's own
@@ -182,6 +186,7 @@ def held_out(policy: Policy, cfg: TrainConfig, world: World | None = None) -> Ev
             batch_size=cfg.trainer.eval_batch_size,
             max_new_tokens=cfg.sampling.max_new_tokens,
             world=world,
+            split=split,
         )
         cur = cfg.curriculum
         if not (cur.eval_levels and cur.option is not None):
@@ -197,6 +202,7 @@ def held_out(policy: Policy, cfg: TrainConfig, world: World | None = None) -> Ev
                 max_new_tokens=cfg.sampling.max_new_tokens,
                 keep=0,
                 world=world,
+                split=split,
             )
             metrics.update({f"{k}@{cur.option}={level}": v for k, v in at_level.metrics.items()})
     return replace(result, metrics=metrics)
@@ -257,17 +263,17 @@ class SampledResult:
 
 
 @torch.no_grad()
-def evaluate_k(policy: Policy, cfg: TrainConfig) -> SampledResult:
+def evaluate_k(policy: Policy, cfg: TrainConfig, split: str = "test") -> SampledResult:
     """`cfg.eval.k` sampled episodes (temperature `cfg.eval.temperature`) of each of the held-out items.
 
-    The items are the first `cfg.eval.episodes` (default `trainer.eval_episodes`) held-out seeds, the same ones the
+    The items are the first `cfg.eval.episodes` (default `trainer.eval_episodes`) seeds of `split`, the same ones the
     greedy evaluation plays; each is played k times as one group (the G = k copies of a GRPO group), in batches of
     `eval.batch_size` episodes. One process (not under torchrun).
     """
     ec, tc = cfg.eval, cfg.trainer
     if ec.k < 1:
         raise ValueError("eval.k must be >= 1 for sampled evaluation")
-    seeds = eval_seeds(ec.episodes or tc.eval_episodes)
+    seeds = split_seeds(split, ec.episodes or tc.eval_episodes)
     per_batch = max(1, (ec.batch_size or tc.eval_batch_size) // ec.k)
     sampling = Sampling(max_new_tokens=cfg.sampling.max_new_tokens, temperature=ec.temperature,
                         top_p=cfg.sampling.top_p, top_k=cfg.sampling.top_k)  # fmt: skip

@@ -15,9 +15,11 @@ renders once: k times fewer decisions and renders per episode.
 **Episodes are the benchmark's.** A seed picks a task and one of LIBERO's fixed initial states (50 per task, the
 states every paper evaluates on): held-out seeds (`sim.seeds.EVAL_SEED_BASE + i`) go through the tasks in turn and
 then through the states in order, so the first `T * 50` held-out episodes are the benchmark's evaluation of T tasks;
-other seeds (training, demonstrations) pick both by the seed. The papers train RL on the same initial states they
-evaluate on; `holdout=h` keeps the last h states of every task for evaluation only (training and demonstrations use
-the others), for a held-out figure that no training episode has seen. The episode limit is the papers' (220 steps for
+validation seeds (`sim.seeds.VALIDATION_SEED_BASE + i`, `trainer.eval_every`'s evaluations) go through the tasks in
+turn and then through the training states in order; other seeds (training, demonstrations) pick both by the seed.
+The papers train RL on the same initial states they evaluate on; `holdout=h` keeps the last h states of every task
+for the test split only (training, demonstrations and validation use the others), for a test figure that no
+training episode has seen and no choice made on validation scores was fitted to. The episode limit is the papers' (220 steps for
 spatial, 280 object, 300 goal, 520 LIBERO-10, 400 LIBERO-90, after 10 settling steps), divided by `action_repeat`.
 
 **The papers' evaluation protocol** (openpi's LIBERO example, RLinf's πRL, OpenVLA-OFT): the fixed initial states
@@ -57,7 +59,7 @@ import torch
 from sim.base import Observation, StepResult, resolve_env_ids, resolve_seeds
 from sim.registry import ENVS
 from sim.robotics.planar import add_noise
-from sim.seeds import EVAL_SEED_BASE
+from sim.seeds import EVAL_SEED_BASE, VALIDATION_SEED_BASE, seed_split
 from sim.subproc import SubprocVecEnv
 
 __all__ = ["LiberoEnv", "SUITE_MAX_STEPS", "libero_python", "libero_unavailable"]
@@ -105,7 +107,7 @@ class LiberoEnv:
         settle_steps: No-op steps after the initial state is set (not counted in the episode).
         reward: `success` (LIBERO's) or `shaped` (plus a privileged progress potential's change).
         shaping_coef: Weight of the progress term of `shaped`.
-        holdout: The last `holdout` initial states of every task are used by held-out seeds only.
+        holdout: The last `holdout` initial states of every task are used by test seeds only.
         replan_steps: Actions of each emitted chunk executed before the policy acts again (None: the whole chunk).
         image_transform: `upright` (the scene as the camera sees it) or `rot180` (the raw frame turned by 180 degrees,
             as the LIBERO datasets of OpenVLA and π0 checkpoints store it).
@@ -234,9 +236,11 @@ class LiberoEnv:
     def episode(self, seed: int) -> tuple[int, int]:
         """The (task id, initial state index) a world reset with `seed` starts from (see the module docstring)."""
         tasks = self.tasks
-        if seed >= EVAL_SEED_BASE:
-            i = seed - EVAL_SEED_BASE
-            return tasks[i % len(tasks)], self._eval_states[(i // len(tasks)) % len(self._eval_states)]
+        split = seed_split(seed)
+        if split != "train":  # the evaluation splits: every task in turn, then the split's states in order
+            i = seed - (EVAL_SEED_BASE if split == "test" else VALIDATION_SEED_BASE)
+            states = self._eval_states if split == "test" else self._train_states
+            return tasks[i % len(tasks)], states[(i // len(tasks)) % len(states)]
         seed = abs(int(seed))
         return tasks[seed % len(tasks)], self._train_states[(seed // len(tasks)) % len(self._train_states)]
 

@@ -66,13 +66,16 @@ hit (`point_in_box`), a match (`exact_match`, `numeric_match`, `multiple_choice`
 and nothing else (`matched_iou`, `detection_f1`: the F1 at IoU 0.5 is 1); rows scored by other rewards count as not
 successful, and `info["success"]` is left out when no reward in use has one.
 
-**Seeds and the held-out split.** The last `eval_fraction` of the records (at least one when the fraction is > 0) is
-held out. With `split="auto"` (default), a seed below 1_000_000_000 (`EVAL_SEED_BASE`, where `mmrl.stages.evaluate` starts
-its held-out seeds) picks a training record and a seed at or above it a held-out one, so training never sees an
-evaluation record. Within its part, seed `s` (offset by the base) picks `part[order_e[s % m]]`, with `m` the part's
-size, `e = s // m` the epoch and `order_e` a permutation drawn from `(shuffle_seed, e)` (the identity with
-`shuffle=False`): seeds 0..m-1 visit every training record once, in a shuffled order, and so does each later epoch.
-`split="train"` / `"eval"` send every seed into that part; `split="all"` uses every record and holds none out.
+**Seeds and the held-out split.** Three parts, as a Hugging Face dataset's `train` / `validation` / `test` splits:
+the last `eval_fraction` of the records is the test split, the `val_fraction` before them (default 0: none) the
+validation split (each at least one record when its fraction is > 0), the rest trains. With `split="auto"` (default)
+a seed reads the part of its range in `sim.seeds`: test seeds (>= `EVAL_SEED_BASE`, 1e9: the score before and after a
+run, `mmrl eval`) the test records, validation seeds (`trainer.eval_every`, `mmrl eval --split validation`) the
+validation records (none kept: an error naming `val_fraction`), other seeds the training records. Within its part,
+seed `s` (less its range's base) picks `part[order_e[s % m]]`, `m` the part's size, `e = s // m` the epoch, `order_e`
+a permutation drawn from `(shuffle_seed, part, e)` (the identity with `shuffle=False`): each epoch visits every
+record once. The test records and their order do not depend on `val_fraction`. `split="train"` / `"validation"` /
+`"test"` send every seed into that part; `split="all"` uses every record and holds none out.
 
 **Re-asked multiple-choice questions** (`consistency`, ACRE: https://arxiv.org/abs/2510.10104). With `"measure"` or
 `"acre"` every record is a `multiple_choice` question whose options are written inline, `(A) ... (B) ...`, and each
@@ -104,7 +107,7 @@ from rewards.coordinates import check_coordinates, from_pixels
 from sim.base import Observation, SingleStepImageEnv, StepResult, check_expert_noise, check_text_actions
 from sim.errors import InputError
 from sim.registry import ENVS
-from sim.seeds import EVAL_SEED_BASE
+from sim.seeds import EVAL_SEED_BASE, VALIDATION_SEED_BASE, seed_split
 from sim.tasks.answers import BOX_LIST_REWARDS, answer_hint, format_answer, low_score_reason, units_phrase
 from sim.tasks.choices import ConsistencyMode, ReAsk
 from sim.tasks.records import check_inside, fit_pixels, image_size_of, open_image, read_records
@@ -135,8 +138,11 @@ class DatasetEnv(SingleStepImageEnv):
         min_pixels: With `resize="native"`, the least area an image is brought up to, in pixels.
         max_pixels: With `resize="native"`, the most area an image keeps, in pixels.
         factor: With `resize="native"`, what both sides are multiples of (Qwen2-VL's 14 px patches merged 2x2: 28).
-        split: `"auto"` (held-out seeds >= 1e9 read the held-out records), `"train"`, `"eval"` or `"all"`.
-        eval_fraction: The share of records, at the end of the data, held out for evaluation.
+        split: `"auto"` (each seed reads its range's part: test seeds >= 1e9 the test records, validation seeds the
+            validation records), `"train"`, `"validation"`, `"test"` or `"all"`.
+        eval_fraction: The share of records, at the end of the data, held out as the test split.
+        val_fraction: The share of records, just before the test records, kept as the validation split (taken from
+            the training records: 0 keeps them all for training).
         shuffle: Visit each part in a per-epoch shuffled order (else in file order).
         shuffle_seed: Seeds those orders.
         point_tolerance: Half-side of the square around a point target, as a fraction of `image_size` (of the
@@ -169,8 +175,9 @@ class DatasetEnv(SingleStepImageEnv):
         path: str | os.PathLike[str] = DEFAULT_PATH,
         reward: str | None = None,
         image_size: int = 64,
-        split: Literal["auto", "train", "eval", "all"] = "auto",
+        split: Literal["auto", "train", "validation", "test", "all"] = "auto",
         eval_fraction: float = 0.1,
+        val_fraction: float = 0.0,
         shuffle: bool = True,
         shuffle_seed: int = 0,
         point_tolerance: float = 0.05,
@@ -194,10 +201,11 @@ class DatasetEnv(SingleStepImageEnv):
             raise InputError(f"num_envs must be >= 1, got {num_envs}")
         if image_size < 8:
             raise InputError(f"image_size must be >= 8, got {image_size}")
-        if split not in ("auto", "train", "eval", "all"):
-            raise InputError(f"split must be 'auto', 'train', 'eval' or 'all', got {split!r}")
-        if not 0.0 <= eval_fraction < 1.0:
-            raise InputError(f"eval_fraction must be in [0, 1), got {eval_fraction}")
+        if split not in ("auto", "train", "validation", "test", "all"):
+            raise InputError(f"split must be 'auto', 'train', 'validation', 'test' or 'all', got {split!r}")
+        for name, value in (("eval_fraction", eval_fraction), ("val_fraction", val_fraction)):
+            if not 0.0 <= value < 1.0:
+                raise InputError(f"{name} must be in [0, 1), got {value}")
         if consistency not in ("off", "measure", "acre"):
             raise InputError(f"consistency must be 'off', 'measure' or 'acre', got {consistency!r}")
         if not isinstance(expert_number_offset, int | float) or not math.isfinite(expert_number_offset):
@@ -255,12 +263,17 @@ class DatasetEnv(SingleStepImageEnv):
                   f"(bad_records='skip'); the first: {self.skipped_records[0]}", file=sys.stderr)  # fmt: skip
         count = len(self.records)
         held = math.ceil(eval_fraction * count) if split != "all" and eval_fraction > 0 else 0
-        if held >= count:
-            raise InputError(f"eval_fraction={eval_fraction} holds out all {count} records; nothing left to train on")
-        self.train_ids = list(range(count - held))
-        self.eval_ids = list(range(count - held, count))
-        if split == "eval" and not self.eval_ids:
-            raise InputError("split='eval' needs held-out records; set eval_fraction > 0")
+        kept = math.ceil(val_fraction * count) if split != "all" and val_fraction > 0 else 0
+        if held + kept >= count:
+            raise InputError(f"eval_fraction={eval_fraction} and val_fraction={val_fraction} hold out all {count} "
+                             "records; nothing left to train on")  # fmt: skip
+        self.train_ids = list(range(count - held - kept))
+        self.val_ids = list(range(count - held - kept, count - held))
+        self.eval_ids = list(range(count - held, count))  # the test records
+        if split == "test" and not self.eval_ids:
+            raise InputError("split='test' needs test records; set eval_fraction > 0")
+        if split == "validation" and not self.val_ids:
+            raise InputError("split='validation' needs validation records; set val_fraction > 0")
 
         kwargs = dict(reward_kwargs or {})
         used = sorted({r.reward for r in self.records})
@@ -327,15 +340,15 @@ class DatasetEnv(SingleStepImageEnv):
         Raises:
             ValueError: A held-out seed when no record is held out.
         """
-        held_out = self.split == "eval" or (self.split == "auto" and seed >= EVAL_SEED_BASE)
-        part = self.eval_ids if held_out else self.train_ids
-        if self.split == "all":
-            part = self.train_ids  # every record: nothing was held out
-        if not part:
-            raise InputError(f"seed {seed} asks for a held-out record, but none is held out (eval_fraction=0)")
-        offset = seed - EVAL_SEED_BASE if self.split == "auto" and held_out else seed
+        name = {"auto": seed_split(seed), "all": "train"}.get(self.split, self.split)  # "all": nothing held out
+        part = {"train": self.train_ids, "validation": self.val_ids, "test": self.eval_ids}[name]
+        if not part:  # a test seed with eval_fraction 0, a validation seed with val_fraction 0 (trainer.eval_every)
+            fraction = "eval_fraction" if name == "test" else "val_fraction"
+            raise InputError(f"seed {seed} asks for a {name} record, but none is held out: set {fraction} > 0")
+        base = {"train": 0, "validation": VALIDATION_SEED_BASE, "test": EVAL_SEED_BASE}[name]
+        offset = seed - base if self.split == "auto" else seed
         epoch, position = divmod(int(offset), len(part))
-        return part[int(self._order(held_out, epoch, len(part))[position])]
+        return part[int(self._order(name, epoch, len(part))[position])]
 
     def draw_worlds(self, ids: list[int], seeds: list[int]) -> tuple[torch.Tensor, list[str], torch.Tensor]:
         """Show new records in the worlds `ids` (the `SingleStepImageEnv` hook; `record_index` maps seeds to them)."""
@@ -466,7 +479,7 @@ class DatasetEnv(SingleStepImageEnv):
                 answers.append(again)
                 continue
             if noise > 0 and float(torch.rand((), generator=generator)) < noise:
-                part = self.eval_ids if index >= len(self.train_ids) else self.train_ids
+                part = next(p for p in (self.train_ids, self.val_ids, self.eval_ids) if p and index <= p[-1])
                 index = part[int(torch.randint(len(part), (), generator=generator))]
                 _, box, box_list = self._prepared(index)
             box = self._in_units(index, box)
@@ -494,11 +507,13 @@ class DatasetEnv(SingleStepImageEnv):
         hint = "Answer with the letter of your choice in <answer></answer>."
         return ReAsk(self.num_envs, mode, partial, self.shuffle_seed, hint if self.answer_hint else "answer again.")
 
-    def _order(self, held_out: bool, epoch: int, size: int) -> np.ndarray:
-        """The visiting order of a part in one epoch: a permutation of `range(size)`."""
+    def _order(self, part: str, epoch: int, size: int) -> np.ndarray:
+        """The visiting order of a part (`"train"`, `"validation"`, `"test"`) in one epoch: a permutation of
+        `range(size)`, each part's of its own stream (the training and test ones those of before the validation part)."""
         if not self.shuffle:
             return np.arange(size)
-        return _permutation(self.shuffle_seed % 2**63, int(held_out), epoch % 2**63, size)
+        stream = {"train": 0, "test": 1, "validation": 2}[part]
+        return _permutation(self.shuffle_seed % 2**63, stream, epoch % 2**63, size)
 
     def shown_size(self, index: int) -> tuple[int, int]:
         """(W', H') of record `index`'s image as shown: its own bounded size, or the letterbox square."""

@@ -65,8 +65,10 @@ def assert_same_rows(got: list[dict], want: list[dict], keys: tuple[str, ...] | 
             assert g[key] == pytest.approx(w[key], abs=1e-6), f"step {w['step']}: {key} {g[key]} != {w[key]}"
 
 
-# A learning-rate warmup, so that a scheduler restarted from step 0 shows in the weights.
-RESUMED_RUN = ("trainer.total_steps=4", "trainer.warmup_steps=3")
+# A learning-rate warm-up and cosine decay, so that a scheduler restarted from step 0 shows in the weights and the lr.
+RESUMED_RUN = ("trainer.total_steps=4", "trainer.warmup_steps=2", "trainer.lr_schedule=cosine",
+               "trainer.min_lr_ratio=0.1")  # fmt: skip
+RESUMED_LRS = [1e-3 * m for m in (0.5, 1.0, 0.55, 0.1)]  # warm-up 1/2, 2/2; then 0.1 + 0.9 * (1 + cos(pi * p)) / 2
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +87,7 @@ def test_uninterrupted_run_moved_the_weights(uninterrupted_run):
     assert any(not torch.equal(first[k], last[k]) for k in last)
     rewards = [m["reward/total"] for m in training_rows(uninterrupted_run)]
     assert len(set(rewards)) > 1
+    assert [m["lr"] for m in training_rows(uninterrupted_run)] == pytest.approx(RESUMED_LRS, rel=1e-9)
 
 
 def test_stopped_and_resumed_run_matches_the_uninterrupted_one(
@@ -162,9 +165,13 @@ KILL_RUN = {
         "eval_batch_size": 2,
         "save_every": 1,
         "lr": 1e-3,
+        "lr_schedule": "linear",  # the resumed run must continue the decay where the killed one left it
+        "warmup_steps": 1,
+        "min_lr_ratio": 0.2,
         "threads": 1,
     },
 }
+KILL_LRS = [1e-3 * m for m in (1.0, 0.2 + 0.8 * 2 / 3, 0.2 + 0.8 / 3, 0.2)]
 
 
 def mmrl_train(config: Path, log: Path, *overrides: str) -> subprocess.Popen:
@@ -220,7 +227,10 @@ def test_killed_run_resumes_to_the_weights_of_an_uninterrupted_one(tmp_path):
     assert any(not torch.equal(reference[k], previous[k]) for k in reference)  # the KL term did move the weights
     assert_same_weights(final_weights(killed), reference, atol=1e-6)
     # loss/kl is left out: it depends on which policy is the reference (see the KL-reference test above).
-    assert_same_rows(training_rows(killed), training_rows(whole), keys=("reward/total", "loss/policy", "grad_norm"))
+    assert_same_rows(
+        training_rows(killed), training_rows(whole), keys=("reward/total", "loss/policy", "grad_norm", "lr")
+    )
+    assert [m["lr"] for m in training_rows(killed)] == pytest.approx(KILL_LRS, rel=1e-9)
 
 
 # ---------------------------------------------------------------------------------------------- atomicity

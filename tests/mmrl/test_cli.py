@@ -172,3 +172,21 @@ def test_eval_of_a_missing_checkpoint_exits_2_naming_it(tmp_path, capsys):
     missing = tmp_path / "checkpoints" / "step_00000099"
     assert main(["eval", PRESET, *TINY, f"checkpoint={missing}"]) == 2
     assert str(missing) in capsys.readouterr().err
+
+
+def test_eval_split_validation_plays_the_validation_seeds(one_step_checkpoint, tmp_path, capsys):
+    import json
+
+    args = ["eval", PRESET, *TINY, f"checkpoint={one_step_checkpoint}", "trainer.eval_episodes=2",
+            f"output_dir={tmp_path}", "--split", "validation"]  # fmt: skip
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^validation mean IoU: \d+\.\d{3}$", out, re.MULTILINE), out
+    report = json.loads((tmp_path / "eval" / "eval.json").read_text())
+    assert report["split"] == "validation" and "validation split" in (tmp_path / "eval" / "eval.md").read_text()
+
+
+def test_eval_split_is_test_or_validation(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["eval", PRESET, "--split", "train"])
+    assert exit_.value.code == 2 and "invalid choice: 'train'" in capsys.readouterr().err

@@ -91,7 +91,7 @@ def test_env_options_override_goes_into_the_dict():
         ),
         (["env.options.max_shapes=3.5"], r"^env.options.max_shapes: expected an integer, got 3.5"),
         (["env.options.imag_size=64"], r"^env.options.imag_size: unknown option; valid: .*image_size"),
-        (["env.name=dataset", "env.options.split=test"], r"^env.options.split: expected one of 'auto', 'train'"),
+        (["env.name=dataset", "env.options.split=eval"], r"^env.options.split: expected one of 'auto', 'train'"),
         (["env.name=dataset", "env.options={shuffle: maybe}"], r"^env.options.shuffle: expected true or false"),
         (
             ["curriculum.option=max_shapes", "curriculum.levels=[1, two]", "curriculum.steps_per_level=2"],

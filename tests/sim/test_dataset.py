@@ -14,6 +14,7 @@ from PIL import Image
 import sim.tasks.dataset  # noqa: F401  (registers `dataset`)
 from sim import check_vec_env, make
 from sim.errors import InputError
+from sim.seeds import DEMO_SEED_BASE, eval_seeds, validation_seeds
 from sim.tasks.dataset import DEFAULT_PATH, EVAL_SEED_BASE, DatasetEnv
 
 
@@ -159,7 +160,7 @@ def test_held_out_seeds_read_records_disjoint_from_training(tmp_path):
     obs = env.reset(seed=EVAL_SEED_BASE + 3)
     assert env._record_ids[0] in (6, 7) and obs.instruction[0].startswith(f"Question {env._record_ids[0]}?")
 
-    assert {DatasetEnv(1, path=path, split="eval", eval_fraction=0.25).record_index(s) for s in range(20)} == {6, 7}
+    assert {DatasetEnv(1, path=path, split="test", eval_fraction=0.25).record_index(s) for s in range(20)} == {6, 7}
     assert {DatasetEnv(1, path=path, split="all").record_index(s) for s in range(40)} == set(range(8))
     unshuffled = DatasetEnv(1, path=path, eval_fraction=0.25, shuffle=False)
     assert [unshuffled.record_index(s) for s in range(8)] == [0, 1, 2, 3, 4, 5, 0, 1]
@@ -174,6 +175,39 @@ def test_held_out_seeds_read_records_disjoint_from_training(tmp_path):
     assert sample.eval_ids == [21, 22, 23]
     trained = {sample.record_index(s) for s in range(500)}
     assert not trained & {sample.record_index(EVAL_SEED_BASE + s) for s in range(50)}
+
+
+def test_three_splits_train_validation_and_test_are_disjoint_and_the_test_records_stay_put(tmp_path):
+    write_png(tmp_path / "a.png", (16, 16), (0, 0, 200))
+    records = [{"image": "a.png", "question": f"Question {i}?", "answer": str(i)} for i in range(10)]
+    path = write_jsonl(tmp_path / "data.jsonl", records)
+    before = DatasetEnv(num_envs=1, path=path, eval_fraction=0.2)  # no validation part (the default)
+    env = DatasetEnv(num_envs=1, path=path, eval_fraction=0.2, val_fraction=0.3)  # ceil(0.3 * 10) = 3 records
+    assert (env.train_ids, env.val_ids, env.eval_ids) == (list(range(5)), [5, 6, 7], [8, 9])
+    train = {env.record_index(s) for s in range(100)}
+    validation = [env.record_index(s) for s in validation_seeds(30)]
+    test = [env.record_index(s) for s in eval_seeds(30)]
+    assert train == set(range(5)) and set(validation) == {5, 6, 7} and set(test) == {8, 9}
+    for epoch in range(10):  # validation seeds visit every validation record once an epoch, as training seeds do
+        assert sorted(validation[3 * epoch : 3 * epoch + 3]) == [5, 6, 7]
+    # The test records and their order are those of a run without a validation split: recorded scores stay valid.
+    assert test == [before.record_index(s) for s in eval_seeds(30)]
+    # Demonstration seeds still train; a named split sends every seed into its part.
+    assert env.record_index(DEMO_SEED_BASE + 7) in range(5)
+    assert {DatasetEnv(1, path=path, split="validation", val_fraction=0.3).record_index(s) for s in range(9)} == {
+        6, 7, 8,  # eval_fraction 0.1 holds out record 9 alone
+    }  # fmt: skip
+
+    with pytest.raises(
+        InputError, match=r"^seed 800000000 asks for a validation record, but none is held out: set val_fraction > 0"
+    ):
+        before.reset(seed=validation_seeds(1))
+    with pytest.raises(InputError, match=r"split='validation' needs validation records; set val_fraction > 0"):
+        DatasetEnv(num_envs=1, path=path, split="validation")
+    with pytest.raises(InputError, match=r"val_fraction must be in \[0, 1\), got 1.0"):
+        DatasetEnv(num_envs=1, path=path, val_fraction=1.0)
+    with pytest.raises(InputError, match=r"eval_fraction=0.5 and val_fraction=0.5 hold out all 10 records"):
+        DatasetEnv(num_envs=1, path=path, eval_fraction=0.5, val_fraction=0.5)
 
 
 @pytest.mark.parametrize(

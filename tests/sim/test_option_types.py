@@ -30,7 +30,7 @@ def test_every_default_fits_its_own_annotation(name):
         ("image_size", True, "expected an integer, got True"),
         ("eval_fraction", "half", "expected a number, got 'half'"),
         ("shuffle", "yes", "expected true or false, got 'yes'"),
-        ("split", "test", "expected one of 'auto', 'train', 'eval', 'all', got 'test'"),
+        ("split", "eval", "expected one of 'auto', 'train', 'validation', 'test', 'all', got 'eval'"),
         ("reward", 3, "expected a string or null, got 3"),
         ("reward_kwargs", {"numeric_match": 0.05}, "expected a mapping or null, got {'numeric_match': 0.05}"),
         ("imagesize", 64, "unknown option; valid: path, reward, image_size"),

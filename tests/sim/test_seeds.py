@@ -58,3 +58,33 @@ def test_no_two_random_streams_of_a_step_share_a_seed():
             ]
             assert len(set(drawn)) == len(drawn)
     assert mini_batch_seed(0, 1) != mini_batch_seed(0, 2) and mini_batch_seed(0, 1) != mini_batch_seed(1, 1)
+
+
+def test_the_validation_split_lies_between_the_warm_start_and_the_demonstration_worlds():
+    from sim.seeds import VALIDATION_SEED_BASE, seed_split, split_seeds, validation_seeds
+
+    assert SFT_SEED_BASE + 10**8 <= validation_seeds(1)[0] == VALIDATION_SEED_BASE
+    assert validation_seeds(3, first=2) == [VALIDATION_SEED_BASE + i for i in (2, 3, 4)]
+    assert validation_seeds(DEMO_SEED_BASE - VALIDATION_SEED_BASE)[-1] == DEMO_SEED_BASE - 1
+    with pytest.raises(ValueError, match="demonstrations"):
+        validation_seeds(DEMO_SEED_BASE - VALIDATION_SEED_BASE + 1)
+    assert split_seeds("test", 4) == eval_seeds(4) and split_seeds("validation", 2) == validation_seeds(2)
+    with pytest.raises(ValueError, match="split must be one of test, validation, got 'eval'"):
+        split_seeds("eval", 1)
+    # Each range's split: training (and the warm start's, the demonstrations') worlds train; the rest evaluate.
+    last_train = train_seeds(TRAIN_SEED_STRIDE // 16 - 1, 16, 1, seed=TRAIN_SEEDS - 1)[-1]
+    for seed, split in [(0, "train"), (last_train, "train"), (SFT_SEED_BASE, "train"), (DEMO_SEED_BASE, "train"),
+                        (DEMO_SEED_BASE - 1, "validation"), (VALIDATION_SEED_BASE, "validation"),
+                        (EVAL_SEED_BASE - 1, "train"), (EVAL_SEED_BASE, "test"), (EVAL_SEED_BASE + 10**6, "test")]:  # fmt: skip
+        assert seed_split(seed) == split, seed
+
+
+def test_libero_plays_validation_seeds_on_the_training_states_and_test_seeds_on_the_held_out_ones():
+    from sim.robotics.libero import LiberoEnv
+    from sim.seeds import validation_seeds
+
+    held = LiberoEnv.__new__(LiberoEnv)  # the mapping only: no LIBERO, no worlds needed
+    held.tasks, held._train_states, held._eval_states = [3, 5], list(range(40)), list(range(40, 50))
+    assert [held.episode(s) for s in validation_seeds(5)] == [(3, 0), (5, 0), (3, 1), (5, 1), (3, 2)]
+    assert {held.episode(s)[1] for s in validation_seeds(200)} == set(range(40))  # never a test state
+    assert [held.episode(s) for s in eval_seeds(3)] == [(3, 40), (5, 40), (3, 41)]
