@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from PIL import Image
 
+from rewards.image_files import viewed_rgb
+
 CODE_KINDS = ("svg", "chart", "cad", "html")  # sources rendered in the sandbox (rewards.render kinds)
 _SOURCE_SUFFIXES = {".svg": "svg", ".py": "chart", ".html": "html", ".htm": "html"}  # .py: chart, or cad (build123d)
 _FILE_KINDS = {**_SOURCE_SUFFIXES, ".txt": "text"}  # a prediction file's kind by suffix (images aside)
@@ -339,12 +341,10 @@ def _shorten(text: str, limit: int = 80) -> str:
 
 
 def load_image(path: Path, size: tuple[int, int]) -> torch.Tensor:
-    """An image file as `[H, W, 3]` uint8 at `size = (W, H)` (bicubic; transparency composited on white)."""
+    """An image file as `[H, W, 3]` uint8 at `size = (W, H)`, as a viewer shows it (`rewards.image_files.viewed_rgb`:
+    EXIF orientation applied, transparency composited on white, 16-bit scaled), then resized (bicubic)."""
     with Image.open(path) as image:
-        image.load()
-        rgba = image.convert("RGBA")
-    canvas = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-    rgb = Image.alpha_composite(canvas, rgba).convert("RGB")
+        rgb = viewed_rgb(image)
     if rgb.size != size:
         rgb = rgb.resize(size, Image.Resampling.BICUBIC)
     return torch.frombuffer(bytearray(rgb.tobytes()), dtype=torch.uint8).view(size[1], size[0], 3)
