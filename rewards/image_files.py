@@ -60,10 +60,11 @@ def exif_orientation(image: Image.Image) -> int:
 
 def _png_late_exif(image: Image.Image) -> bytes | None:
     """The bytes of an `eXIf` chunk that follows a PNG's pixel data, found by seeking from chunk header to header."""
-    fp = image.fp
-    if fp is None:
+    fp = getattr(image, "fp", None)
+    try:
+        position = fp.tell()  # None, or closed after loading: nothing to walk (a loaded image has read the chunk)
+    except (AttributeError, OSError, ValueError):
         return None
-    position = fp.tell()
     try:
         fp.seek(8)  # past the PNG signature
         while True:

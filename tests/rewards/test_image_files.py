@@ -142,3 +142,18 @@ def test_a_damaged_exif_block_shows_the_image_as_stored(tmp_path):
     with Image.open(path) as image:
         assert exif_orientation(image) == 1 and viewed_size(image) == (6, 4)
         assert viewed_rgb(image).size == (6, 4)
+
+
+def test_mmrl_score_reads_image_files_as_a_viewer_does(tmp_path):
+    """`mmrl score`'s image reader: the rotated photo upright, hidden colour white, 16-bit grey mid-grey."""
+    from rewards.score_inputs import load_image
+
+    save_rotated(upright_photo(), tmp_path / "photo.png", "PNG")
+    photo = load_image(tmp_path / "photo.png", (20, 40))  # [H, W, 3]
+    assert photo.shape == (40, 20, 3) and photo[30, 5].tolist() == list(RED) and photo[5, 5].tolist() == [128] * 3
+    hidden = np.zeros((4, 4, 4), dtype=np.uint8)
+    hidden[..., 0] = 255
+    Image.fromarray(hidden, mode="RGBA").save(tmp_path / "clear.png")
+    assert (load_image(tmp_path / "clear.png", (4, 4)) == 255).all()
+    Image.fromarray(np.full((4, 4), 32768, dtype=np.uint16)).save(tmp_path / "deep.png")
+    assert (load_image(tmp_path / "deep.png", (4, 4)) == 128).all()
