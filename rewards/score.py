@@ -20,8 +20,12 @@ A **prediction** is one of: SVG source or a ``.svg`` file (rendered in the sandb
 image file (``.png``, ``.jpg``, ...), or text (a ``.txt``
 file, or an inline string: a model's answer, parsed for a box by ``box_iou``). Inline strings are read as
 ``--render`` says: ``svg``/``chart``/``cad``/``html`` render them (a ``.py`` file that imports build123d is CAD),
-``auto`` (default) renders text that starts like SVG (``<svg``, ``<?xml``) or HTML (``<!doctype html``, ``<html``)
-and takes anything else as text. Relative paths are relative to the JSON-lines file.
+``auto`` (default) renders text that holds code (a block fenced as ``html`` or ``python``, an HTML page, an SVG
+fenced or bare; `rewards.score_inputs.code_kind`) and takes anything else as text. Sources, inline or in files, are
+read as a model writes them and as the render envs read their answers (`rewards.parse.answer_code`): think blocks
+skipped, the last ``<answer>`` tag's content, the last block fenced in the kind's language, else the bare code (for
+SVG the ``<svg>...</svg>`` after any leading sentence); a source holding none is the prediction's failure, named.
+Relative paths are relative to the JSON-lines file.
 
 A **target** is an image path (``{"image": path}`` or a string with an image extension; ``.png``/``.jpg`` files in
 folder mode), a source rendered like a prediction and compared as an image (a ``.svg``, ``.py`` or ``.html``
@@ -38,9 +42,11 @@ prediction image against a text target. ``box_iou``: the box parsed from a text 
 ``reference_length`` (or ``--reference-length``).
 
 A metric that does not apply to a row's kinds is left empty (NaN, and out of the summary), and the row's reason
-says which and why. A prediction that fails (render refused, timed out or crashed; unreadable file; no box in the
-text) scores 0.0 on every metric that applies, and the row says why. The summary starts with how many renders were
-refused or failed and the commonest reasons. Nothing in the data makes the command fail.
+names the side that does not fit it (the prediction, the target or both). A prediction that fails (render refused,
+timed out or crashed; unreadable file; no code or no box in it) scores 0.0 on every metric that applies, and the row
+says why. The summary starts with how many renders were refused or failed and the commonest reasons; in folder mode a
+file without a partner of the same stem is listed apart, not counted as a pair. Nothing in the data makes the command
+fail.
 """
 
 from __future__ import annotations
@@ -278,16 +284,43 @@ def _score_chunk(
                     item.scores[name] = math.nan
 
 
+_IMAGE_SIDE = (*CODE_KINDS, "image")
+# metric -> (the prediction kinds it reads, the target kind it reads); code_length reads a reference length instead.
+_APPLIES: dict[str, tuple[tuple[str, ...], str | None]] = {name: (_IMAGE_SIDE, "image") for name in IMAGE_METRICS}
+_APPLIES.update(ocr=(_IMAGE_SIDE, "text"), box_iou=(("text",), "box"), text_f1=(("text",), "text"))
+_APPLIES["code_length"] = ((*CODE_KINDS, "text"), None)
+_KIND_WORDS = {"svg": "an SVG", "html": "HTML", "image": "an image", "text": "text", "cad": "a CAD script"}
+
+
+def _kind_words(kind: str) -> str:
+    return _KIND_WORDS.get(kind, f"a {kind}" if kind else "nothing")
+
+
 def _note_empty_scores(chunk: list[Item], metrics: Sequence[str]) -> None:
-    """Gives every row whose asked-for metrics are partly empty without a failure the reason: they do not apply."""
-    needs = {name: "an image target" for name in IMAGE_METRICS}
-    needs.update(ocr="a text target", box_iou="a box target", text_f1="a text prediction and target")
-    needs["code_length"] = "a source prediction and a reference length"
+    """Gives every row whose asked-for metrics are partly empty without a failure the reason, naming the side that
+    does not fit each metric (the prediction, the target, or both) or the missing reference length."""
+    wants = {_IMAGE_SIDE: "an image or a source to render (svg, chart, cad, html)", ("text",): "text"}
+    wants[_APPLIES["code_length"][0]] = "a source or text"
     for item in chunk:
         empty = [name for name in metrics if math.isnan(item.scores.get(name, math.nan))]
-        if empty and not item.pred_error and not item.target_error:
-            what = "; ".join(f"{name} needs {needs[name]}" for name in empty)
-            item.note = f"empty: {what} (here a {item.pred_kind} prediction and a {item.target_kind} target)"
+        if not empty or item.pred_error or item.target_error:
+            continue
+        reasons = []
+        for name in empty:
+            pred_kinds, target_kind = _APPLIES[name]
+            wrong = []
+            if item.pred_kind not in pred_kinds:
+                wrong.append(f"the prediction must be {wants[pred_kinds]} (not {_kind_words(item.pred_kind)})")
+                if item.pred_kind == "text":
+                    wrong[-1] += ": inline text is read as code when it holds SVG, HTML or fenced code, or by --render"
+            if target_kind is not None and item.target_kind != target_kind:
+                wrong.append(f"the target must be {_kind_words(target_kind)} (not {_kind_words(item.target_kind)})")
+            if target_kind is None and not wrong:
+                wrong.append("it needs a reference length (reference_length on the line, or --reference-length)")
+            if not wrong:
+                wrong.append(f"not scored for {_kind_words(item.pred_kind)} against {_kind_words(item.target_kind)}")
+            reasons.append(f"{name}: " + " and ".join(wrong))
+        item.note = "empty: " + "; ".join(reasons)
 
 
 # =========================================================================================================== OUTPUT
@@ -319,8 +352,10 @@ def write_rows(items: Sequence[Item], metrics: Sequence[str], out: Path) -> None
 
 def summary(items: Sequence[Item], metrics: Sequence[str], *, top: int = 5) -> str:
     """What was refused and why first, then a table of mean/std/min/max per metric over the rows where it applies."""
+    unpaired = [item for item in items if item.unpaired]
+    items = [item for item in items if not item.unpaired]
     failed = [item for item in items if item.pred_error or item.target_error]
-    renders = [item for item in items if item.pred_kind in CODE_KINDS]
+    renders = [item for item in items if item.pred_kind in CODE_KINDS and item.pred_value is not None]  # attempted
     failed_renders = [item for item in renders if item.pred_error.startswith("render failed")]
     refused = [item for item in failed_renders if "refused" in item.pred_error]
     target_renders = [item for item in items if item.target_render]
@@ -330,6 +365,12 @@ def summary(items: Sequence[Item], metrics: Sequence[str], *, top: int = 5) -> s
         f"sandbox's checks)" + (f"; {len(failed_targets)} of {len(target_renders)} target renders failed" if target_renders else "")
         + f"; {len(failed)} pairs with a problem"
     ]  # fmt: skip
+    if unpaired:
+        names = ", ".join(f"{i.prediction or i.target}" for i in unpaired[:top])
+        lines.append(
+            f"{len(unpaired)} files without a partner of the same stem in the other folder, not scored: {names}"
+            + (", ..." if len(unpaired) > top else "")
+        )
     if failed:
         reasons = Counter(_reason_key("; ".join(r for r in (i.pred_error, i.target_error) if r)) for i in failed)
         lines.append("top reasons:")

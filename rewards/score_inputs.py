@@ -17,7 +17,11 @@ from typing import Any
 import torch
 from PIL import Image
 
+from rewards.image_files import viewed_rgb
+from rewards.parse import answer_code, answer_region, extract_code
+
 CODE_KINDS = ("svg", "chart", "cad", "html")  # sources rendered in the sandbox (rewards.render kinds)
+CODE_LANGUAGES = {"svg": "svg", "chart": "python", "cad": "python", "html": "html"}  # each kind's fence language
 _SOURCE_SUFFIXES = {".svg": "svg", ".py": "chart", ".html": "html", ".htm": "html"}  # .py: chart, or cad (build123d)
 _FILE_KINDS = {**_SOURCE_SUFFIXES, ".txt": "text"}  # a prediction file's kind by suffix (images aside)
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
@@ -44,6 +48,7 @@ class Item:
         scores: metric -> score (NaN where the metric does not apply).
         render_seconds: the sandbox's time for this prediction, if it was rendered.
         note: why some asked-for metrics are empty though nothing failed (they do not apply to these kinds).
+        unpaired: folder mode: a stem with a file on one side only (not a pair; the summary counts it apart).
     """
 
     id: str
@@ -60,6 +65,7 @@ class Item:
     scores: dict[str, float] = field(default_factory=dict)
     render_seconds: float | None = None
     note: str = ""
+    unpaired: bool = False
 
     @property
     def reason(self) -> str:
@@ -155,6 +161,7 @@ def _read_folder(root: Path) -> list[Item]:
             side = "pred" if len(pred_files) != 1 else "target"
             count = len(pred_files) if side == "pred" else len(target_files)
             problem = f"{count} files named {stem}.* in {side}/ (need exactly one)"
+            item.unpaired = count == 0
             if side == "pred":
                 item.pred_error = problem
             else:
@@ -204,18 +211,53 @@ def _read_prediction(item: Item, value: Any, base: Path, render: str) -> None:
                 return
             if kind == "chart" and (render == "cad" or (render == "auto" and "build123d" in text)):
                 kind = "cad"  # a build123d script, not matplotlib code
-            item.pred_kind, item.pred_value = kind, text
+            if kind in CODE_KINDS:
+                _take_code(item, kind, text, f"prediction file {path.name}")
+            else:
+                item.pred_kind, item.pred_value = kind, text
             return
     item.prediction = _shorten(value)
     if render in CODE_KINDS:
-        item.pred_kind = render
-    elif render == "auto" and value.lstrip()[:5].lower().startswith(("<svg", "<?xml")):
-        item.pred_kind = "svg"
-    elif render == "auto" and value.lstrip()[:14].lower().startswith(("<!doctype html", "<html")):
-        item.pred_kind = "html"
+        _take_code(item, render, value, "prediction")
+        return
+    kind = code_kind(value) if render == "auto" else None
+    if kind is not None:
+        _take_code(item, kind, value, "prediction")
     else:
-        item.pred_kind = "text"
-    item.pred_value = value
+        item.pred_kind, item.pred_value = "text", value
+
+
+def _take_code(item: Item, kind: str, text: str, what: str) -> None:
+    """The code of a source prediction as a model writes it (a fenced block, a leading sentence, `<answer>` tags), read
+    as the render envs read their answers (`rewards.parse.answer_code`); its absence is the prediction's fault."""
+    item.pred_kind = kind
+    item.pred_value = answer_code(text, CODE_LANGUAGES[kind])
+    if item.pred_value is None:
+        item.pred_error = (
+            f"{what} holds no <svg>...</svg> element (fenced or bare)" if kind == "svg" else f"{what} holds no code"
+        )
+
+
+def code_kind(text: str) -> str | None:
+    """The render kind of an inline prediction read with `--render auto`, or None for text.
+
+    A model's completion counts by its code: a block fenced as `html`, then as `python` (`cad` if it imports
+    build123d, else `chart`), then a page that begins anywhere with `<!doctype html` or `<html`, then SVG (fenced as
+    `svg`, a bare `<svg>...</svg>` after any leading sentence, or text that starts like SVG). Think blocks are skipped
+    and `<answer>` tags read.
+    """
+    region = answer_region(text)
+    if extract_code(region, "html") is not None:
+        return "html"
+    python = extract_code(region, "python")
+    if python is not None:
+        return "cad" if "build123d" in python else "chart"
+    lowered = region.lower()
+    if "<!doctype html" in lowered or "<html" in lowered:
+        return "html"
+    if extract_code(region, "svg") is not None or region.lstrip()[:5].lower().startswith(("<svg", "<?xml")):
+        return "svg"  # the second: SVG cut off before its end, named as such
+    return None
 
 
 def _read_target(item: Item, value: Any, base: Path) -> None:
@@ -339,12 +381,10 @@ def _shorten(text: str, limit: int = 80) -> str:
 
 
 def load_image(path: Path, size: tuple[int, int]) -> torch.Tensor:
-    """An image file as `[H, W, 3]` uint8 at `size = (W, H)` (bicubic; transparency composited on white)."""
+    """An image file as `[H, W, 3]` uint8 at `size = (W, H)`, as a viewer shows it (`rewards.image_files.viewed_rgb`:
+    EXIF orientation applied, transparency composited on white, 16-bit scaled), then resized (bicubic)."""
     with Image.open(path) as image:
-        image.load()
-        rgba = image.convert("RGBA")
-    canvas = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-    rgb = Image.alpha_composite(canvas, rgba).convert("RGB")
+        rgb = viewed_rgb(image)
     if rgb.size != size:
         rgb = rgb.resize(size, Image.Resampling.BICUBIC)
     return torch.frombuffer(bytearray(rgb.tobytes()), dtype=torch.uint8).view(size[1], size[0], 3)

@@ -33,7 +33,8 @@
   every process), so the thread runs no collective, and a checkpoint gathers every process's queued steps to rank 0
   (`checkpointed`), each process taking its own back on resume.
 
-A curriculum step rebuilds the env at the new level (`rebuild`).
+A curriculum step rebuilds the env at the new level (`rebuild`). A run whose every group is flat for `FLAT_STEPS`
+steps in a row (zero advantage: the reward teaches nothing) says so once (`FlatGroupWatch`).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ import torch
 from sim.seeds import sampling_seed, train_seeds
 from sim.workers import make_vec_env
 
+from .. import algos
 from ..algos.data import difficulty_filter_keep, dynamic_sampling_keep
 from ..methods.curriculum import Curriculum
 from ..policy import Policy
@@ -95,6 +97,47 @@ def keep_groups(episodes: Episodes, ac: AlgoConfig) -> torch.Tensor:
         high = ac.difficulty_high if ac.difficulty_high is not None else float("inf")
         keep &= difficulty_filter_keep(accuracy, ac.group_size, low, high)
     return keep
+
+
+FLAT_STEPS = 20
+"""Consecutive steps whose every group is flat before the run says so (once): a run that learns nothing says why."""
+
+
+class FlatGroupWatch:
+    """Says once when every group of `FLAT_STEPS` consecutive steps was flat (its G returns equal: zero advantage
+    under every group baseline, so the policy gets no gradient from the reward, only from the KL and entropy terms).
+
+    The commonest cause is a `model.path=tiny:<family>` model: random weights for plumbing, which score about 0 on
+    every sample. It reads the groups as sampled, before any filter (`data/flat_groups` logs the same fraction each
+    step); under torchrun each process watches its own groups and rank 0 prints. Estimators that do not compare
+    within a group (a critic's, or step credit) are not watched.
+    """
+
+    def __init__(self, cfg: TrainConfig):
+        ac = cfg.algo
+        self.group_size, self.gamma, self.model_path = ac.group_size, ac.gamma, cfg.model.path
+        self.watching = ac.group_size > 1 and ac.credit != "step" and ac.advantage not in algos.CRITIC_ADVANTAGES
+        self.flat_steps = 0  # consecutive steps whose every group was flat, up to now
+
+    def update(self, episodes: Episodes) -> str | None:
+        """The warning, the first time a step ends `FLAT_STEPS` flat ones in a row; None otherwise."""
+        if not self.watching:
+            return None
+        flat = not dynamic_sampling_keep(episodes.returns(self.gamma), self.group_size).any()
+        self.flat_steps = self.flat_steps + 1 if flat else 0
+        if self.flat_steps != FLAT_STEPS:
+            return None
+        self.watching = False
+        why = (
+            f"model.path={self.model_path} is random weights for plumbing: it scores about 0 and learns nothing; "
+            "train a real checkpoint (model.path=<folder>)"
+            if str(self.model_path).startswith("tiny:")
+            else "the task is too hard or too easy for the model, or its samples too alike (sampling.temperature)"
+        )
+        return (
+            f"warning: every group of the last {FLAT_STEPS} steps had equal rewards (data/flat_groups = 1), so every "
+            f"advantage was 0 and the reward teaches nothing; {why}"
+        )
 
 
 @dataclass
@@ -225,6 +268,7 @@ class Collector:
         self._jobs: queue.Queue[Queued | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._restored: list[dict] = []  # a checkpoint's unplayed steps, queued at the first `collect`
+        self.flat_watch = FlatGroupWatch(cfg)
 
     # ------------------------------------------------------------------ asynchronous collection
     def queue_ahead(self, policy: Policy, step: int) -> None:
@@ -356,7 +400,7 @@ class Collector:
         `trainer.max_staleness` = k >= 1, by the collector thread on the schedule of the module docstring
         (`Collected.stale` = the updates since its weights, at most k)."""
         if not self.max_staleness:
-            return self._collect(policy, model, step)
+            return self._watched(self._collect(policy, model, step))
         if self._copy is None:
             self._copy = policy_copy(policy)
         for entry in self._restored:
@@ -375,7 +419,14 @@ class Collector:
             del self._queued[step]
         if isinstance(job.result, BaseException):
             raise job.result
-        return dataclasses.replace(job.result, stale=step - job.version)
+        return self._watched(dataclasses.replace(job.result, stale=step - job.version))
+
+    def _watched(self, collected: Collected) -> Collected:
+        """`collected`, after the flat-group watch has seen it (and rank 0 printed its warning, the one time)."""
+        warning = self.flat_watch.update(collected.sampled)
+        if warning is not None and self.world.is_main:
+            print(warning, file=sys.stderr)
+        return collected
 
     def _collect(self, policy: Policy, model: torch.nn.Module, step: int) -> Collected:
         tc, ac, group_size = self.cfg.trainer, self.cfg.algo, self.cfg.algo.group_size

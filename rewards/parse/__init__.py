@@ -12,7 +12,14 @@ Modules: `answer` (think blocks, answer tags, code blocks), `geometry` (boxes, b
 `scalars` (numbers, letter choices). Import the names from here.
 """
 
-from rewards.parse.answer import MAX_BOX_CHARS, answer_region, extract_answer, extract_code, strip_think
+from rewards.parse.answer import (
+    MAX_BOX_CHARS,
+    answer_code,
+    answer_region,
+    extract_answer,
+    extract_code,
+    strip_think,
+)
 from rewards.parse.geometry import (
     MAX_BOX_LIST_CHARS,
     BoxListParse,
@@ -39,6 +46,7 @@ __all__ = [
     "NumberParse",
     "PointParse",
     "Size",
+    "answer_code",
     "answer_region",
     "extract_answer",
     "extract_code",

@@ -2,7 +2,7 @@
 
 Every parser in `rewards.parse` reads the same answer region: `strip_think`, then the content of the last
 `<answer>` tag if there is one, else the whole remaining text (`answer_region`). `extract_code` looks for code
-blocks after `strip_think`. Tags are found with literal regexes and blocks by a linear scan, so the cost is linear in the input.
+blocks after `strip_think`; `answer_code` is the code of a completion as the render envs and `mmrl score` read it. Tags are found with literal regexes and blocks by a linear scan, so the cost is linear in the input.
 """
 
 from __future__ import annotations
@@ -141,6 +141,27 @@ def extract_code(text: str, lang: str | None = None) -> str | None:
         if 0 <= start < end:
             return body[start : end + len("</svg>")]
     return None
+
+
+def answer_code(text: str, lang: str) -> str | None:
+    """The code a completion answers with, read as the render envs read it (`sim.render`).
+
+    The answer region (`answer_region`: think blocks removed, the last `<answer>` tag's content if any), then its last
+    block fenced in `lang` (`extract_code`). Failing a fence, SVG is the bare `<svg>...</svg>` (so a leading sentence
+    does not count); other languages take the whole region as bare code.
+
+    Args:
+        text: one completion.
+        lang: the language of the code: "svg", "python", "html", ...
+
+    Returns:
+        The code, or None if there is none (an empty block or answer; for SVG, no `<svg>` element).
+    """
+    region = answer_region(text)
+    code = extract_code(region, lang)
+    if code is None and lang.strip().lower() != "svg":
+        code = region.strip()
+    return code or None
 
 
 def _fenced_blocks(body: str) -> list[tuple[str, str]]:

@@ -18,7 +18,7 @@ import rewards.image  # noqa: F401  (registers the image metrics in REWARDS)
 from rewards.catalog import REWARDS
 from rewards.image import code_length_reward
 from rewards.ocr import words
-from rewards.parse import answer_region, extract_code
+from rewards.parse import answer_code
 from rewards.render import render_batch
 from sim.base import SingleStepImageEnv, StepResult, check_expert_noise, check_text_actions
 from sim.render.targets import (
@@ -61,7 +61,7 @@ class RenderEnv(SingleStepImageEnv):
 
     has_boxes = False
     kind: ClassVar[str]  # render kind of rewards.render
-    language: ClassVar[str]  # extract_code language
+    language: ClassVar[str]  # the language of `answer_code`: "svg", "python", "html"
     max_complexity: ClassVar[int]
     task: ClassVar[str]  # first-turn instruction
     make_target: ClassVar[Callable[[int, int], Target]]
@@ -275,12 +275,9 @@ class RenderEnv(SingleStepImageEnv):
         return self.task
 
     def extract(self, text: str) -> str | None:
-        """The code of an answer: a fenced block in the env's language, else the `<answer>` content or bare text."""
-        region = answer_region(text)
-        code = extract_code(region, self.language)
-        if code is None:
-            code = region.strip()
-        return code or None
+        """The code of an answer (`rewards.parse.answer_code`): a fenced block in the env's language, else the bare
+        code (for SVG the bare `<svg>` element), inside `<answer>` tags or not."""
+        return answer_code(text, self.language)
 
     def wrap(self, code: str) -> str:
         """The source sent to the renderer for a piece of code (the chart env adds its layout preamble)."""

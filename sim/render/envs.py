@@ -8,7 +8,7 @@ against the target.
 
 **Task.** The first observation is the target image `[H, W, 3]` and an instruction such as `"Write SVG code that
 draws this image."`. Answers may be bare code, fenced (```` ```svg ````, ```` ```python ````), and/or inside
-`<answer>` tags; `<think>` blocks are ignored (`rewards.parse.extract_code`). SVG answers must hold an
+`<answer>` tags; `<think>` blocks are ignored (`rewards.parse.answer_code`). SVG answers must hold an
 `<svg ...>...</svg>` element; chart answers are Python that draws with `matplotlib.pyplot` and leaves the figure open;
 CAD answers are build123d scripts whose part is `result` (see `rewards.render.cad` for which object is drawn).
 
@@ -75,7 +75,6 @@ from typing import Any
 import torch
 
 from rewards.ocr import ocr_text, text_f1
-from rewards.parse import answer_region, extract_code
 from rewards.render.cad import VIEWS
 from rewards.render.html import unavailable as html_unavailable
 from sim.registry import ENVS
@@ -150,10 +149,6 @@ class SvgEnv(RenderEnv):
     missing_reason = "no <svg>...</svg> element in the answer"
     image_size = 64
     render_timeout = 5.0
-
-    def extract(self, text: str) -> str | None:
-        """The `<svg>...</svg>` of an answer: fenced, inside `<answer>` tags, or bare."""
-        return extract_code(answer_region(text), "svg")
 
 
 # ========================================================================================================== CHART

@@ -3,8 +3,10 @@
 The format is described in `sim.tasks.dataset`'s docstring. Every bad record raises `sim.errors.InputError` (a
 `ValueError`) naming the line (or row) and the field. Image files are checked when the data loads, from their headers
 (and, for PNG, their chunks' checksums; nothing is decoded): they must exist, be images, hold at most
-`MAX_IMAGE_PIXELS` pixels, and every box and point must lie inside them. Images are decoded only when a world shows
-them (`open_image`); images embedded in a saved `datasets` folder are checked then.
+`MAX_IMAGE_PIXELS` pixels, and every box and point must lie inside them as a viewer shows the image (EXIF orientation
+applied). Images are decoded only when a world shows them (`open_image`, converted by `rewards.image_files.viewed_rgb`);
+images embedded in a saved `datasets` folder are checked then. A JSON line is at most `MAX_LINE_BYTES` long and a
+question or answer at most `MAX_TEXT_CHARS` characters.
 """
 
 from __future__ import annotations
@@ -16,21 +18,28 @@ import math
 import os
 import re
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from struct import error as struct_error
-from typing import Any
+from typing import Any, BinaryIO
 
 from PIL import Image
 
 from rewards import REWARDS, parse_choice, parse_number
+from rewards.image_files import viewed_rgb, viewed_size
 from sim.errors import InputError
 
 # The most pixels an image may hold: PIL's default decompression-bomb bound (`Image.MAX_IMAGE_PIXELS`, 1 GiB / 4 / 3),
 # stated here so that a program that changes PIL's global does not change what a dataset accepts. A larger image is
 # refused from its header, before decoding (a 20000x20000 PNG decodes to 1.2 GB of RGB).
 MAX_IMAGE_PIXELS = 89_478_485
+# The longest JSON line a dataset may hold, in bytes (room for an image embedded as base64), and the longest question or
+# answer, in characters (about 25k tokens: longer is no prompt a VLM is trained on here). Without them one line of a
+# careless file (a document pasted into a question) costs gigabytes through its copies: decoded, parsed, tokenised. A
+# line over the bound is refused without being read whole.
+MAX_LINE_BYTES = 16 << 20
+MAX_TEXT_CHARS = 100_000
 # How far outside its image a box or point may reach, in pixels: rounding in an annotation tool, not a wrong box.
 BORDER_SLACK = 0.5
 
@@ -86,16 +95,34 @@ def _read_jsonl(path: Path, reward: str | None, skipped: list[str] | None) -> li
     records = []
     sizes: dict[Path, tuple[int, int]] = {}  # each image file's header read once, however many records show it
     with open(path, "rb") as file:
-        for number, raw_line in enumerate(file, start=1):
-            if not raw_line.strip():
+        for number, raw_line in _bounded_lines(file):
+            if raw_line is not None and not raw_line.strip():
                 continue
             try:
+                if raw_line is None:
+                    raise InputError(
+                        f"{path.name} line {number}: longer than MAX_LINE_BYTES = {MAX_LINE_BYTES} bytes; refused "
+                        "without reading it whole"
+                    )
                 records.append(_jsonl_record(path, number, raw_line, reward, sizes))
             except InputError as error:
                 if skipped is None:
                     raise
                 skipped.append(str(error))
     return records
+
+
+def _bounded_lines(file: BinaryIO) -> Iterator[tuple[int, bytes | None]]:
+    """`(line number, line)` of a binary file, None for a line over `MAX_LINE_BYTES` (skipped in pieces, never held)."""
+    number = 0
+    while line := file.readline(MAX_LINE_BYTES + 2):  # the bound, a newline, and one byte more to see it overrun
+        number += 1
+        if len(line.rstrip(b"\r\n")) <= MAX_LINE_BYTES:
+            yield number, line
+            continue
+        while line and not line.endswith(b"\n"):
+            line = file.readline(1 << 20)
+        yield number, None
 
 
 def _jsonl_record(
@@ -125,8 +152,10 @@ def _jsonl_record(
 
 
 def image_file_size(path: Path, where: str) -> tuple[int, int]:
-    """(W, H) of an image file from its header, after checking that it is an image of at most `MAX_IMAGE_PIXELS`
-    pixels and, for PNG, that its chunks are all there and their checksums hold (`Image.verify`; nothing decoded).
+    """(W, H) of an image file as a viewer shows it, from its header, after checking that it is an image of at most
+    `MAX_IMAGE_PIXELS` pixels and, for PNG, that its chunks are all there and their checksums hold (`Image.verify`;
+    nothing decoded). The EXIF orientation is applied (`rewards.image_files.viewed_size`): boxes drawn on the upright
+    photo are checked against the upright size.
 
     Raises:
         InputError: naming `where`, the field 'image', the file and what is wrong with it.
@@ -138,6 +167,7 @@ def image_file_size(path: Path, where: str) -> tuple[int, int]:
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with Image.open(path) as image:
                 width, height = image.size
+                viewed = viewed_size(image)  # before `verify`, which leaves the file unreadable
                 if width * height > MAX_IMAGE_PIXELS:
                     raise InputError(
                         f"{prefix} is {width}x{height} pixels ({width * height}), above the limit of "
@@ -158,7 +188,7 @@ def image_file_size(path: Path, where: str) -> tuple[int, int]:
     except (OSError, SyntaxError, ValueError, struct_error) as error:  # PIL's plugins raise all of these
         detail = str(error) or type(error).__name__
         raise InputError(f"{prefix} is truncated or broken ({detail})") from None
-    return width, height
+    return viewed
 
 
 def check_inside(record: Record, width: int, height: int) -> None:
@@ -261,6 +291,13 @@ def _file_record(
 def _record(where: str, raw: Mapping[str, Any], image: Any, reward: str | None) -> Record:
     """One validated `Record` from a raw mapping (a JSON object or a dataset row)."""
     question = raw.get("question", raw.get("instruction"))
+    for field, value in (("question", question), ("answer", raw.get("answer"))):
+        texts = value if isinstance(value, list) else [value]
+        chars = sum(len(text) for text in texts if isinstance(text, str))
+        if chars > MAX_TEXT_CHARS:  # before any message shows the value
+            raise InputError(
+                f"{where}: field {field!r} holds {chars} characters, over MAX_TEXT_CHARS = {MAX_TEXT_CHARS}"
+            )
     if not isinstance(question, str) or not question.strip():
         raise InputError(f"{where}: field 'question' (or 'instruction') must be a non-empty string, got {question!r}")
     box = _box(where, "box", raw.get("box"))
@@ -346,15 +383,16 @@ def _answer(where: str, value: Any) -> str | tuple[str, ...] | None:
 
 
 def open_image(value: Any, rows: Any) -> Image.Image:
-    """A record's image as RGB: from a path, a `datasets` row index (its Image column), bytes or a PIL image."""
+    """A record's image as RGB as a viewer shows it (`rewards.image_files.viewed_rgb`: upright, transparency on white,
+    16-bit scaled): from a path, a `datasets` row index (its Image column), bytes or a PIL image."""
     if isinstance(value, int) and rows is not None:
         value = rows[value]["image"]
     if isinstance(value, dict):
         value = io.BytesIO(value["bytes"]) if value.get("bytes") is not None else value.get("path")
     if isinstance(value, Image.Image):
-        return value.convert("RGB")
+        return viewed_rgb(value)
     with Image.open(value) as image:
-        return image.convert("RGB")
+        return viewed_rgb(image)
 
 
 def image_size_of(record: Record, rows: Any) -> tuple[int, int]:
@@ -368,10 +406,10 @@ def image_size_of(record: Record, rows: Any) -> tuple[int, int]:
     if isinstance(value, dict):
         value = io.BytesIO(value["bytes"]) if value.get("bytes") is not None else value.get("path")
     if isinstance(value, Image.Image):
-        return value.size
+        return viewed_size(value)
     try:
         with Image.open(value) as image:
-            return image.size
+            return viewed_size(image)
     except Exception as error:  # as when the image is shown: name the record
         raise InputError(f"{record.where}: field 'image': cannot read the image: {error}") from error
 

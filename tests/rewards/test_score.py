@@ -57,11 +57,17 @@ def test_score_jsonl_rows(jsonl):
     assert by_id["same"].scores["pixel"] == pytest.approx(1.0) and by_id["same"].scores["ssim"] == pytest.approx(1.0)
     assert by_id["same"].pred_error == by_id["same"].target_error == "" and by_id["same"].render_seconds is not None
     # Its empty scores say why they are empty.
-    assert math.isnan(by_id["same"].scores["box_iou"]) and "box_iou needs a box target" in by_id["same"].reason
+    assert (
+        math.isnan(by_id["same"].scores["box_iou"])
+        and "box_iou: the prediction must be text (not an SVG) and the target must be a box (not an image)"
+        in by_id["same"].reason
+    )
     assert by_id["file"].scores["pixel"] == pytest.approx(1 - 0.5 * 2 / 3, abs=0.02)  # half the pixels, 2 channels
     assert by_id["image"].scores["pixel"] == pytest.approx(1 - 2 / 3, abs=1e-6)  # red vs blue: 2 channels of 3
     for name in ("broken", "hostile"):  # the prediction failed: 0.0 and the reason
-        assert by_id[name].scores["pixel"] == 0.0 and by_id[name].reason.startswith("render failed")
+        assert by_id[name].scores["pixel"] == 0.0
+    assert by_id["broken"].reason == "prediction holds no <svg>...</svg> element (fenced or bare)"
+    assert by_id["hostile"].reason.startswith("render failed")
     assert "external reference" in by_id["hostile"].reason
     assert math.isnan(by_id["no_target"].scores["pixel"]) and "not found" in by_id["no_target"].reason
     assert by_id["box"].scores["box_iou"] == pytest.approx(0.5) and math.isnan(by_id["box"].scores["pixel"])
@@ -76,7 +82,7 @@ def test_cli_writes_csv_and_jsonl_and_prints_a_summary(jsonl, tmp_path, capsys):
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "ssim" in printed and "mean" in printed and "top reasons" in printed
-    assert "2 of 5 renders failed" in printed
+    assert "1 of 4 renders failed" in printed  # the cut-off "<svg" is no render: no SVG element in it
     with open(out, newline="") as f:
         rows = list(csv.DictReader(f))
     assert [r["id"] for r in rows][:3] == ["same", "file", "image"]
@@ -124,9 +130,8 @@ def test_targets_given_as_sources_are_rendered_once_and_compared_as_images(tmp_p
     assert rows["b"]["ssim"] < 0.9  # half the canvas differs
     assert rows["c"]["ssim"] is None and rows["c"]["reason"].startswith("target render failed")
     assert "external reference" in rows["c"]["reason"]
-    assert (
-        rows["d"]["ssim"] is None and "ssim needs an image target" in rows["d"]["reason"]
-    )  # no empty score without why
+    assert rows["d"]["ssim"] is None  # no empty score without why:
+    assert rows["d"]["reason"] == "empty: ssim: the target must be an image (not text)"
     printed = capsys.readouterr().out
     assert printed.index("renders failed") < printed.index("mean")  # refusals come first in the summary
     assert "1 of 3 target renders failed" in printed
