@@ -79,11 +79,7 @@ def run_command(args: argparse.Namespace) -> int:
             if problem is not None:
                 print(f"mmrl export: checkpoint {args.source} is damaged: {problem}", file=sys.stderr)
                 return 2
-        try:
-            out = export(args.source, args.out, args.dtype)
-        except (FileNotFoundError, FileExistsError) as e:
-            print(f"mmrl export: {e}", file=sys.stderr)
-            return 2
+        out = export(args.source, args.out, args.dtype)  # a wrong source or out is an InputError naming it
         print(f"exported to {out}")
         return 0
 
@@ -104,7 +100,7 @@ def run_command(args: argparse.Namespace) -> int:
             summary = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
             print(f"{name:{width}s} {kind:10s} {image:9s} {steps:6s}  {summary}")
         return 0
-    from .runtime.config import load_config
+    from .runtime.config import check_env_name, load_config
     from .runtime.folders import check_model_folders
 
     try:
@@ -115,6 +111,7 @@ def run_command(args: argparse.Namespace) -> int:
     from .policy import check_run, tiny_names
 
     check_model_folders(cfg, args.command, tiny_names())  # the tiny models the registered policy kinds build
+    check_env_name(cfg)
     if args.command == "train":
         from .runtime.distributed import close_world
         from .trainer import train

@@ -359,3 +359,14 @@ class TrainConfig:
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
     """A `TrainConfig` from a YAML preset plus `section.field=value` overrides."""
     return load(TrainConfig, path, overrides)
+
+
+def check_env_name(cfg: TrainConfig) -> None:
+    """Refuse, before anything loads, an `env.name` no env is registered under (`EnvConfig` leaves an unregistered
+    name to this check: an env may be registered after the config is read).
+
+    Raises:
+        ConfigError: naming `env.name` and the registered envs.
+    """
+    require(cfg.env.name in ENVS, "env.name", f"no env {cfg.env.name!r}; registered: {', '.join(ENVS.names())}",
+            sep=": ")  # fmt: skip

@@ -12,7 +12,7 @@ from sim.seeds import eval_seeds
 
 from ..policy import Policy
 from ..runtime import distributed
-from ..runtime.config import TrainConfig
+from ..runtime.config import TrainConfig, require
 from ..runtime.distributed import World, eval_shard
 from ..types import Episodes, Sampling
 from .rollout import collect_episodes
@@ -183,6 +183,9 @@ def held_out(policy: Policy, cfg: TrainConfig, world: World | None = None) -> Ev
             max_new_tokens=cfg.sampling.max_new_tokens,
             world=world,
         )
+        metric = cfg.env.eval_metric
+        require(metric in result.metrics or "@task=" in metric, "env.eval_metric", f"{metric!r} is not a metric env "
+                f"{cfg.env.name!r} reports; it reports {', '.join(result.metrics)}", sep=": ")  # fmt: skip
         cur = cfg.curriculum
         if not (cur.eval_levels and cur.option is not None):
             return result
@@ -285,8 +288,8 @@ def evaluate_k(policy: Policy, cfg: TrainConfig) -> SampledResult:
             parts = {"reward": eps.returns(), **eps.components, "episode_steps": eps.env_steps}
             if eps.success is not None:
                 parts["success"] = eps.success
-            if metric not in parts:
-                raise KeyError(f"env.eval_metric {metric!r} is not one of this env's metrics: {sorted(parts)}")
+            require(metric in parts, "env.eval_metric", f"{metric!r} is not a metric env {cfg.env.name!r} reports; "
+                    f"it reports {', '.join(parts)}", sep=": ")  # fmt: skip
             values.append(parts[metric].float().view(len(chunk), ec.k))
             correct.append(None if eps.success is None else eps.success.view(len(chunk), ec.k))
             turn0 = (eps.turn == 0).nonzero().squeeze(-1).tolist()  # each world's first generation, in world order
