@@ -40,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser(argv).parse_args(argv)
     try:
         return run_command(args)
+    except KeyboardInterrupt:  # Ctrl-C in a command other than train (which says where its run stands)
+        print("mmrl: stopped (Ctrl-C)", file=sys.stderr)
+        return 130
     except Exception as error:
         kind = user_error(error)
         if kind is None or os.environ.get("MMRL_TRACEBACK"):  # a bug, or asked for: the traceback
@@ -118,6 +121,9 @@ def run_command(args: argparse.Namespace) -> int:
 
         try:
             train(cfg)  # under torchrun, one of K processes (see mmrl.runtime.distributed)
+        except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM: where the run stands, how to continue it
+            print(f"mmrl: {stopped(args, cfg.output_dir, stop)}", file=sys.stderr)
+            return 143 if stop.args and stop.args[0] == "SIGTERM" else 130
         finally:
             close_world()
     else:
@@ -160,6 +166,24 @@ def run_command(args: argparse.Namespace) -> int:
             path = write_sampled_report(cfg, result.metrics, sampled, Path(cfg.output_dir) / "eval")
             print(f"report: {path}")
     return 0
+
+
+def stopped(args: argparse.Namespace, output_dir: str, stop: KeyboardInterrupt) -> str:
+    """The one line a stopped `mmrl train` ends with: the last checkpoint and the command that continues from it."""
+    import shlex
+
+    from .runtime.checkpoint import latest_checkpoint
+
+    how = stop.args[0] if stop.args else "Ctrl-C"
+    try:
+        last = latest_checkpoint(output_dir)
+    except ValueError:  # checkpoints, none complete
+        last = None
+    if last is None:
+        return f"stopped ({how}) before a checkpoint was written in {output_dir}: nothing to resume"
+    kept = [o for o in args.overrides if o.split("=", 1)[0] not in ("resume", "overwrite")]
+    again = shlex.join(["mmrl", "train", args.config, *kept, "resume=true"])
+    return f"stopped ({how}); the last checkpoint is {last}; continue with: {again}"
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
