@@ -126,6 +126,8 @@ def run_command(args: argparse.Namespace) -> int:
             return 143 if stop.args and stop.args[0] == "SIGTERM" else 130
         finally:
             close_world()
+        if os.environ.get("RANK", "0") == "0":  # under torchrun, once
+            print(where_it_went(cfg))
     else:
         from .policy import load_policy
         from .report import metric_label, write_eval_report, write_sampled_report
@@ -147,13 +149,16 @@ def run_command(args: argparse.Namespace) -> int:
         # The training run's model options too (pixel range, history), so the checkpoint sees what it trained on.
         policy = load_policy(cfg.model, checkpoint=cfg.checkpoint).apply_options(cfg.model)
         result = held_out(policy, cfg)
+        # Next to the checkpoint it scores, so that evaluating several checkpoints of a run overwrites nothing.
+        checkpoint = Path(cfg.checkpoint)
+        report_dir = checkpoint.parent / f"{checkpoint.name}.eval"
         label = metric_label(cfg)
         for key, value in sorted(result.metrics.items()):
             print(f"{key:16s} {value:.4f}")
         print(f"held-out {label}: {result.metrics[cfg.env.eval_metric]:.3f}")
         if result.protocol:
             print(f"protocol: {result.protocol}")
-        print(f"table and videos: {write_eval_report(cfg, result, Path(cfg.output_dir) / 'eval')}")
+        print(f"table and videos: {write_eval_report(cfg, result, report_dir)}")
         if cfg.eval.k > 0:  # k sampled answers per item: avg@k, pass@k, and a report
             sampled = evaluate_k(policy, cfg)
             for key, value in sampled.summary().items():
@@ -163,7 +168,7 @@ def run_command(args: argparse.Namespace) -> int:
                       + f" ({int(row['items'])} items)")  # fmt: skip
             if sampled.correct is None:
                 print(f"(no pass@k: the {cfg.env.name} env reports no success per episode)")
-            path = write_sampled_report(cfg, result.metrics, sampled, Path(cfg.output_dir) / "eval")
+            path = write_sampled_report(cfg, result.metrics, sampled, report_dir)
             print(f"report: {path}")
     return 0
 
@@ -184,6 +189,22 @@ def stopped(args: argparse.Namespace, output_dir: str, stop: KeyboardInterrupt) 
     kept = [o for o in args.overrides if o.split("=", 1)[0] not in ("resume", "overwrite")]
     again = shlex.join(["mmrl", "train", args.config, *kept, "resume=true"])
     return f"stopped ({how}); the last checkpoint is {last}; continue with: {again}"
+
+
+def where_it_went(cfg) -> str:
+    """What a finished `mmrl train` wrote, and where: the run folder, its last checkpoint, metrics, TensorBoard
+    events, report."""
+    from .runtime.checkpoint import latest_checkpoint
+
+    out = Path(cfg.output_dir)
+    lines = [f"run folder:      {out}", f"last checkpoint: {latest_checkpoint(out)}", f"metrics:         "
+             f"{out / 'metrics.jsonl'}"]  # fmt: skip
+    if (out / "tensorboard").is_dir():
+        lines.append(f"tensorboard:     {out / 'tensorboard'} (tensorboard --logdir {out / 'tensorboard'})")
+    if (out / "eval.json").is_file():
+        pictures = ", ".join(p.name for p in sorted(out.glob("*.png")))
+        lines.append(f"report:          {out / 'eval.json'}" + (f" ({pictures})" if pictures else ""))
+    return "\n".join(lines)
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 import sim
 from sim.seeds import eval_seeds
@@ -71,6 +72,9 @@ def evaluate(
     env = None
     protocol = None
     greedy = Sampling(max_new_tokens=max_new_tokens, temperature=0.0)
+    # A held-out evaluation of thousands of episodes runs a minute or more, several times a run: a bar (rank 0's),
+    # cleared when done, so that the training bar stays one line.
+    bar = tqdm(total=len(seeds), desc="eval", unit="ep", leave=False, dynamic_ncols=True, disable=world.rank != 0)
     for start in range(0, len(seeds), batch_size):
         chunk = seeds[start : start + batch_size]
         if env is None or env.num_envs != len(chunk):
@@ -99,6 +103,8 @@ def evaluate(
                 sums[f"episodes@task={name}"] = sums.get(f"episodes@task={name}", 0.0) + 1.0
         if first is None:
             first = eps
+        bar.update(len(chunk))
+    bar.close()
     if env is not None:
         env.close()
     samples = _samples(first, mine) if mine else None
@@ -277,6 +283,7 @@ def evaluate_k(policy: Policy, cfg: TrainConfig) -> SampledResult:
     metric = cfg.env.eval_metric
     values, correct, texts, instructions, images, tasks = [], [], [], [], [], []
     env = None
+    bar = tqdm(total=len(seeds), desc=f"eval k={ec.k}", unit="item", leave=False, dynamic_ncols=True)
     try:
         for start in range(0, len(seeds), per_batch):
             chunk = seeds[start : start + per_batch]
@@ -299,7 +306,9 @@ def evaluate_k(policy: Policy, cfg: TrainConfig) -> SampledResult:
             images.append(eps.start.first_view[:: ec.k])
             kinds = eps.info.get("task")  # the first step's, per world
             tasks += [str(t) for t in kinds[:: ec.k]] if isinstance(kinds, list) else [""] * len(chunk)
+            bar.update(len(chunk))
     finally:
+        bar.close()
         if env is not None:
             env.close()
     return SampledResult(

@@ -496,6 +496,7 @@ def test_ctrl_c_stops_after_the_step_checkpointed_and_says_how_to_resume(tmp_pat
     last = printed.strip().splitlines()[-1]
     assert last.startswith("mmrl: stopped (SIGINT); the last checkpoint is") and str(newest) in last, printed
     assert last.endswith("resume=true") and "Traceback" not in printed, printed
+    assert "grpo:" in printed and "Writing model shards" not in printed, printed  # a save leaves the bar whole
 
     resumed = mmrl_train(config, log, f"output_dir={stopped}", "resume=true")
     assert resumed.wait(timeout=300) == 0, log.read_text()
