@@ -31,7 +31,7 @@ from .policy import Policy, check_run, load_policy
 from .report import report_before
 from .runtime import distributed, precision
 from .runtime.checkpoint import earlier_run, load_training_state, resume_checkpoint, set_aside, set_rng_state
-from .runtime.config import TrainConfig, check_env_name, to_dict
+from .runtime.config import TrainConfig, check_at_load, to_dict
 from .runtime.conventions import model_coordinates
 from .runtime.folders import check_output_dir, make_output_dir
 from .runtime.metrics import MetricsLogger, TensorBoardSink, WandbSink, require_backends
@@ -150,7 +150,7 @@ def build(cfg: TrainConfig, policy: Policy | None, generation_shards: int | None
     else:
         type(policy).check_config(cfg, world.size)
     out = Path(cfg.output_dir)
-    check_env_name(cfg)
+    check_at_load(cfg)
     check_output_dir(out)
     # Before anything is written there: with no complete checkpoint left, resume refuses and the folder stays as is;
     # a new run never writes over an earlier one's history (`no_run_overwritten`).

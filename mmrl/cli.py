@@ -103,7 +103,7 @@ def run_command(args: argparse.Namespace) -> int:
             summary = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
             print(f"{name:{width}s} {kind:10s} {image:9s} {steps:6s}  {summary}")
         return 0
-    from .runtime.config import check_env_name, load_config
+    from .runtime.config import check_at_load, load_config
     from .runtime.folders import check_model_folders
 
     try:
@@ -114,7 +114,7 @@ def run_command(args: argparse.Namespace) -> int:
     from .policy import check_run, tiny_names
 
     check_model_folders(cfg, args.command, tiny_names())  # the tiny models the registered policy kinds build
-    check_env_name(cfg)
+    check_at_load(cfg)
     if args.command == "train":
         from .runtime.distributed import close_world
         from .trainer import train

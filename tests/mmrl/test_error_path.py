@@ -87,6 +87,10 @@ CASES = {
         ["train", GROUNDING, *TINY, "model.path=tiny:qwen2_vl", "env.name=groundin"],
         ["env.name", "groundin", "grounding"],
     ),
+    "device_unknown": (
+        ["train", GROUNDING, *TINY, "model.path=tiny:qwen2_vl", "model.device=cude"],
+        ["model.device", "'cude'"],
+    ),
     "eval_of_another_kind": (["eval", PI0, "checkpoint={good}"], ["checkpoint", "{good}", "VLM"]),
     "eval_metric_not_reported_in_eval": (
         ["eval", GROUNDING, *TINY, "model.path=tiny:qwen2_vl", "checkpoint={good}", "env.name=dataset"],
@@ -129,3 +133,15 @@ def test_an_output_dir_that_cannot_be_written_is_named(tmp_path, capsys):
     assert main(args) == 2
     err = one_line(capsys.readouterr().err)
     assert "output_dir" in err and str(locked) in err, err
+
+
+def test_cuda_on_a_machine_without_one_is_named(tmp_path, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU")
+    args = ["train", GROUNDING, *TINY, "model.path=tiny:qwen2_vl", "model.device=cuda", f"output_dir={tmp_path / 'r'}"]
+    assert main(args) == 2
+    err = one_line(capsys.readouterr().err)
+    assert "model.device" in err and "no CUDA GPU" in err, err
+    assert not (tmp_path / "r").exists()
