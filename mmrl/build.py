@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from sim.errors import InputError
+from sim.seeds import eval_seeds
 
 from .algos import CRITIC_ADVANTAGES
 from .families import FAMILIES
@@ -30,8 +31,9 @@ from .policy import Policy, check_run, load_policy
 from .report import report_before
 from .runtime import distributed, precision
 from .runtime.checkpoint import earlier_run, load_training_state, resume_checkpoint, set_aside, set_rng_state
-from .runtime.config import TrainConfig, to_dict
+from .runtime.config import TrainConfig, check_at_load, to_dict
 from .runtime.conventions import model_coordinates
+from .runtime.folders import check_output_dir, make_output_dir
 from .runtime.lr_schedule import lr_scheduler
 from .runtime.metrics import MetricsLogger, TensorBoardSink, WandbSink, require_backends
 from .runtime.precision import DTYPES
@@ -150,13 +152,12 @@ def build(cfg: TrainConfig, policy: Policy | None, generation_shards: int | None
     else:
         type(policy).check_config(cfg, world.size)
     out = Path(cfg.output_dir)
+    check_at_load(cfg)
+    check_output_dir(out)
     # Before anything is written there: with no complete checkpoint left, resume refuses and the folder stays as is;
     # a new run never writes over an earlier one's history (`no_run_overwritten`).
     resume_from = resume_checkpoint(out, warn=world.is_main) if cfg.resume else None
     no_run_overwritten(cfg, out, resume_from, world)
-    out.mkdir(parents=True, exist_ok=True)
-    if world.is_main:
-        (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
     if world.device.startswith("cuda"):  # "cuda" or "cuda:0" in the config: under torchrun, this process's GPU
         cfg = replace(cfg, model=replace(cfg.model, device=world.device))
     if tc.threads > 0:
@@ -177,6 +178,7 @@ def build(cfg: TrainConfig, policy: Policy | None, generation_shards: int | None
     live.callback(shaping.close)
     collector = Collector(cfg, world, curriculum, cfg.sampling, shaping, generation_shards)
     live.callback(collector.close)
+    check_eval_metric(cfg, collector.env)  # before the model loads: a metric the env does not report is named
     # The starting policy is needed to train from, or as the KL anchor (also after a resume); load it only then.
     env, cold_started = collector.env, False
     if resume_from is None or cfg.algo.kl_coef > 0:
@@ -188,8 +190,39 @@ def build(cfg: TrainConfig, policy: Policy | None, generation_shards: int | None
             )
         policy = policy.fit(load_cfg, env)
         live.callback(policy.close)  # its engine, if it starts one, shuts down however the run ends
+    # Written once everything the run needs has loaded and fitted, so that a refused run leaves no folder behind.
+    make_output_dir(out)
+    if world.is_main:
+        (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
     return Setup(cfg, load_cfg, world, out, resume_from, state, curriculum, shaping, collector,
                  policy if resume_from is None or cfg.algo.kl_coef > 0 else None, cold_started, live)  # fmt: skip
+
+
+def check_eval_metric(cfg: TrainConfig, env: Any) -> None:
+    """Refuse an `env.eval_metric` that a single-step env does not report, before the model loads, from one step of
+    empty answers (or zero actions) on the run's env, which every collection resets first. A multi-step env's
+    metrics may show only at its episodes' ends: `held_out` checks those at the first evaluation.
+
+    Raises:
+        ConfigError: naming `env.eval_metric`, the env and the metrics it reports.
+    """
+    metric = cfg.env.eval_metric
+    if metric in ("reward", "episode_steps") or "@task=" in metric or env.max_episode_steps != 1:
+        return
+    env.reset(seed=eval_seeds(1)[0])
+    if env.action_kind == "text":
+        actions: Any = [""] * env.num_envs
+    else:
+        actions = torch.zeros(env.num_envs, env.action_dim)
+    info = env.step(actions).info
+    reported = [
+        "reward",
+        "episode_steps",
+        *info.get("reward_components", {}),
+        *(["success"] if "success" in info else []),
+    ]
+    require(metric in reported, "env.eval_metric", f"{metric!r} is not a metric env {cfg.env.name!r} reports; it "
+            f"reports {', '.join(reported)}", sep=": ")  # fmt: skip
 
 
 def no_run_overwritten(cfg: TrainConfig, out: Path, resume_from: Path | None, world: distributed.World) -> None:

@@ -48,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return run_command(args)
+    except KeyboardInterrupt:  # Ctrl-C in a command other than train (which says where its run stands)
+        print("mmrl: stopped (Ctrl-C)", file=sys.stderr)
+        return 130
     except Exception as error:
         kind = user_error(error)
         if kind is None or os.environ.get("MMRL_TRACEBACK"):  # a bug, or asked for: the traceback
@@ -87,11 +90,7 @@ def run_command(args: argparse.Namespace) -> int:
             if problem is not None:
                 print(f"mmrl export: checkpoint {args.source} is damaged: {problem}", file=sys.stderr)
                 return 2
-        try:
-            out = export(args.source, args.out, args.dtype)
-        except (FileNotFoundError, FileExistsError) as e:
-            print(f"mmrl export: {e}", file=sys.stderr)
-            return 2
+        out = export(args.source, args.out, args.dtype)  # a wrong source or out is an InputError naming it
         print(f"exported to {out}")
         return 0
 
@@ -116,7 +115,7 @@ def run_command(args: argparse.Namespace) -> int:
             summary = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
             print(f"{name:{width}s} {kind:10s} {image:9s} {steps:6s}  {summary}")
         return 0
-    from .runtime.config import load_config
+    from .runtime.config import check_at_load, load_config
     from .runtime.folders import check_model_folders
 
     try:
@@ -127,14 +126,20 @@ def run_command(args: argparse.Namespace) -> int:
     from .policy import check_run, tiny_names
 
     check_model_folders(cfg, args.command, tiny_names())  # the tiny models the registered policy kinds build
+    check_at_load(cfg)
     if args.command == "train":
         from .runtime.distributed import close_world
         from .trainer import train
 
         try:
             train(cfg)  # under torchrun, one of K processes (see mmrl.runtime.distributed)
+        except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM: where the run stands, how to continue it
+            print(f"mmrl: {stopped(args, cfg.output_dir, stop)}", file=sys.stderr)
+            return 143 if stop.args and stop.args[0] == "SIGTERM" else 130
         finally:
             close_world()
+        if os.environ.get("RANK", "0") == "0":  # under torchrun, once
+            print(where_it_went(cfg))
     else:
         from .policy import load_policy
         from .report import metric_label, write_eval_report, write_sampled_report
@@ -156,6 +161,10 @@ def run_command(args: argparse.Namespace) -> int:
         # The training run's model options too (pixel range, history), so the checkpoint sees what it trained on.
         policy = load_policy(cfg.model, checkpoint=cfg.checkpoint).apply_options(cfg.model)
         result = held_out(policy, cfg, split=args.split)
+        # Next to the checkpoint it scores, so that evaluating several checkpoints of a run overwrites nothing.
+        checkpoint = Path(cfg.checkpoint)
+        suffix = ".eval" if args.split == "test" else f".eval-{args.split}"
+        report_dir = checkpoint.parent / f"{checkpoint.name}{suffix}"
         label = metric_label(cfg)
         for key, value in sorted(result.metrics.items()):
             print(f"{key:16s} {value:.4f}")
@@ -163,7 +172,7 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"{split} {label}: {result.metrics[cfg.env.eval_metric]:.3f}")
         if result.protocol:
             print(f"protocol: {result.protocol}")
-        print(f"table and videos: {write_eval_report(cfg, result, Path(cfg.output_dir) / 'eval')}")
+        print(f"table and videos: {write_eval_report(cfg, result, report_dir)}")
         if cfg.eval.k > 0:  # k sampled answers per item: avg@k, pass@k, and a report
             sampled = evaluate_k(policy, cfg, split=args.split)
             for key, value in sampled.summary().items():
@@ -173,9 +182,43 @@ def run_command(args: argparse.Namespace) -> int:
                       + f" ({int(row['items'])} items)")  # fmt: skip
             if sampled.correct is None:
                 print(f"(no pass@k: the {cfg.env.name} env reports no success per episode)")
-            path = write_sampled_report(cfg, result.metrics, sampled, Path(cfg.output_dir) / "eval")
+            path = write_sampled_report(cfg, result.metrics, sampled, report_dir)
             print(f"report: {path}")
     return 0
+
+
+def stopped(args: argparse.Namespace, output_dir: str, stop: KeyboardInterrupt) -> str:
+    """The one line a stopped `mmrl train` ends with: the last checkpoint and the command that continues from it."""
+    import shlex
+
+    from .runtime.checkpoint import latest_checkpoint
+
+    how = stop.args[0] if stop.args else "Ctrl-C"
+    try:
+        last = latest_checkpoint(output_dir)
+    except ValueError:  # checkpoints, none complete
+        last = None
+    if last is None:
+        return f"stopped ({how}) before a checkpoint was written in {output_dir}: nothing to resume"
+    kept = [o for o in args.overrides if o.split("=", 1)[0] not in ("resume", "overwrite")]
+    again = shlex.join(["mmrl", "train", args.config, *kept, "resume=true"])
+    return f"stopped ({how}); the last checkpoint is {last}; continue with: {again}"
+
+
+def where_it_went(cfg) -> str:
+    """What a finished `mmrl train` wrote, and where: the run folder, its last checkpoint, metrics, TensorBoard
+    events, report."""
+    from .runtime.checkpoint import latest_checkpoint
+
+    out = Path(cfg.output_dir)
+    lines = [f"run folder:      {out}", f"last checkpoint: {latest_checkpoint(out)}", f"metrics:         "
+             f"{out / 'metrics.jsonl'}"]  # fmt: skip
+    if (out / "tensorboard").is_dir():
+        lines.append(f"tensorboard:     {out / 'tensorboard'} (tensorboard --logdir {out / 'tensorboard'})")
+    if (out / "eval.json").is_file():
+        pictures = ", ".join(p.name for p in sorted(out.glob("*.png")))
+        lines.append(f"report:          {out / 'eval.json'}" + (f" ({pictures})" if pictures else ""))
+    return "\n".join(lines)
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:

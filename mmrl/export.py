@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from sim.errors import InputError
+
 from .policy import kind_of
 from .policy.lora import is_lora, merge_lora
 from .runtime.checkpoint import latest_checkpoint
@@ -41,7 +43,7 @@ def checkpoint_of(source: str | Path) -> Path:
         return source
     found = latest_checkpoint(source) if (source / "checkpoints").is_dir() else None
     if found is None:
-        raise FileNotFoundError(f"{source} is neither a checkpoint folder nor a run folder with checkpoints/")
+        raise InputError(f"{source} is neither a checkpoint folder nor a run folder with checkpoints/")
     return found
 
 
@@ -57,15 +59,20 @@ def export(source: str | Path, out: str | Path, dtype: str = "auto") -> Path:
     if dtype not in EXPORT_DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(EXPORT_DTYPES)}")
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{out} is a file; export writes a fresh folder: name one that does not exist")
     if out.exists() and any(out.iterdir()):
-        raise FileExistsError(f"{out} exists and is not empty; export writes a fresh folder")
+        raise InputError(f"{out} exists and is not empty; export writes a fresh folder")
     checkpoint = checkpoint_of(source)
     # Its own kind loads it (`kind_of`) and writes it back as a plain folder once any LoRA is merged.
     policy = kind_of(checkpoint).load(checkpoint, ModelConfig(path=str(checkpoint)), EXPORT_DTYPES[dtype])
     merged = is_lora(policy)
     if merged:
         merge_lora(policy)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:  # a file on the way, no permission, a read-only disk
+        raise InputError(f"cannot create {out}: {error.strerror or error}") from None
     policy.save_pretrained(out)
     _write_note(out, checkpoint, merged, policy.model.dtype)
     return out

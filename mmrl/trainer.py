@@ -30,6 +30,7 @@ from .report import report, step_metrics
 from .runtime.checkpoint import save_checkpoint
 from .runtime.config import TrainConfig
 from .runtime.metrics import read_metrics
+from .runtime.stopping import StopRequest
 from .stages.advantages import critic_metrics, row_advantages
 from .stages.cold_start import cold_start
 from .stages.collect import check_generation_shards
@@ -53,6 +54,10 @@ def train(
         generation_shards: S, the number of separately seeded generations the step's B prompts are split into
             (default: one per process, K). Samples then depend on S, never on K: one process with S = K draws
             exactly what a K-process torchrun run draws.
+
+    Raises:
+        KeyboardInterrupt: Ctrl-C or SIGTERM during the steps, raised once the step in progress is checkpointed
+            (`args`: the signal's name and the steps done); a second one raises at once.
     """
     check_generation_shards(cfg, generation_shards)  # before anything is loaded
     with ExitStack() as live:  # what holds processes (env, rollout workers): closed however the run ends
@@ -65,9 +70,15 @@ def train(
             range(run.start_step, last), initial=run.start_step, total=cfg.trainer.total_steps, desc="grpo",
             dynamic_ncols=True, disable=not run.world.is_main,
         )  # fmt: skip
-        for step in bar:
-            logged = train_step(run, step, last)
-            bar.set_postfix(reward=f"{logged['reward/total']:.3f}", loss=f"{logged.get('loss/policy', 0.0):+.3f}")
+        with StopRequest() as stop:  # Ctrl-C / SIGTERM: stop after the step in progress, checkpointed
+            for step in bar:
+                logged = train_step(run, step, last)
+                bar.set_postfix(reward=f"{logged['reward/total']:.3f}", loss=f"{logged.get('loss/policy', 0.0):+.3f}")
+                if stop.asked(run.world) and step + 1 < last:
+                    if not saves_at(run, step, last):
+                        save(run, step)
+                    bar.close()
+                    raise KeyboardInterrupt(stop.signal_name or "a signal in another process", step + 1)
         bar.close()
         if last < cfg.trainer.total_steps:  # stopped early, as if killed after the checkpoint of `last`
             run.world.barrier()  # rank 0 has written what the others read back
@@ -139,12 +150,23 @@ def train_step(run: Run, step: int, last: int) -> dict[str, float]:
         run.logger.log(step + 1, {f"val/{k}": v for k, v in validation.metrics.items()})
 
     # ---- checkpoint (every process gathers, rank 0 writes)
-    if (tc.save_every and (step + 1) % tc.save_every == 0) or step + 1 == last:
-        save_checkpoint(
-            run.out, step + 1, run.policy, run.optimizer, run.scheduler, run.state, tc.keep_checkpoints,
-            world=world, master=run.master, extra=checkpoint_extra(run),
-        )  # fmt: skip
+    if saves_at(run, step, last):
+        save(run, step)
     return logged
+
+
+def saves_at(run: Run, step: int, last: int) -> bool:
+    """Whether step `step` (0-based) ends with a checkpoint: every `trainer.save_every` steps, and the last one."""
+    every = run.cfg.trainer.save_every
+    return bool(every and (step + 1) % every == 0) or step + 1 == last
+
+
+def save(run: Run, step: int) -> None:
+    """The checkpoint of the end of step `step` (0-based)."""
+    save_checkpoint(
+        run.out, step + 1, run.policy, run.optimizer, run.scheduler, run.state, run.cfg.trainer.keep_checkpoints,
+        world=run.world, master=run.master, extra=checkpoint_extra(run),
+    )  # fmt: skip
 
 
 def checkpoint_extra(run: Run) -> dict:

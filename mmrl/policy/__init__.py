@@ -9,7 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..runtime.config import ModelConfig, TrainConfig
+from safetensors import SafetensorError
+
+from sim.errors import InputError
+
+from ..runtime.config import ConfigError, ModelConfig, TrainConfig
 from ..runtime.paths import TINY_PREFIX, local_path
 from ..runtime.precision import DTYPES
 from ..types import Completions, Rollout, Sampling, cat_rollouts
@@ -36,13 +40,28 @@ def load_policy(cfg: ModelConfig, checkpoint: str | Path | None = None, action_d
         policy = kind.tiny(path.removeprefix(TINY_PREFIX), cfg, action_dim)
         policy.model.to(device=cfg.device, dtype=DTYPES[cfg.dtype])
         return policy
-    return kind.load(local_path(path), cfg, DTYPES[cfg.dtype])
+    field = "checkpoint" if checkpoint is not None else "model.path"
+    try:
+        return kind.load(local_path(path), cfg, DTYPES[cfg.dtype])
+    except (InputError, ConfigError) as error:  # the folder's own checks: named with the field it came from
+        raise type(error)(f"{field}: {error}") from error
+    except (OSError, SafetensorError) as error:  # a file missing, unreadable or cut short, as transformers found it
+        raise InputError(f"{field}: cannot load the model in {path}: {' '.join(str(error).split())}") from error
 
 
 def check_run(cfg: TrainConfig, world_size: int = 1) -> type[Policy]:
     """The kind `cfg`'s model is (its checkpoint's, for `mmrl eval`), checked against what `cfg` asks of it before
     anything loads: a feature it lacks is one `ConfigError` naming every field (`Policy.check_config`)."""
     kind = kind_of(cfg.checkpoint or cfg.model.path)
+    if cfg.checkpoint is not None and not cfg.model.path.startswith(TINY_PREFIX):
+        try:
+            preset = kind_of(cfg.model.path)
+        except (OSError, ValueError):  # a hub id not cached here: its kind is unknown, the checkpoint's decides
+            preset = kind
+        if preset is not kind:
+            raise ConfigError(f"checkpoint: {cfg.checkpoint} holds a model for {kind.label}, the config's "
+                              f"model.path {cfg.model.path} one for {preset.label}: use a config made for "
+                              "the checkpoint's kind")  # fmt: skip
     kind.check_config(cfg, world_size)
     return kind
 

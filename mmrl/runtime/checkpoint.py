@@ -25,6 +25,7 @@ run's history when no complete checkpoint is left.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -34,6 +35,7 @@ import re
 import shutil
 import struct
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -103,7 +105,8 @@ def save_checkpoint(
     tmp = root / f".tmp_step_{step:08d}_{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    policy.save_pretrained(tmp)
+    with quiet_transformers():  # its "Writing model shards" bar would cut the training bar at every save
+        policy.save_pretrained(tmp)
     torch.save(
         {
             "optimizer": optimizer.state_dict(),
@@ -180,6 +183,20 @@ def resume_checkpoint(output_dir: str | Path, warn: bool = True) -> Path | None:
         raise InputError(f"resume=true: no checkpoint in {checkpoint_dir(out)}, but {out} holds a {history.name}; "
                          f"{advice}")  # fmt: skip
     return found
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' progress bars off inside the block (as they were after it)."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
 
 
 def earlier_run(output_dir: str | Path) -> str | None:

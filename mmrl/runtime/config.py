@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
+
 from rewards import REWARDS
 from rewards.combine import RewardSpec
 from sim.mix import ENV_REWARD
@@ -398,3 +400,24 @@ class TrainConfig:
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
     """A `TrainConfig` from a YAML preset plus `section.field=value` overrides."""
     return load(TrainConfig, path, overrides)
+
+
+def check_at_load(cfg: TrainConfig) -> None:
+    """Refuse, before anything loads, what the schema leaves to the machine a run starts on: an `env.name` no env is
+    registered under (`EnvConfig` leaves an unregistered name to this check: an env may be registered after the
+    config is read), and a `model.device` torch does not know or this machine lacks (a config names cuda wherever it
+    is read).
+
+    Raises:
+        ConfigError: naming `env.name` (and the registered envs) or `model.device`.
+    """
+    require(cfg.env.name in ENVS, "env.name", f"no env {cfg.env.name!r}; registered: {', '.join(ENVS.names())}",
+            sep=": ")  # fmt: skip
+    device = cfg.model.device
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        kind = None
+    require(kind is not None, "model.device", f"{device!r} is not a device (cpu, cuda, cuda:1, mps, ...)", sep=": ")
+    require(kind != "cuda" or torch.cuda.is_available(), "model.device", f"{device!r}, but torch sees no CUDA GPU "
+            "here: use model.device=cpu, or a CUDA build of torch on a machine with a GPU", sep=": ")  # fmt: skip

@@ -52,6 +52,7 @@ from typing import Any
 import torch
 
 from .metrics import to_float
+from .schema import ConfigError
 
 
 @dataclass(frozen=True)
@@ -240,13 +241,13 @@ def prompt_shards(batch: int, shards: int, world: World) -> range:
     """The prompt shards this process generates: the step's B prompts fall into `shards` shards of B/S contiguous
     prompts (whole GRPO groups), and each of the K processes takes S/K consecutive shards."""
     if batch % world.size:
-        raise ValueError(
+        raise ConfigError(
             f"trainer.prompts_per_step={batch} is not valid with {world.size} processes: it must be a multiple of "
             f"{world.size} (each process collects whole groups of an equal share of the prompts)"
         )
     if shards < 1 or batch % shards or shards % world.size:
-        raise ValueError(
-            f"generation_shards={shards} is not valid: it must divide trainer.prompts_per_step={batch} and be a "
+        raise ConfigError(
+            f"trainer.generation_shards={shards} is not valid: it must divide trainer.prompts_per_step={batch} and be a "
             f"multiple of the {world.size} processes"
         )
     per = shards // world.size

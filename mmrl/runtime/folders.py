@@ -13,7 +13,8 @@ from .schema import require
 
 def check_model_folders(cfg: TrainConfig, command: str = "train", tiny_archs: tuple[str, ...] = ()) -> None:
     """Refuse, before anything loads, a model folder a command would load that cannot be a model: `model.path` (for
-    `train`, unless a resumed run loads its checkpoint instead), `judge.model` (train) and `checkpoint` (eval).
+    `train`, unless a resumed run loads its checkpoint instead), `judge.model` (train) and `checkpoint` (eval, and
+    train, which starts from it).
     "tiny:<arch>" must name one of `tiny_archs` (`mmrl.policy.vlm.tiny.ALL_TINY_ARCHS`, which this module cannot import:
     the policy package imports it); empty: not checked.
 
@@ -24,9 +25,9 @@ def check_model_folders(cfg: TrainConfig, command: str = "train", tiny_archs: tu
     Raises:
         ConfigError: naming the field, the path and what is missing.
     """
+    if cfg.checkpoint is not None:  # eval scores it; train starts from it
+        _check_model_folder("checkpoint", cfg.checkpoint, hub=False)
     if command == "eval":
-        if cfg.checkpoint is not None:
-            _check_model_folder("checkpoint", cfg.checkpoint, hub=False)
         return
     resumes = cfg.resume and (Path(cfg.output_dir) / "checkpoints").is_dir() and cfg.algo.kl_coef == 0
     if cfg.model.path.startswith("tiny:"):
@@ -61,3 +62,27 @@ def _check_model_folder(field_name: str, value: str, hub: bool = True) -> None:
     require(False, field_name, f"no folder at {path}" + (
         " and no such model in the hub's local cache (the hub is off: HF_HUB_OFFLINE)" if could_be_hub_id else ""
     ), sep=": ")  # fmt: skip
+
+
+def check_output_dir(out: Path) -> None:
+    """Refuse, before anything loads, an `output_dir` that cannot be a run's folder: a file, or one whose nearest
+    existing folder cannot be written to (the folder would fail to be made minutes later, after the model loaded).
+
+    Raises:
+        ConfigError: naming `output_dir`, the path and why.
+    """
+    require(not out.exists() or out.is_dir(), "output_dir", f"{out} is a file; name a folder", sep=": ")
+    existing = out
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    require(existing.is_dir(), "output_dir", f"{existing} is a file, so {out} cannot be made", sep=": ")
+    require(os.access(existing, os.W_OK | os.X_OK), "output_dir", f"{existing} cannot be written to (permission "
+            "denied)", sep=": ")  # fmt: skip
+
+
+def make_output_dir(out: Path) -> None:
+    """Make `output_dir` (and the folders above it); an OS refusal is a `ConfigError` naming the field."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:  # a read-only disk, a quota, permissions os.access did not see
+        require(False, "output_dir", f"cannot create {out}: {error.strerror or error}", sep=": ")

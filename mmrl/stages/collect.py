@@ -58,7 +58,7 @@ from ..methods.curriculum import Curriculum
 from ..policy import Policy
 from ..policy.lora import merged_named_weights, plain_model
 from ..runtime import distributed
-from ..runtime.config import AlgoConfig, TrainConfig
+from ..runtime.config import AlgoConfig, ConfigError, TrainConfig
 from ..types import Collected, Episodes, Sampling, cat_episodes
 from .rollout import collect_episodes
 from .rollout_workers import RolloutWorkers
@@ -78,7 +78,7 @@ def check_generation_shards(cfg: TrainConfig, generation_shards: int | None) -> 
     k = cfg.trainer.rollout_workers
     shards = generation_shards or cfg.trainer.generation_shards or 1  # 0: one shard per process, and there is one
     if k and shards % k:
-        raise ValueError(
+        raise ConfigError(
             f"trainer.rollout_workers={k} needs trainer.generation_shards set to a multiple of {k} (a step's shards "
             f"are what the workers share); got {generation_shards or cfg.trainer.generation_shards}"
         )

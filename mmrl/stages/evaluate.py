@@ -7,13 +7,14 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 import sim
 from sim.seeds import split_seeds
 
 from ..policy import Policy
 from ..runtime import distributed
-from ..runtime.config import TrainConfig
+from ..runtime.config import TrainConfig, require
 from ..runtime.distributed import World, eval_shard
 from ..types import Episodes, Sampling
 from .rollout import collect_episodes
@@ -75,6 +76,9 @@ def evaluate(
     env = None
     protocol = None
     greedy = Sampling(max_new_tokens=max_new_tokens, temperature=0.0)
+    # A held-out evaluation of thousands of episodes runs a minute or more, several times a run: a bar (rank 0's),
+    # cleared when done, so that the training bar stays one line.
+    bar = tqdm(total=len(seeds), desc="eval", unit="ep", leave=False, dynamic_ncols=True, disable=world.rank != 0)
     for start in range(0, len(seeds), batch_size):
         chunk = seeds[start : start + batch_size]
         if env is None or env.num_envs != len(chunk):
@@ -103,6 +107,8 @@ def evaluate(
                 sums[f"episodes@task={name}"] = sums.get(f"episodes@task={name}", 0.0) + 1.0
         if first is None:
             first = eps
+        bar.update(len(chunk))
+    bar.close()
     if env is not None:
         env.close()
     samples = _samples(first, mine) if mine else None
@@ -188,6 +194,9 @@ def held_out(policy: Policy, cfg: TrainConfig, world: World | None = None, split
             world=world,
             split=split,
         )
+        metric = cfg.env.eval_metric
+        require(metric in result.metrics or "@task=" in metric, "env.eval_metric", f"{metric!r} is not a metric env "
+                f"{cfg.env.name!r} reports; it reports {', '.join(result.metrics)}", sep=": ")  # fmt: skip
         cur = cfg.curriculum
         if not (cur.eval_levels and cur.option is not None):
             return result
@@ -280,6 +289,7 @@ def evaluate_k(policy: Policy, cfg: TrainConfig, split: str = "test") -> Sampled
     metric = cfg.env.eval_metric
     values, correct, texts, instructions, images, tasks = [], [], [], [], [], []
     env = None
+    bar = tqdm(total=len(seeds), desc=f"eval k={ec.k}", unit="item", leave=False, dynamic_ncols=True)
     try:
         for start in range(0, len(seeds), per_batch):
             chunk = seeds[start : start + per_batch]
@@ -291,8 +301,8 @@ def evaluate_k(policy: Policy, cfg: TrainConfig, split: str = "test") -> Sampled
             parts = {"reward": eps.returns(), **eps.components, "episode_steps": eps.env_steps}
             if eps.success is not None:
                 parts["success"] = eps.success
-            if metric not in parts:
-                raise KeyError(f"env.eval_metric {metric!r} is not one of this env's metrics: {sorted(parts)}")
+            require(metric in parts, "env.eval_metric", f"{metric!r} is not a metric env {cfg.env.name!r} reports; "
+                    f"it reports {', '.join(parts)}", sep=": ")  # fmt: skip
             values.append(parts[metric].float().view(len(chunk), ec.k))
             correct.append(None if eps.success is None else eps.success.view(len(chunk), ec.k))
             turn0 = (eps.turn == 0).nonzero().squeeze(-1).tolist()  # each world's first generation, in world order
@@ -302,7 +312,9 @@ def evaluate_k(policy: Policy, cfg: TrainConfig, split: str = "test") -> Sampled
             images.append(eps.start.first_view[:: ec.k])
             kinds = eps.info.get("task")  # the first step's, per world
             tasks += [str(t) for t in kinds[:: ec.k]] if isinstance(kinds, list) else [""] * len(chunk)
+            bar.update(len(chunk))
     finally:
+        bar.close()
         if env is not None:
             env.close()
     return SampledResult(

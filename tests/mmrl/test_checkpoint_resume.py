@@ -476,3 +476,57 @@ def test_resume_with_nothing_to_resume_says_so_and_writes_nothing(tmp_path, tiny
     with pytest.raises(InputError, match=r"resume=true: nothing to resume in .*misspelt .*drop resume=true"):
         train(tiny_run_config(tmp_path / "misspelt", f"env.name={letters_env}", "resume=true"))
     assert not (tmp_path / "misspelt").exists()
+
+
+# ---------------------------------------------------------------------------------------------- Ctrl-C
+
+
+def test_ctrl_c_stops_after_the_step_checkpointed_and_says_how_to_resume(tmp_path):
+    """SIGINT mid-run: the step in progress ends and is checkpointed (off the save_every schedule), one line names
+    the checkpoint and the command that continues; the resumed run ends on the uninterrupted run's weights."""
+    run = {**KILL_RUN, "trainer": {**KILL_RUN["trainer"], "save_every": 0}}  # only the last step, or a stop's
+    config = tmp_path / "stop.yaml"
+    config.write_text(yaml.safe_dump(run))
+    stopped, log = tmp_path / "stopped", tmp_path / "stderr.txt"
+    proc = mmrl_train(config, log, f"output_dir={stopped}")
+    try:
+        deadline = time.monotonic() + 120
+        while "grpo:" not in log.read_text():  # the steps have started
+            assert proc.poll() is None, f"the run ended before its steps:\n{log.read_text()}"
+            assert time.monotonic() < deadline, "no step after 120 s"
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=120) == 130, log.read_text()
+    finally:
+        proc.kill()
+        proc.wait()
+    printed = log.read_text()
+    newest = latest_checkpoint(stopped)
+    assert newest is not None and newest.name != "step_00000004", printed  # stopped before the end
+    last = printed.strip().splitlines()[-1]
+    assert last.startswith("mmrl: stopped (SIGINT); the last checkpoint is") and str(newest) in last, printed
+    assert last.endswith("resume=true") and "Traceback" not in printed, printed
+    assert "grpo:" in printed and "Writing model shards" not in printed, printed  # a save leaves the bar whole
+
+    resumed = mmrl_train(config, log, f"output_dir={stopped}", "resume=true")
+    assert resumed.wait(timeout=300) == 0, log.read_text()
+    from mmrl.runtime.config import load_config
+
+    whole = tmp_path / "whole"
+    train(load_config(config, [f"output_dir={whole}"]))
+    assert_same_weights(final_weights(stopped), final_weights(whole), atol=1e-6)
+    assert_same_rows(training_rows(stopped), training_rows(whole), keys=("reward/total", "loss/policy", "grad_norm"))
+
+
+def test_a_first_signal_asks_to_stop_and_a_second_stops_at_once():
+    from mmrl.runtime.distributed import World
+    from mmrl.runtime.stopping import StopRequest
+
+    before = signal.getsignal(signal.SIGTERM)
+    with StopRequest() as stop:
+        assert not stop.asked(World())
+        os.kill(os.getpid(), signal.SIGTERM)  # delivered to this, the main, thread before kill returns
+        assert stop.signal_name == "SIGTERM" and stop.asked(World())
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGTERM) is before  # the handlers are put back

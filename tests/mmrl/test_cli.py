@@ -110,11 +110,13 @@ def test_eval_prints_the_held_out_line_for_a_checkpoint(one_step_checkpoint, tmp
     args = ["eval", PRESET, *TINY, f"checkpoint={one_step_checkpoint}", "trainer.eval_episodes=2",
             f"output_dir={tmp_path}"]  # fmt: skip
     assert main(args) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert "eval: 100%" in err, err  # the held-out evaluation's bar
     assert re.search(r"^held-out mean IoU: \d+\.\d{3}$", out, re.MULTILINE), out
     for key in ("iou", "format", "reward", "success"):
         assert re.search(rf"^{key}\s+\d+\.\d{{4}}$", out, re.MULTILINE), f"no {key} line in:\n{out}"
-    markdown = (tmp_path / "eval" / "eval.md").read_text()
+    assert not (tmp_path / "eval").exists()  # written next to the checkpoint, not into output_dir
+    markdown = (one_step_checkpoint.parent / "step_00000001.eval" / "eval.md").read_text()
     iou = re.search(r"^held-out mean IoU: (\d+\.\d{3})$", out, re.MULTILINE).group(1)
     assert f"**mean IoU: {iou}**" in markdown and f"checkpoint `{one_step_checkpoint}`" in markdown
 
@@ -129,7 +131,8 @@ def test_eval_with_k_samples_reports_avg_and_pass_at_k(one_step_checkpoint, tmp_
     printed = capsys.readouterr().out
     for key in ("avg@4", "best@4", "pass@1", "pass@2", "pass@4"):
         assert re.search(rf"^{key}\s+\d+\.\d{{4}}$", printed, re.MULTILINE), f"no {key} line in:\n{printed}"
-    report = json.loads((out / "eval" / "report.json").read_text())
+    report_dir = one_step_checkpoint.parent / "step_00000001.eval"
+    report = json.loads((report_dir / "report.json").read_text())
     assert report["k"] == 4 and report["items"] == 3 and len(report["per_item"]) == 3
     assert all(len(item["answers"]) == 4 for item in report["per_item"])
     # The summary is what the items say: avg@k their mean, pass@1 the fraction correct.
@@ -137,9 +140,9 @@ def test_eval_with_k_samples_reports_avg_and_pass_at_k(one_step_checkpoint, tmp_
     assert report["sampled"]["avg@4"] == pytest.approx(sum(means) / 3, abs=1e-6)
     assert report["sampled"]["pass@1"] == pytest.approx(sum(i["correct"] for i in report["per_item"]) / 12)
     assert report["sampled"]["pass@4"] >= report["sampled"]["pass@1"]
-    markdown = (out / "eval" / "report.md").read_text()
+    markdown = (report_dir / "report.md").read_text()
     assert "## Best items" in markdown and "## Worst items" in markdown
-    assert len(list((out / "eval" / "items").glob("*.png"))) >= 2
+    assert len(list((report_dir / "items").glob("*.png"))) >= 2
     assert main([*args[:-1], "eval.temperature=0"]) == 2  # greedy is always reported; k samples need a temperature
     assert "eval.temperature" in capsys.readouterr().err
 
@@ -153,14 +156,15 @@ def test_eval_with_k_samples_reports_each_kind_of_task(one_step_checkpoint, tmp_
             "eval.k=2", "eval.batch_size=12", f"output_dir={out}", "trainer.threads=1"]  # fmt: skip
     assert main(args) == 0
     printed = capsys.readouterr().out
-    report = json.loads((out / "eval" / "report.json").read_text())
+    report_dir = one_step_checkpoint.parent / "step_00000001.eval"
+    report = json.loads((report_dir / "report.json").read_text())
     tasks = [item["task"] for item in report["per_item"]]
     assert len(set(tasks)) >= 2 and set(report["per_task"]) == set(tasks)  # the held-out records mix kinds
     for task, row in report["per_task"].items():
         means = [item["mean_reward"] for item in report["per_item"] if item["task"] == task]
         assert row["items"] == len(means) and row["avg@2"] == pytest.approx(sum(means) / len(means), abs=1e-6)
         assert re.search(rf"^{task}: avg@2 \d\.\d{{3}}", printed, re.MULTILINE), printed
-    assert "## By task" in (out / "eval" / "report.md").read_text()
+    assert "## By task" in (report_dir / "report.md").read_text()
 
 
 def test_eval_without_checkpoint_exits_2(capsys):
@@ -182,11 +186,23 @@ def test_eval_split_validation_plays_the_validation_seeds(one_step_checkpoint, t
     assert main(args) == 0
     out = capsys.readouterr().out
     assert re.search(r"^validation mean IoU: \d+\.\d{3}$", out, re.MULTILINE), out
-    report = json.loads((tmp_path / "eval" / "eval.json").read_text())
-    assert report["split"] == "validation" and "validation split" in (tmp_path / "eval" / "eval.md").read_text()
+    report_dir = one_step_checkpoint.parent / f"{one_step_checkpoint.name}.eval-validation"
+    report = json.loads((report_dir / "eval.json").read_text())
+    assert report["split"] == "validation" and "validation split" in (report_dir / "eval.md").read_text()
 
 
 def test_eval_split_is_test_or_validation(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["eval", PRESET, "--split", "train"])
     assert exit_.value.code == 2 and "invalid choice: 'train'" in capsys.readouterr().err
+
+
+def test_train_ends_by_naming_where_everything_went(one_step_checkpoint):
+    from types import SimpleNamespace
+
+    from mmrl.cli import where_it_went
+
+    out = one_step_checkpoint.parents[1]
+    printed = where_it_went(SimpleNamespace(output_dir=str(out)))
+    assert f"run folder:      {out}" in printed and f"last checkpoint: {one_step_checkpoint}" in printed
+    assert f"metrics:         {out / 'metrics.jsonl'}" in printed and f"{out / 'eval.json'}" in printed, printed

@@ -23,6 +23,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from sim.errors import InputError
+
 from ..lora import base_state_dict, is_lora_model, load_lora
 from .data import STATS_FILE, FlowStats
 from .options import train_noise_head
@@ -63,13 +65,13 @@ def read_image_settings(path: Path) -> dict:
     needs torchvision."""
     file = Path(path) / "preprocessor_config.json"
     if not file.exists():
-        raise ValueError(f"model.path {path} has no preprocessor_config.json (a π0 folder carries the image "
+        raise InputError(f"{path} has no preprocessor_config.json (a π0 folder carries the image "
                          "processor's settings)")  # fmt: skip
     settings = json.loads(file.read_text())
     size = settings.get("size") or {}
     side = size.get("height") or size.get("max_height") or size.get("shortest_edge")
     if side is None:
-        raise ValueError(f"{file}: size has no height")
+        raise InputError(f"{file}: size has no height")
     settings["size"] = {"height": int(side), "width": int(size.get("width") or size.get("max_width") or side)}
     settings.setdefault("image_mean", [0.5, 0.5, 0.5])
     settings.setdefault("image_std", [0.5, 0.5, 0.5])
@@ -98,20 +100,20 @@ def check_flow_folder(path: Path) -> None:
     """Refuse a folder that is not a π0 checkpoint in transformers' layout, naming what it holds instead."""
     file = Path(path) / "config.json"
     if not file.exists():
-        raise ValueError(f"model.path {path} is not a PI0 checkpoint: it has no config.json")
+        raise InputError(f"{path} is not a PI0 checkpoint: it has no config.json")
     config = _config(path)
     if config is None:
-        raise ValueError(f"model.path {path} is not a PI0 checkpoint: its config.json is not JSON")
+        raise InputError(f"{path} is not a PI0 checkpoint: its config.json is not JSON")
     if config.get("type") == "pi0" and config.get("model_type") != "pi0":
-        raise ValueError(
-            f'model.path {path} is a LeRobot π0 checkpoint (config.json has LeRobot\'s "type": "pi0"), not '
+        raise InputError(
+            f'{path} is a LeRobot π0 checkpoint (config.json has LeRobot\'s "type": "pi0"), not '
             'transformers\' PI0 layout: convert it first (a config.json with "model_type": "pi0" and the sizes '
             "of its paligemma_variant / action_expert_variant, PaliGemma's tokenizer files and a "
             "preprocessor_config.json; transformers' PI0ForConditionalGeneration.from_pretrained renames LeRobot's "
             "weight names itself). Its normalisation statistics (policy_preprocessor.json) are read as they are"
         )
     if config.get("model_type") != "pi0":
-        raise ValueError(f"model.path {path} is not a PI0 checkpoint: its config.json has model_type "
+        raise InputError(f"{path} is not a PI0 checkpoint: its config.json has model_type "
                          f"{config.get('model_type')!r}")  # fmt: skip
 
 
@@ -127,7 +129,7 @@ def check_loaded_weights(path: Path, loading: dict) -> None:
                 "load from 5.2x on; with an older transformers rename them first (drop the leading 'model.', then "
                 "paligemma_with_expert.paligemma.model -> model.vlm, paligemma_with_expert.gemma_expert.model -> "
                 "model.dit, state_proj / action_in_proj / action_time_mlp_* -> embed_action_time.*)")  # fmt: skip
-    raise ValueError(f"model.path {path}: {len(missing)} of the model's weights are not in the folder "
+    raise InputError(f"{path}: {len(missing)} of the model's weights are not in the folder "
                      f"(e.g. {', '.join(missing[:4])}).{hint}")  # fmt: skip
 
 
@@ -162,7 +164,7 @@ def _normalizer_step(folder: Path, name: str, registry_name: str) -> tuple[dict,
         return None
     state_file = step.get("state_file")
     if not state_file or not (folder / state_file).exists():
-        raise ValueError(f"{file}: its {registry_name} step's state file {state_file!r} is missing from the folder "
+        raise InputError(f"{file}: its {registry_name} step's state file {state_file!r} is missing from the folder "
                          "(it holds the normalisation statistics)")  # fmt: skip
     from safetensors.torch import load_file
 
@@ -179,7 +181,7 @@ def read_lerobot_processor_stats(folder: str | Path) -> FlowStats:
     folder = Path(folder)
     pre = _normalizer_step(folder, LEROBOT_PREPROCESSOR, "normalizer_processor")
     if pre is None:
-        raise ValueError(f"{folder / LEROBOT_PREPROCESSOR} has no normalizer_processor step: the folder carries no "
+        raise InputError(f"{folder / LEROBOT_PREPROCESSOR} has no normalizer_processor step: the folder carries no "
                          "state/action normalisation statistics")  # fmt: skip
     post = _normalizer_step(folder, LEROBOT_POSTPROCESSOR, "unnormalizer_processor")
     _check_relative_actions(folder)
@@ -221,7 +223,7 @@ def read_lerobot_buffer_stats(folder: str | Path) -> FlowStats | None:
 
 def _check_relative_actions(folder: Path) -> None:
     if (_config(folder) or {}).get("use_relative_actions"):
-        raise ValueError(f"model.path {folder}: its LeRobot config.json has use_relative_actions: true (actions "
+        raise InputError(f"{folder}: its LeRobot config.json has use_relative_actions: true (actions "
                          "relative to the state); a flow policy here acts in absolute actions")  # fmt: skip
 
 
@@ -239,18 +241,18 @@ def _affine(step: tuple[dict, dict], feature: str, kind: str, source: Path) -> t
         # No statistics to read: the width comes from whichever the file has.
         width = len(next(iter(have.values()), []))
         if not width:
-            raise ValueError(f"{source}: {feature} is normalised IDENTITY and the file gives no width for it")
+            raise InputError(f"{source}: {feature} is normalised IDENTITY and the file gives no width for it")
         return (0.0,) * width, (1.0,) * width
     else:
-        raise ValueError(f"{source}: {feature}'s normalisation {mode!r} is not one of MEAN_STD, MIN_MAX, QUANTILES, "
+        raise InputError(f"{source}: {feature}'s normalisation {mode!r} is not one of MEAN_STD, MIN_MAX, QUANTILES, "
                          "QUANTILE10, IDENTITY")  # fmt: skip
     missing = [f"{feature}.{stat}" for stat in need if stat not in have]
     if missing:
-        raise ValueError(f"{source}: no {', '.join(missing)} (its {kind} features are normalised {mode}); the "
+        raise InputError(f"{source}: no {', '.join(missing)} (its {kind} features are normalised {mode}); the "
                          f"statistics found: {sorted(f'{k}.{s}' for k, v in stats.items() for s in v) or 'none'}")  # fmt: skip
     a, b = have[need[0]], have[need[1]]
     if len(a) != len(b):
-        raise ValueError(f"{source}: {feature}.{need[0]} has {len(a)} values and {feature}.{need[1]} {len(b)}")
+        raise InputError(f"{source}: {feature}.{need[0]} has {len(a)} values and {feature}.{need[1]} {len(b)}")
     if mode == "MEAN_STD":
         return tuple(a), tuple(s + eps for s in b)  # LeRobot divides by std + eps
     low, high = a, b  # [low, high] -> [-1, 1]; where they are equal LeRobot divides by eps instead

@@ -278,13 +278,16 @@ class FlowPolicy(Policy):
     def check_env(self, env) -> None:
         """Refuse an env this policy cannot act in, naming the field: it must take continuous actions of the
         statistics' width, and one chunk must fit in an episode."""
+        env_label = f"the env.name env ({type(env).__name__})"
         if env.action_kind != "continuous":
-            raise ValueError(f"a flow policy acts in continuous envs; env.action_kind is {env.action_kind!r}")
+            raise ConfigError(f"model.path: a flow policy (π0) acts in continuous envs; {env_label} takes "
+                              f"{env.action_kind} actions")  # fmt: skip
         if self.stats is not None and env.action_dim != self.action_dim:
-            raise ValueError(f"env.action_dim is {env.action_dim}; the policy's actions_mean has {self.action_dim}")
+            raise ConfigError(f"model.path: {env_label}'s env.action_dim is {env.action_dim}; the policy's "
+                              f"actions_mean has {self.action_dim}")  # fmt: skip
         if self.chunk > env.max_episode_steps:
-            raise ValueError(f"the model's chunk_size {self.chunk} is longer than the episode "
-                             f"(env.max_episode_steps {env.max_episode_steps})")  # fmt: skip
+            raise ConfigError(f"model.path: the model's chunk_size {self.chunk} is longer than the episode "
+                              f"(env.max_episode_steps {env.max_episode_steps})")  # fmt: skip
 
     # ------------------------------------------------------------------------------------------------ inputs
     def encode(self, obs: Observation) -> dict[str, torch.Tensor]:

@@ -23,7 +23,7 @@ from ...algos.losses import entropy_from_logits
 from ...algos.papo import masked_images
 from ...families import Vision
 from ...runtime.config import ModelConfig, TrainConfig
-from ...runtime.schema import require
+from ...runtime.schema import ConfigError, require
 from ...types import Demonstrations, Rollout, Sampling, Turn
 from ..base import POLICY_KINDS, Policy
 from ..engines.backends import forget_compiled_calls, make_backend
@@ -33,7 +33,7 @@ from ..vision import to_pil
 from . import demonstrations as demos
 from .action_codec import add_action_tokens, load_action_codec
 from .options import apply_model_options
-from .processing import VisionTextProcessor, check_image_tokens
+from .processing import VisionTextProcessor, check_image_tokens, check_vlm_folder
 from .tiny import ALL_TINY_ARCHS, tiny_model
 
 
@@ -123,6 +123,7 @@ class VLMPolicy(Policy):
         cls, path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu", **kwargs
     ) -> VLMPolicy:
         """Load a checkpoint folder (or a hub id where a hub is reachable) with its processor."""
+        check_vlm_folder(Path(path))
         processor = VisionTextProcessor.from_pretrained(path)  # first: names a family this transformers lacks
         model = AutoModelForImageTextToText.from_pretrained(str(path), dtype=dtype).to(device)
         policy = cls(model, processor, **kwargs)
@@ -186,12 +187,15 @@ class VLMPolicy(Policy):
 
     def check_env(self, env) -> None:
         codec = self.action_codec
+        env_label = f"the env.name env ({type(env).__name__})"
         if env.action_kind == "continuous" and codec is None:
-            raise ValueError("a continuous-action env needs a VLA policy: set model.action_bins to add action tokens")
+            raise ConfigError(f"model.action_bins: {env_label} takes continuous actions, which need a VLA policy: "
+                              "set model.action_bins to add action tokens")  # fmt: skip
         if env.action_kind == "text" and codec is not None:
-            raise ValueError("a VLA policy (with action tokens) cannot act in a text env")
+            raise ConfigError(f"model.path: a VLA policy (with action tokens) cannot act in {env_label}, a text env")
         if codec is not None and codec.action_dim != env.action_dim:
-            raise ValueError(f"the policy's action codec has {codec.action_dim} dimensions, the env {env.action_dim}")
+            raise ConfigError(f"model.path: the policy's action codec has {codec.action_dim} dimensions, "
+                              f"{env_label} {env.action_dim}")  # fmt: skip
 
     @property
     def chunk(self) -> int:

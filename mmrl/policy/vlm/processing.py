@@ -17,6 +17,8 @@ import torch
 from PIL import Image
 from transformers import AutoImageProcessor, AutoTokenizer
 
+from sim.errors import InputError
+
 from ...families import Family, Vision, family_for
 
 
@@ -311,3 +313,33 @@ class VisionTextProcessor:
         """`encode`'s token ids and mask with the model's vision inputs (`model_inputs`), ready for its forward."""
         enc, vision = self.encode(texts, images)
         return {**enc, **self.model_inputs(vision.pixel_values, vision.per_image, vision.per_unit)}
+
+
+WEIGHT_FILES = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "pytorch_model.bin.index.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def check_vlm_folder(path: Path) -> None:
+    """Refuse a local model folder that cannot load as a VLM, naming what it lacks, before transformers reads it
+    (which fails later, or with a misleading error: a folder without tokenizer files gets a default tokenizer that
+    lacks the family's image token). A hub id (no folder here) is left to transformers.
+
+    Raises:
+        InputError: a `model_type` of no supported family, no weight files, no tokenizer files.
+    """
+    if not path.is_dir() or not (path / "config.json").is_file():
+        return
+    try:
+        model_type = json.loads((path / "config.json").read_text()).get("model_type")
+    except (ValueError, AttributeError):
+        raise InputError(f"{path / 'config.json'} is not a JSON object") from None
+    try:
+        family_for(str(model_type))
+    except ValueError as error:
+        raise InputError(f"{path}: {error}") from None
+    if not any(next(path.glob(pattern), None) for pattern in WEIGHT_FILES):
+        raise InputError(f"{path} holds config.json but no weights (model.safetensors, or pytorch_model.bin): "
+                         "save_pretrained writes both")  # fmt: skip
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise InputError(f"{path} has no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}): copy them from the "
+                         "model it was trained from")  # fmt: skip
