@@ -97,7 +97,8 @@ from sim.errors import InputError
 from sim.registry import ENVS
 from sim.seeds import EVAL_SEED_BASE
 from sim.tasks.choices import ConsistencyMode, ReAsk
-from sim.tasks.records import Record, check_inside, fit_pixels, image_size_of, open_image, read_records
+from sim.tasks.columns import BoxFormat, BoxUnits, check_layout
+from sim.tasks.records import Record, fit_pixels, image_size_of, in_pixels, open_image, read_records
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_PATH = REPO / "assets" / "datasets" / "shapes_qa" / "data.jsonl"
@@ -135,7 +136,12 @@ class DatasetEnv(SingleStepImageEnv):
             shown image's longer side with `resize="native"`).
         reward_kwargs: Reward name -> options bound to that reward (`{"numeric_match": {"rel_tol": 0.05}}`).
         answer_hint: Append one sentence saying how to format the answer to each question.
-        hf_split: The split of a saved `DatasetDict` to read.
+        hf_split: The split to read: of a saved `DatasetDict`, or of a parquet repository folder's files.
+        hf_config: The configuration to read where a repository's README card declares several.
+        columns: Role -> the data's column, where the usual names do not find it unambiguously (roles: question,
+            answer, box, boxes, point, image, messages; see "Data" in the module docstring).
+        box_format: `"xyxy"` (`[x1, y1, x2, y2]`) or `"xywh"` (`[x, y, w, h]`, RefCOCO's) for boxes in the data.
+        box_units: `"pixels"` of the original image, or `"0-1"` / `"0-1000"` of its width and height.
         cache_size: Prepared (decoded, letterboxed) images kept in memory.
         consistency: `"off"` (one question), `"measure"` or `"acre"` (the question re-asked with shuffled options;
             see "Re-asked multiple-choice questions" in the module docstring).
@@ -164,6 +170,10 @@ class DatasetEnv(SingleStepImageEnv):
         reward_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
         answer_hint: bool = True,
         hf_split: str = "train",
+        hf_config: str | None = None,
+        columns: Mapping[str, str | None] | None = None,
+        box_format: BoxFormat = "xyxy",
+        box_units: BoxUnits = "pixels",
         cache_size: int = 1024,
         consistency: ConsistencyMode = "off",
         acre_partial: float = 0.5,
@@ -221,8 +231,9 @@ class DatasetEnv(SingleStepImageEnv):
         if bad_records not in ("error", "skip"):
             raise InputError(f"bad_records must be 'error' or 'skip', got {bad_records!r}")
         self.skipped_records: list[str] = []  # with bad_records="skip", why each left-out record was bad
+        layout = check_layout(columns, box_format, box_units)
         self.records, self._rows = read_records(
-            self.path, reward, hf_split, self.skipped_records if bad_records == "skip" else None
+            self.path, reward, hf_split, self.skipped_records if bad_records == "skip" else None, layout, hf_config
         )
         if self.skipped_records:
             total = len(self.records) + len(self.skipped_records)
@@ -465,7 +476,7 @@ class DatasetEnv(SingleStepImageEnv):
         except Exception as error:  # decoding happens here, not at construction: name the record
             raise InputError(f"{record.where}: field 'image': cannot read the image: {error}") from error
         width, height = image.size
-        check_inside(record, width, height)  # done at construction for image files; embedded images are seen here
+        record = in_pixels(record, width, height)  # done at construction for image files; embedded ones are seen here
         if self.resize == "native":
             new_w, new_h = self._shown[index]  # type: ignore[misc]
             left = top = 0
