@@ -110,6 +110,8 @@ def value_at(raw: Mapping[str, Any], column: str | None) -> Any:
     """The row's value in `column` (a dotted name reads into structs); None where it is missing."""
     if column is None:
         return None
+    if "." not in column:
+        return raw.get(column)
     value: Any = raw
     for part in column.split("."):
         if not isinstance(value, Mapping):

@@ -165,14 +165,14 @@ def read_parquet(path: Path, split: str, config: str | None, reading: Any, row_r
     segments: list[tuple[int, int, int]] = []  # (file, row group, first row)
     row = 0
     for number, (file, handle) in enumerate(zip(files, handles)):
-        first = row
+        first, name = row, file.name
         for group in range(handle.num_row_groups):
             segments.append((number, group, row))
             meta = handle.read_row_group(group, columns=others).to_pylist()
             paths = _leaf(handle, group, path_leaf, column, len(meta))
             embedded = _embedded(handle, group, bytes_leaf, column, len(meta))
             for raw, row_paths, row_bytes in zip(meta, paths, embedded):
-                where = f"{file.name} row {row - first}"
+                where = f"{name} row {row - first}"
                 images = _images(row_paths, row_bytes, listed)
                 reading.keep(records, row_record, where, raw, found, base, reading, row, images)
                 row += 1

@@ -48,6 +48,7 @@ MAX_IMAGE_PIXELS = 89_478_485
 # How far outside its image a box or point may reach, in pixels: rounding in an annotation tool, not a wrong box.
 BORDER_SLACK = 0.5
 
+_NUMERIC = frozenset((int, float))
 _NUMBER = re.compile(r"[-+]?\$?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?%?|[-+]?\.\d+%?")
 
 
@@ -462,11 +463,11 @@ def _box_list(
 def _numbers(where: str, field_name: str, value: Any, count: int) -> tuple[float, ...] | None:
     if value is None:
         return None
-    ok = isinstance(value, list | tuple) and len(value) == count
-    ok = ok and all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in value)
-    if not ok:
+    # Types compared exactly (a bool is no number); the sum is finite only when every value is (and not past 1e308).
+    ok = isinstance(value, list | tuple) and len(value) == count and all(map(_NUMERIC.__contains__, map(type, value)))
+    if not (ok and math.isfinite(sum(value))):
         raise InputError(f"{where}: field {field_name!r} must be a list of {count} finite numbers, got {value!r}")
-    return tuple(float(v) for v in value)
+    return tuple(map(float, value))
 
 
 def _answer(where: str, field_name: str, value: Any) -> str | tuple[str, ...] | None:
@@ -482,7 +483,7 @@ def _answer(where: str, field_name: str, value: Any) -> str | tuple[str, ...] | 
     if isinstance(value, list) and value and all(isinstance(v, str | int | float) for v in value):
         texts = tuple(str(v).strip() for v in value if not isinstance(v, bool))
         if len(texts) == len(value) and all(texts):
-            return texts
+            return texts[0] if len(texts) == 1 else texts  # one accepted answer (ChartQA's labels): scored as one
     raise InputError(message)
 
 

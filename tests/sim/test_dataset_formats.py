@@ -116,6 +116,16 @@ configs:
     assert [r.answer for r in first.records] == [("1", "x"), ("2", "x")]  # ChartQA's list of accepted labels
     assert [r.answer for r in env_of(repo, hf_config="first", hf_split="test").records] == [("3", "x")]
     assert [r.answer for r in env_of(repo, hf_config="second").records] == [("3", "x")]  # a bare glob: train
+    # One accepted label is one answer: a number is scored by numeric_match, ChartQA's relaxed accuracy with rel_tol.
+    write_parquet(
+        repo / "b/eval.parquet", {"image": [png()], "query": ["Peak?"], "label": [["12"]]}, {"image": pa.binary()}
+    )
+    chart = env_of(repo, hf_config="second", reward_kwargs={"numeric_match": {"rel_tol": 0.05}})
+    assert (chart.records[0].answer, chart.records[0].reward) == ("12", "numeric_match")
+    chart.reset(seed=0)
+    assert chart.step(["<answer>12.5</answer>"]).reward.tolist() == [1.0]  # within 5%
+    chart.reset(seed=0)
+    assert chart.step(["<answer>12.7</answer>"]).reward.tolist() == [0.0]
     with pytest.raises(InputError, match=r"config 'second' has splits train; .*got 'test'"):
         env_of(repo, hf_config="second", hf_split="test")
     (repo / "README.md").write_text(card.replace("default", "").replace("- config_name: second", "- config_name: "
