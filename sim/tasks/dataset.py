@@ -8,21 +8,25 @@ with the record's question (plus, with
 the 64x64 image."`). The policy answers once; the answer is scored by a reward registered in `rewards.REWARDS`, and
 the episode ends.
 
-**Data** (`path`): either a JSON-lines file (or a folder holding `data.jsonl`), one object a line:
+**Data** (`path`): a JSON-lines file (or a folder holding `data.jsonl`), a parquet file, a folder laid out as a
+Hugging Face dataset repository (parquet shards, the split `hf_split`, the card's config `hf_config`), or a folder
+written by `Dataset.save_to_disk`, read as published (docs/datasets.md); one row a line in JSON lines:
 
     {"image": "images/0001.png", "question": "Find the red car.", "box": [12, 30, 57, 64]}
     {"image": "/data/screens/17.png", "instruction": "Click 'Save'.", "point": [211.5, 40]}
     {"image": "charts/3.png", "question": "What is the peak value?", "answer": "42.5"}
     {"image": "street.png", "question": "Find every car.", "boxes": [[3, 40, 21, 52], [30, 38, 60, 55]]}
 
-`image` is a path relative to the file's folder, or absolute; `question` (or `instruction`) the text; the target is
-one of `answer` (text, a number, or a list of accepted texts), `box` (`[x1, y1, x2, y2]` in pixels of the original
-image), `boxes` (a list of such boxes, every object to find; `[]` when there is none) or `point` (`[x, y]`). Blank lines are skipped. Or a folder written by Hugging Face `datasets`
-(`Dataset.save_to_disk`; a `DatasetDict` is read at its `hf_split`) with the same columns, where `image` is an
-`Image` feature, image bytes, or a path relative to that folder. Bad records (unreadable JSON, a missing, broken or
-too large image file, a missing or malformed field, a box or point outside its image) raise `sim.errors.InputError`
-(a `ValueError`) at construction, naming the line (or row) and the field; image files are checked from their headers
-then (`sim.tasks.records`), images embedded in a `datasets` folder when a world first shows them. With
+The image is a path (relative to the data's folder), bytes, a `{"bytes", "path"}` struct or a list of one; the
+question the text (`<image>` placeholders dropped); the target `answer` (text, a number, or a list of accepted
+texts), `box`, `boxes` (every object to find; `[]` for none) or `point`. The public sets' names (`problem`, `query`,
+`label`, `bbox`, `images`, chat `messages`, ...) are found without options (`sim.tasks.columns`); `columns` maps
+role -> column where two could be one. Boxes (`box_format` `"xyxy"`/`"xywh"`, `box_units` `"pixels"`/`"0-1"`/
+`"0-1000"`) become pixels of the original image.
+Bad records (unreadable JSON, a missing, broken or too large image file, a missing or malformed field, a box or
+point outside its image, a row with several images) raise `sim.errors.InputError` (a `ValueError`) at construction,
+naming the line (or row) and the field; image files are checked from their headers then (`sim.tasks.records`),
+embedded images when a world first shows them (parquet rows are read lazily: `sim.tasks.parquet`). With
 `bad_records="skip"` bad records are left out instead, counted and named on stderr (`skipped_records` lists why).
 
 **Images** (`resize`). `"letterbox"` (default): the image is resized so that its longer side is `image_size`
@@ -120,7 +124,8 @@ class DatasetEnv(SingleStepImageEnv):
 
     Args:
         num_envs: N, the number of worlds.
-        path: A JSON-lines file, a folder holding `data.jsonl`, or a folder saved by `datasets`.
+        path: A JSON-lines file (or a folder holding `data.jsonl`), a parquet file, a hub repository folder of
+            parquet files, or a folder saved by `datasets`.
         reward: A name in `rewards.REWARDS`, or None to pick one per record from its target.
         image_size: Side of the square images the policy sees, in pixels (`resize="letterbox"`).
         resize: `"letterbox"` (every image into one `image_size` square) or `"native"` (each record's own size,
@@ -136,11 +141,10 @@ class DatasetEnv(SingleStepImageEnv):
             shown image's longer side with `resize="native"`).
         reward_kwargs: Reward name -> options bound to that reward (`{"numeric_match": {"rel_tol": 0.05}}`).
         answer_hint: Append one sentence saying how to format the answer to each question.
-        hf_split: The split to read: of a saved `DatasetDict`, or of a parquet repository folder's files.
+        hf_split: The split to read (of a saved `DatasetDict`, or of a repository folder's parquet files).
         hf_config: The configuration to read where a repository's README card declares several.
-        columns: Role -> the data's column, where the usual names do not find it unambiguously (roles: question,
-            answer, box, boxes, point, image, messages; see "Data" in the module docstring).
-        box_format: `"xyxy"` (`[x1, y1, x2, y2]`) or `"xywh"` (`[x, y, w, h]`, RefCOCO's) for boxes in the data.
+        columns: Role -> the data's column, where the usual names do not find it (docs/datasets.md).
+        box_format: The data's boxes: `"xyxy"`, or `"xywh"` (RefCOCO's `[x, y, w, h]`).
         box_units: `"pixels"` of the original image, or `"0-1"` / `"0-1000"` of its width and height.
         cache_size: Prepared (decoded, letterboxed) images kept in memory.
         consistency: `"off"` (one question), `"measure"` or `"acre"` (the question re-asked with shuffled options;

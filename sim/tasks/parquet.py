@@ -230,7 +230,9 @@ def _embedded(handle: Any, group: int, leaf: str | None, column: str, rows: int)
 def _images(paths: Any, embedded: Any, listed: bool) -> list[Any]:
     """A row's images for `row_record`: None for each embedded one, the path of each file."""
     if not listed:
-        paths, embedded = [paths], (None if embedded is None else [embedded])
+        if embedded is None or embedded:
+            return [None]
+        return [paths] if paths else []
     if paths is None:  # a null list
         return []
     held = [embedded is None or bool(embedded[index]) for index in range(len(paths))]
