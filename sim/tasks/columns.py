@@ -230,7 +230,7 @@ def one_image(where: str, field: str, question: str, count: int) -> str:
         )
     if marks > 1:
         raise InputError(f"{where}: the question holds {marks} {IMAGE_MARK} placeholders for the row's one image")
-    return _MARK.sub(" ", question).strip()
+    return _MARK.sub(" ", question).strip() if marks else question
 
 
 def to_xyxy(where: str, field: str, box: tuple[float, ...], box_format: str) -> tuple[float, ...]:

@@ -291,3 +291,29 @@ def test_saved_dataset_with_an_image_list_and_public_names(tmp_path):
     assert [(r.question, r.answer, r.image) for r in env.records] == [("How many?", str(i), i - 1) for i in (1, 2, 3)]
     obs = env.reset(seed=1)
     assert obs.image[0, 10 + 5, 8].tolist() == [200, 0, 0]
+
+
+def test_lenient_reading_of_parquet_names_the_rows_it_leaves_out(tmp_path, capsys):
+    (tmp_path / "a.png").write_bytes(png())
+    columns = {
+        # A list of {bytes, path} structs holding only paths: files, checked at load.
+        "images": [[{"bytes": None, "path": "a.png"}], [{"bytes": None, "path": "b.png"}], [], [{"bytes": png()}]],
+        "question": ["Q?", "Q?", "Q?", "Q?"],
+        "bbox": [[0.1, 0.1, 0.5, 0.5], [0.1, 0.1, 0.5, 0.5], [0.1, 0.1, 0.5, 0.5], [0.1, 0.1, 0.5, 1.5]],
+    }
+    path = write_parquet(tmp_path / "mixed.parquet", columns, {"images": pa.list_(IMAGE)})
+    env = env_of(path, box_units="0-1", bad_records="skip")
+    assert [r.where for r in env.records] == ["mixed.parquet row 0"]
+    assert env.records[0].box == (4.0, 2.0, 20.0, 10.0) and env.records[0].units == "pixels"  # 40x20 at load
+    assert [m.split(": field")[0] for m in env.skipped_records] == [f"mixed.parquet row {n}" for n in (1, 2, 3)]
+    assert "b.png not found" in env.skipped_records[0] and "lies outside 0-1" in env.skipped_records[2]
+    assert "skipped 3 bad record(s) of 4" in capsys.readouterr().err
+
+
+def test_a_json_line_with_a_list_of_one_image_and_a_columns_mapping(tmp_path):
+    (tmp_path / "a.png").write_bytes(png())
+    line = {"images": ["a.png"], "sentence": "<image> the red box", "bbox": [4, 2, 10, 10], "caption": "x"}
+    path = tmp_path / "data.jsonl"
+    path.write_text(json.dumps(line) + "\n")
+    env = env_of(path, columns={"question": "sentence"}, box_format="xywh")
+    assert (env.records[0].question, env.records[0].box) == ("the red box", (4.0, 2.0, 14.0, 12.0))
