@@ -152,9 +152,13 @@ def read_parquet(path: Path, split: str, config: str | None, reading: Any, row_r
     kind = handles[0].schema_arrow.field(column).type
     listed = pa.types.is_list(kind) or pa.types.is_large_list(kind)
     item = kind.value_type if listed else kind
-    prefix = f"{column}.list.element" if listed else column
+    prefix = f"{column}.list.{kind.value_field.name}" if listed else column  # "element", or "item" in older files
     if pa.types.is_struct(item):
-        path_leaf, bytes_leaf = f"{prefix}.path", f"{prefix}.bytes"
+        fields = {item.field(i).name for i in range(item.num_fields)}
+        if not fields & {"bytes", "path"}:
+            raise InputError(f"{path}: column {column!r} holds structs without 'bytes' or 'path' ({item})")
+        bytes_leaf = f"{prefix}.bytes" if "bytes" in fields else None
+        path_leaf = f"{prefix}.path" if "path" in fields else (bytes_leaf if listed else None)  # a list's lengths
     elif pa.types.is_string(item) or pa.types.is_large_string(item):
         path_leaf, bytes_leaf = column, None
     else:  # image bytes (a list of them read at load for its lengths)
@@ -219,7 +223,7 @@ def _embedded(handle: Any, group: int, leaf: str | None, column: str, rows: int)
     metadata = handle.metadata.row_group(group)
     for index in range(metadata.num_columns):
         chunk = metadata.column(index)
-        if chunk.path_in_schema in (leaf, leaf.replace(".list.element", ".list.item")):
+        if chunk.path_in_schema == leaf:
             stats = chunk.statistics
             if stats is not None and stats.has_null_count and stats.null_count == 0:
                 return [None] * rows

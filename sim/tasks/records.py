@@ -134,7 +134,7 @@ def read_records(
     return records, rows
 
 
-_SAVED_MARKS = ("dataset_dict.json", "state.json", "dataset_info.json")  # what `Dataset.save_to_disk` writes
+_SAVED_MARKS = ("dataset_dict.json", "state.json")  # what `save_to_disk` writes (a hub repository holds neither)
 
 
 def _read_jsonl(path: Path, reading: Reading) -> list[Record]:

@@ -317,3 +317,18 @@ def test_a_json_line_with_a_list_of_one_image_and_a_columns_mapping(tmp_path):
     path.write_text(json.dumps(line) + "\n")
     env = env_of(path, columns={"question": "sentence"}, box_format="xywh")
     assert (env.records[0].question, env.records[0].box) == ("the red box", (4.0, 2.0, 14.0, 12.0))
+
+
+def test_older_list_layout_and_structs_of_bytes_only(tmp_path):
+    # pyarrow before 13 and some writers name a list's child "item", not "element"; some structs hold bytes only.
+    only_bytes = pa.struct([("bytes", pa.binary())])
+    columns = {"images": [[{"bytes": png()}], [{"bytes": png()}]], "question": ["Q?", "Q?"], "answer": ["a", "b"]}
+    path = tmp_path / "old.parquet"
+    table = pa.table({"images": pa.array(columns["images"], pa.list_(only_bytes)), "question": columns["question"],
+                      "answer": columns["answer"]})  # fmt: skip
+    pq.write_table(table, path, use_compliant_nested_type=False)
+    assert pq.ParquetFile(path).schema_arrow.field("images").type.value_field.name == "item"
+    env = env_of(path)
+    assert [r.image for r in env.records] == [0, 1]
+    env.reset(seed=1)
+    assert env._rows[1]["image"] == {"bytes": png()}
