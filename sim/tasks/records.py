@@ -340,10 +340,11 @@ def _read_hf(path: Path, hf_split: str, reading: Reading) -> tuple[list[Record],
             where = f"{path.name} row {index}"
             reading.keep(records, row_record, where, raw, found, path, reading, index, [None] * counts[index])
         return records, ImageColumn(loaded, column)
-    for index, (raw, image) in enumerate(zip(metadata, loaded[column])):
+    for index, (raw, image) in enumerate(zip(metadata, loaded[column])):  # paths, or {bytes, path} structs
         raw[column] = image
-        reading.keep(records, row_record, f"{path.name} row {index}", raw, found, path, reading)
-    return records, None
+        reading.keep(records, row_record, f"{path.name} row {index}", raw, found, path, reading, index)
+    embedded = any(isinstance(record.image, int) for record in records)
+    return records, ImageColumn(loaded, column) if embedded else None
 
 
 def _image_counts(column: Any) -> list[int]:

@@ -332,3 +332,16 @@ def test_older_list_layout_and_structs_of_bytes_only(tmp_path):
     assert [r.image for r in env.records] == [0, 1]
     env.reset(seed=1)
     assert env._rows[1]["image"] == {"bytes": png()}
+
+
+def test_saved_dataset_with_image_structs_not_typed_as_images(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    (tmp_path / "saved").mkdir()
+    (tmp_path / "saved" / "a.png").write_bytes(png())
+    structs = [{"bytes": png(box=(0, 0, 40, 20)), "path": None}, {"bytes": None, "path": "a.png"}]
+    columns = {"image": structs, "query": ["Q?", "Q?"], "label": [["a"], ["b"]]}
+    datasets.Dataset.from_dict(columns).save_to_disk(str(tmp_path / "saved"))
+    env = env_of(tmp_path / "saved", image_size=8)
+    assert [(r.image, r.answer) for r in env.records] == [(0, "a"), (str(tmp_path / "saved" / "a.png"), "b")]
+    obs = env.reset(seed=0)
+    assert obs.image[0, 4, 4].tolist() == [200, 0, 0]  # the embedded image: red everywhere
