@@ -25,7 +25,7 @@ from sim.tasks.columns import find_columns
 
 _SHARD = re.compile(r"^(?P<split>[A-Za-z0-9_.]+?)-\d+-of-\d+")
 _SPLIT_NAMES = ("train", "test", "validation", "valid", "val", "dev", "eval")
-_CACHED_GROUPS = 2  # row groups whose image column `ParquetRows` keeps decoded-free in memory
+_CACHED_GROUPS = 2  # row groups whose image column `ParquetRows` keeps in memory (bytes, not decoded images)
 
 
 def parquet_files(path: Path, split: str, config: str | None) -> list[Path]:
