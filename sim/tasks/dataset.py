@@ -7,21 +7,25 @@ with the record's question (plus, with `answer_hint`, one sentence saying how to
 below, e.g. `"Answer with <answer>[x1, y1, x2, y2]</answer> in pixels of the 64x64 image."`). The policy answers
 once; the answer is scored by a reward registered in `rewards.REWARDS`, and the episode ends.
 
-**Data** (`path`): either a JSON-lines file (or a folder holding `data.jsonl`), one object a line:
+**Data** (`path`): a JSON-lines file (or a folder holding `data.jsonl`), a parquet file, a folder laid out as a
+Hugging Face dataset repository (parquet shards, the split `hf_split`, the card's config `hf_config`), or a folder
+written by `Dataset.save_to_disk`, read as published (docs/datasets.md); one row a line in JSON lines:
 
     {"image": "images/0001.png", "question": "Find the red car.", "box": [12, 30, 57, 64]}
     {"image": "/data/screens/17.png", "instruction": "Click 'Save'.", "point": [211.5, 40]}
     {"image": "charts/3.png", "question": "What is the peak value?", "answer": "42.5"}
     {"image": "street.png", "question": "Find every car.", "boxes": [[3, 40, 21, 52], [30, 38, 60, 55]]}
 
-`image` is a path relative to the file's folder, or absolute; `question` (or `instruction`) the text; the target is
-one of `answer` (text, a number, or a list of accepted texts), `box` (`[x1, y1, x2, y2]` in pixels of the original
-image), `boxes` (a list of such boxes, every object to find; `[]` when there is none) or `point` (`[x, y]`). Blank lines are skipped. Or a folder written by Hugging Face `datasets`
-(`Dataset.save_to_disk`; a `DatasetDict` is read at its `hf_split`) with the same columns, where `image` is an
-`Image` feature, image bytes, or a path relative to that folder. Bad records (unreadable JSON, a missing, broken or
-too large image file, a missing or malformed field, a box or point outside its image) raise `sim.errors.InputError`
-(a `ValueError`) at construction, naming the line (or row) and the field; image files are checked from their headers
-then (`sim.tasks.records`), images embedded in a `datasets` folder when a world first shows them. With
+The image is a path (relative to the data's folder), bytes, a `{"bytes", "path"}` struct or a list of one; the
+question the text (`<image>` placeholders dropped); the target `answer` (text, a number, or a list of accepted
+texts), `box`, `boxes` (every object to find; `[]` for none) or `point`. The public sets' names (`problem`, `query`,
+`label`, `bbox`, `images`, chat `messages`, ...) are found without options (`sim.tasks.columns`); `columns` maps
+role -> column where two could be one. Boxes (`box_format` `"xyxy"`/`"xywh"`, `box_units` `"pixels"`/`"0-1"`/
+`"0-1000"`) become pixels of the original image.
+Bad records (unreadable JSON, a missing, broken or too large image file, a missing or malformed field, a box or
+point outside its image, a row with several images) raise `sim.errors.InputError` (a `ValueError`) at construction,
+naming the line (or row) and the field; image files are checked from their headers then (`sim.tasks.records`),
+embedded images when a world first shows them (parquet rows are read lazily: `sim.tasks.parquet`). With
 `bad_records="skip"` bad records are left out instead, counted and named on stderr (`skipped_records` lists why).
 
 **Images** (`resize`). `"letterbox"` (default): the image is resized so that its longer side is `image_size`
@@ -110,7 +114,8 @@ from sim.registry import ENVS
 from sim.seeds import EVAL_SEED_BASE, VALIDATION_SEED_BASE, seed_split
 from sim.tasks.answers import BOX_LIST_REWARDS, answer_hint, format_answer, low_score_reason, units_phrase
 from sim.tasks.choices import ConsistencyMode, ReAsk
-from sim.tasks.records import check_inside, fit_pixels, image_size_of, open_image, read_records
+from sim.tasks.columns import BoxFormat, BoxUnits, check_layout
+from sim.tasks.records import Record, fit_pixels, image_size_of, in_pixels, open_image, read_records
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_PATH = REPO / "assets" / "datasets" / "shapes_qa" / "data.jsonl"
@@ -130,7 +135,8 @@ class DatasetEnv(SingleStepImageEnv):
 
     Args:
         num_envs: N, the number of worlds.
-        path: A JSON-lines file, a folder holding `data.jsonl`, or a folder saved by `datasets`.
+        path: A JSON-lines file (or a folder holding `data.jsonl`), a parquet file, a hub repository folder of
+            parquet files, or a folder saved by `datasets`.
         reward: A name in `rewards.REWARDS`, or None to pick one per record from its target.
         image_size: Side of the square images the policy sees, in pixels (`resize="letterbox"`).
         resize: `"letterbox"` (every image into one `image_size` square) or `"native"` (each record's own size,
@@ -154,7 +160,11 @@ class DatasetEnv(SingleStepImageEnv):
             processor resizes it (Qwen-VL rounds sides to its patch grid); 0: `image_size`.
         reward_kwargs: Reward name -> options bound to that reward (`{"numeric_match": {"rel_tol": 0.05}}`).
         answer_hint: Append one sentence saying how to format the answer to each question.
-        hf_split: The split of a saved `DatasetDict` to read.
+        hf_split: The split to read (of a saved `DatasetDict`, or of a repository folder's parquet files).
+        hf_config: The configuration to read where a repository's README card declares several.
+        columns: Role -> the data's column, where the usual names do not find it (docs/datasets.md).
+        box_format: The data's boxes: `"xyxy"`, or `"xywh"` (RefCOCO's `[x, y, w, h]`).
+        box_units: `"pixels"` of the original image, or `"0-1"` / `"0-1000"` of its width and height.
         cache_size: Prepared (decoded, letterboxed) images kept in memory.
         consistency: `"off"` (one question), `"measure"` or `"acre"` (the question re-asked with shuffled options;
             see "Re-asked multiple-choice questions" in the module docstring).
@@ -184,6 +194,10 @@ class DatasetEnv(SingleStepImageEnv):
         reward_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
         answer_hint: bool = True,
         hf_split: str = "train",
+        hf_config: str | None = None,
+        columns: Mapping[str, str | None] | None = None,
+        box_format: BoxFormat = "xyxy",
+        box_units: BoxUnits = "pixels",
         cache_size: int = 1024,
         consistency: ConsistencyMode = "off",
         acre_partial: float = 0.5,
@@ -254,8 +268,9 @@ class DatasetEnv(SingleStepImageEnv):
         if bad_records not in ("error", "skip"):
             raise InputError(f"bad_records must be 'error' or 'skip', got {bad_records!r}")
         self.skipped_records: list[str] = []  # with bad_records="skip", why each left-out record was bad
+        layout = check_layout(columns, box_format, box_units)
         self.records, self._rows = read_records(
-            self.path, reward, hf_split, self.skipped_records if bad_records == "skip" else None
+            self.path, reward, hf_split, self.skipped_records if bad_records == "skip" else None, layout, hf_config
         )
         if self.skipped_records:
             total = len(self.records) + len(self.skipped_records)
@@ -527,24 +542,23 @@ class DatasetEnv(SingleStepImageEnv):
         Raises:
             InputError: the image does not decode, or a box or point lies outside it; naming the record and field.
         """
-        return self._open(index).size
+        return self._open(index)[0].size
 
-    def _open(self, index: int) -> Image.Image:
-        """Record `index`'s image, decoded, with its targets checked inside it."""
+    def _open(self, index: int) -> tuple[Image.Image, Record]:
+        """Record `index`'s image, decoded, and the record with its targets in pixels of it, checked inside it."""
         record = self.records[index]
         try:
             image = open_image(record.image, self._rows)
         except Exception as error:  # decoding happens here, not at construction: name the record
             raise InputError(f"{record.where}: field 'image': cannot read the image: {error}") from error
-        check_inside(record, *image.size)  # done at construction for image files; embedded images are seen here
-        return image
+        # Done at construction for image files; embedded images are seen here (normalised boxes scaled to them).
+        return image, in_pixels(record, *image.size)
 
     def _prepare(self, index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Record `index`'s image as shown `[H, W, 3]` uint8 (letterboxed into the square, or resized to its bounded
         size at the top left of the canvas), target box `[4]` (NaN for text targets) and target boxes `[T, 4]` (None
         unless the record has `boxes`), in pixels of that image."""
-        record = self.records[index]
-        image = self._open(index)
+        image, record = self._open(index)
         width, height = image.size
         if self.resize == "native":
             new_w, new_h = self._shown[index]  # type: ignore[misc]

@@ -11,6 +11,7 @@ question or answer at most `MAX_TEXT_CHARS` characters.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import io
 import json
@@ -19,7 +20,7 @@ import os
 import re
 import warnings
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from struct import error as struct_error
 from typing import Any, BinaryIO
@@ -29,6 +30,19 @@ from PIL import Image
 from rewards import REWARDS, parse_choice, parse_number
 from rewards.image_files import viewed_rgb, viewed_size
 from sim.errors import InputError
+from sim.tasks.columns import (
+    CANDIDATES,
+    UNIT_SCALE,
+    Layout,
+    check_units,
+    find_columns,
+    image_values,
+    one_image,
+    question_and_answer,
+    to_xyxy,
+    value_at,
+)
+from sim.tasks.parquet import read_parquet
 
 # The most pixels an image may hold: PIL's default decompression-bomb bound (`Image.MAX_IMAGE_PIXELS`, 1 GiB / 4 / 3),
 # stated here so that a program that changes PIL's global does not change what a dataset accepts. A larger image is
@@ -43,15 +57,17 @@ MAX_TEXT_CHARS = 100_000
 # How far outside its image a box or point may reach, in pixels: rounding in an annotation tool, not a wrong box.
 BORDER_SLACK = 0.5
 
+_NUMERIC = frozenset((int, float))
 _NUMBER = re.compile(r"[-+]?\$?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?%?|[-+]?\.\d+%?")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Record:
-    """One validated record. Coordinates are in pixels of the original image."""
+    """One validated record. Coordinates are in pixels of the original image, or in `units` of its size where the
+    data gave them normalised and the image's size is known only once it is decoded (`in_pixels` converts)."""
 
     where: str  # "data.jsonl line 3" or "row 3", for error messages
-    image: str | int  # the image file's path, or the row of a saved `datasets` dataset whose Image column holds it
+    image: str | int  # the image file's path, or the row of a table (`rows`) that holds it
     question: str
     box: tuple[float, float, float, float] | None
     point: tuple[float, float] | None
@@ -59,19 +75,50 @@ class Record:
     reward: str  # the registered reward that scores it
     boxes: tuple[tuple[float, float, float, float], ...] | None = None  # every object to find (may be none)
     size: tuple[int, int] | None = None  # (W, H) of an image file, from its header; None for an embedded image
+    units: str = "pixels"  # "pixels", or "0-1" / "0-1000" of the image's size until `in_pixels` converts
+    names: tuple[str, str, str] = ("box", "boxes", "point")  # the data's columns of the box, boxes and point
+
+
+@dataclass
+class Reading:
+    """What reading one dataset needs besides its rows: the reward, the layout (columns, box format and units),
+    the lenient list (None: strict) and each image file's size, read once however many rows show it."""
+
+    reward: str | None
+    layout: Layout
+    skipped: list[str] | None
+    sizes: dict[Path, tuple[int, int]] = field(default_factory=dict)
+
+    def keep(self, records: list[Record], make: Any, *args: Any) -> None:
+        """Append `make(*args)`'s record, or under the lenient reading note why it is bad."""
+        try:
+            records.append(make(*args))
+        except InputError as error:
+            if self.skipped is None:
+                raise
+            self.skipped.append(str(error))
 
 
 def read_records(
-    path: Path, reward: str | None, hf_split: str, skipped: list[str] | None = None
+    path: Path,
+    reward: str | None,
+    hf_split: str,
+    skipped: list[str] | None = None,
+    layout: Layout | None = None,
+    hf_config: str | None = None,
 ) -> tuple[list[Record], Any]:
-    """Validated records, and the `datasets.Dataset` they came from (None for JSON lines).
+    """Validated records, and the table their embedded images are read from when shown (None when every image is
+    a file).
 
     Args:
-        path: A JSON-lines file, a folder holding `data.jsonl`, or a folder saved by `datasets`.
+        path: A JSON-lines file (or a folder holding `data.jsonl`), a parquet file, a folder of parquet files laid
+            out as a Hugging Face dataset repository, or a folder saved by `datasets`.
         reward: The reward every record is scored by, or None to pick one per record.
-        hf_split: The split of a saved `DatasetDict` to read.
+        hf_split: The split to read (of a saved `DatasetDict`, or of a repository's parquet files).
         skipped: None: a bad record raises. A list: a bad record is left out and its message appended here (the
             lenient reading); the data as a whole must still be readable and keep at least one record.
+        layout: Which columns hold what, and the boxes' format and units (`sim.tasks.columns`); None: found.
+        hf_config: The configuration a repository's README card declares, where it declares several.
 
     Raises:
         InputError: The path does not exist, holds no (good) records, or a record is bad (the message names it).
@@ -80,10 +127,15 @@ def read_records(
         path = path / "data.jsonl"
     if not path.exists():
         raise InputError(f"dataset path {path} does not exist")
-    if path.is_dir():
-        records, rows = _read_hf(path, reward, hf_split, skipped)
+    reading = Reading(reward, layout or Layout({}), skipped)
+    if path.is_dir() and not any((path / name).is_file() for name in _SAVED_MARKS):
+        records, rows = read_parquet(path, hf_split, hf_config, reading, row_record)
+    elif path.is_dir():
+        records, rows = _read_hf(path, hf_split, reading)
+    elif path.suffix == ".parquet":
+        records, rows = read_parquet(path, hf_split, hf_config, reading, row_record)
     else:
-        records, rows = _read_jsonl(path, reward, skipped), None
+        records, rows = _read_jsonl(path, reading), None
     if not records and skipped:
         raise InputError(f"dataset {path}: every record is bad ({len(skipped)}; the first: {skipped[0]})")
     if not records:
@@ -91,25 +143,24 @@ def read_records(
     return records, rows
 
 
-def _read_jsonl(path: Path, reward: str | None, skipped: list[str] | None) -> list[Record]:
-    records = []
-    sizes: dict[Path, tuple[int, int]] = {}  # each image file's header read once, however many records show it
+_SAVED_MARKS = ("dataset_dict.json", "state.json")  # what `save_to_disk` writes (a hub repository holds neither)
+
+
+def _read_jsonl(path: Path, reading: Reading) -> list[Record]:
+    records: list[Record] = []
+    found: dict[frozenset[str], dict[str, str | None]] = {}  # the columns of each set of keys, found once
     with open(path, "rb") as file:
         for number, raw_line in _bounded_lines(file):
-            if raw_line is not None and not raw_line.strip():
-                continue
-            try:
-                if raw_line is None:
-                    raise InputError(
-                        f"{path.name} line {number}: longer than MAX_LINE_BYTES = {MAX_LINE_BYTES} bytes; refused "
-                        "without reading it whole"
-                    )
-                records.append(_jsonl_record(path, number, raw_line, reward, sizes))
-            except InputError as error:
-                if skipped is None:
-                    raise
-                skipped.append(str(error))
+            if raw_line is None:
+                error = f"{path.name} line {number}: longer than MAX_LINE_BYTES = {MAX_LINE_BYTES} bytes; refused without reading it whole"
+                reading.keep(records, _refuse, error)
+            elif raw_line.strip():
+                reading.keep(records, _jsonl_record, path, number, raw_line, reading, found)
     return records
+
+
+def _refuse(message: str) -> Record:
+    raise InputError(message)
 
 
 def _bounded_lines(file: BinaryIO) -> Iterator[tuple[int, bytes | None]]:
@@ -126,9 +177,9 @@ def _bounded_lines(file: BinaryIO) -> Iterator[tuple[int, bytes | None]]:
 
 
 def _jsonl_record(
-    path: Path, number: int, raw_line: bytes, reward: str | None, sizes: dict[Path, tuple[int, int]]
+    path: Path, number: int, raw_line: bytes, reading: Reading, found: dict[frozenset[str], dict[str, str | None]]
 ) -> Record:
-    """The record on line `number` of a JSON-lines file, its image file checked (`sizes` caches their sizes)."""
+    """The record on line `number` of a JSON-lines file, its image file checked."""
     where = f"{path.name} line {number}"
     try:
         line = raw_line.decode("utf-8")
@@ -144,11 +195,68 @@ def _jsonl_record(
         raise InputError(f"{where}: not readable JSON ({type(error).__name__}: {error})") from None
     if not isinstance(raw, dict):
         raise InputError(f"{where}: expected a JSON object, got {type(raw).__name__}")
-    image = raw.get("image")
-    if not isinstance(image, str) or not image:
-        raise InputError(f"{where}: field 'image' must be a path (a non-empty string), got {image!r}")
-    file_path = Path(image) if os.path.isabs(image) else path.parent / image
-    return _file_record(where, raw, file_path, reward, sizes)
+    keys = frozenset(raw)
+    if keys not in found:
+        found[keys] = find_columns(keys, reading.layout, where, strict=False)
+    return row_record(where, raw, found[keys], path.parent, reading)
+
+
+def row_record(
+    where: str,
+    raw: Mapping[str, Any],
+    found: Mapping[str, str | None],
+    base: Path,
+    reading: Reading,
+    row: int | None = None,
+    images: list[Any] | None = None,
+) -> Record:
+    """The record of one row whose columns are `found` (`sim.tasks.columns.find_columns`).
+
+    Args:
+        where: Names the row in errors.
+        raw: The row's values (a table's may leave the image column out: then `images` gives it).
+        found: Role -> column.
+        base: The folder image paths are relative to.
+        reading: The reward, the layout and the image files' sizes.
+        row: The row's index in the table that embeds its image, or None when it cannot embed one (JSON lines).
+        images: The row's images when `raw` leaves them out: paths, or None for each embedded image.
+    """
+    image_field = found["image"] or "image"
+    value = value_at(raw, found["image"])
+    if images is None:
+        images = image_values(where, image_field, value)
+    question, answer, question_field = question_and_answer(where, raw, found)
+    if not isinstance(question, str) or not question.strip():
+        if found["question"] is None and found["messages"] is None:
+            raise InputError(
+                f"{where}: field 'question' (or 'instruction') must be a non-empty string, got None; a question is "
+                f"read from a column named one of {', '.join(CANDIDATES['question'])}, from chat 'messages', or from "
+                "the column the option columns={question: NAME} names"
+            )
+        raise InputError(f"{where}: field {question_field!r} must be a non-empty string, got {question!r}")
+    if not images:
+        raise InputError(f"{where}: field {image_field!r} must be a path (a non-empty string), got {value!r}")
+    question = one_image(where, image_field, question, len(images))
+    image = images[0]
+    if isinstance(image, Mapping) and image.get("bytes") is None:
+        image = image.get("path")
+    if isinstance(image, str):  # a file: it must exist and be an image, every box and point lie inside it
+        file_path = Path(image) if os.path.isabs(image) else base / image
+        if not file_path.is_file():
+            raise InputError(f"{where}: field {image_field!r}: file {file_path} not found")
+        return _sized(_record(where, raw, found, answer, question, str(file_path), reading), file_path, reading)
+    if row is None:
+        raise InputError(f"{where}: field {image_field!r} must be a path (a non-empty string), got {value!r}")
+    return _record(where, raw, found, answer, question, row, reading)
+
+
+def _sized(record: Record, file_path: Path, reading: Reading) -> Record:
+    """A record whose image is the file `file_path` (found to exist) with the image's size from its header, and its
+    boxes and point converted to its pixels where the data gave them normalised, and checked to lie inside it."""
+    if file_path not in reading.sizes:
+        reading.sizes[file_path] = image_file_size(file_path, record.where)
+    size = reading.sizes[file_path]
+    return replace(in_pixels(record, *size), size=size)
 
 
 def image_file_size(path: Path, where: str) -> tuple[int, int]:
@@ -195,22 +303,44 @@ def check_inside(record: Record, width: int, height: int) -> None:
     """Refuse a record whose box, boxes or point reach outside its `width` x `height` image (pixel edges: a box may
     end at x2 = width), allowing `BORDER_SLACK` pixels of rounding."""
     low_x, low_y, high_x, high_y = -BORDER_SLACK, -BORDER_SLACK, width + BORDER_SLACK, height + BORDER_SLACK
-    shapes: list[tuple[str, tuple[float, ...]]] = []
-    if record.box is not None:
-        shapes.append(("box", record.box))
-    if record.point is not None:
-        shapes.append(("point", record.point))
-    shapes += [(f"boxes[{i}]", box) for i, box in enumerate(record.boxes or ())]
-    for field, values in shapes:
+    for field_name, values in _shapes(record):
         xs, ys = values[0::2], values[1::2]
         if min(xs) < low_x or max(xs) > high_x or min(ys) < low_y or max(ys) > high_y:
             raise InputError(
-                f"{record.where}: field {field!r} = {[round(v, 3) for v in values]} lies outside the "
+                f"{record.where}: field {field_name!r} = {[round(v, 3) for v in values]} lies outside the "
                 f"{width}x{height} image (coordinates are pixels of the original image)"
             )
 
 
-def _read_hf(path: Path, reward: str | None, hf_split: str, skipped: list[str] | None) -> tuple[list[Record], Any]:
+def in_pixels(record: Record, width: int, height: int) -> Record:
+    """The record with its box, boxes and point in pixels of its `width` x `height` image (normalised coordinates
+    scaled by the image's size), checked to lie inside it (`check_inside`)."""
+    scale = UNIT_SCALE[record.units]
+    if scale is not None:
+        sx, sy = width / scale, height / scale
+
+        def scaled(values: tuple[float, ...] | None) -> Any:
+            return None if values is None else tuple(v * (sx if i % 2 == 0 else sy) for i, v in enumerate(values))
+
+        boxes = None if record.boxes is None else tuple(scaled(box) for box in record.boxes)
+        record = replace(record, box=scaled(record.box), point=scaled(record.point), boxes=boxes, units="pixels")
+    check_inside(record, width, height)
+    return record
+
+
+def _shapes(record: Record) -> list[tuple[str, tuple[float, ...]]]:
+    """(field, coordinates) of every box and point of a record."""
+    box, boxes, point = record.names
+    shapes: list[tuple[str, tuple[float, ...]]] = []
+    if record.box is not None:
+        shapes.append((box, record.box))
+    if record.point is not None:
+        shapes.append((point, record.point))
+    return shapes + [(f"{boxes}[{i}]", each) for i, each in enumerate(record.boxes or ())]
+
+
+def _read_hf(path: Path, hf_split: str, reading: Reading) -> tuple[list[Record], Any]:
+    """The records of a folder saved by `datasets` (`Dataset.save_to_disk`), images embedded or paths."""
     try:
         import datasets
     except ImportError as error:
@@ -225,89 +355,89 @@ def _read_hf(path: Path, reward: str | None, hf_split: str, skipped: list[str] |
         if hf_split not in loaded:
             raise InputError(f"{path} has splits {', '.join(loaded)}; choose one with hf_split (got {hf_split!r})")
         loaded = loaded[hf_split]
-    if "image" not in loaded.column_names:
+    found = find_columns(loaded.column_names, reading.layout, str(path))
+    column = found["image"]
+    if column is None:
         raise InputError(f"{path}: no 'image' column (columns: {', '.join(loaded.column_names)})")
+    feature = loaded.features[column]
+    inner = getattr(feature, "feature", feature)  # a list of images: `Sequence(Image())` / `List(Image())`
+    inner = inner[0] if isinstance(inner, list) else inner
     # Validate from the other columns only: decoding (or even loading) every image here would cost a full pass.
-    metadata = loaded.remove_columns(["image"]).to_list()
-    embedded = isinstance(loaded.features["image"], datasets.Image)
-    if embedded:
-        import pyarrow.compute as pc
-
-        missing = pc.is_null(loaded.data.column("image"))
-        if pc.any(missing).as_py():
-            row = pc.index(missing, True).as_py()
-            raise InputError(f"{path.name} row {row}: field 'image' is empty")
-        images: list[Any] = list(range(len(metadata)))  # rows of `loaded`, decoded when first shown
-    else:
-        images = loaded["image"]
-    records = []
-    sizes: dict[Path, tuple[int, int]] = {}
-    for index, (raw, image) in enumerate(zip(metadata, images)):
-        try:
-            records.append(_hf_record(path, index, raw, image, embedded, reward, sizes))
-        except InputError as error:
-            if skipped is None:
-                raise
-            skipped.append(str(error))
-    return records, loaded if embedded else None
+    others = sorted({c.split(".")[0] for c in found.values() if c is not None} - {column})
+    metadata = loaded.select_columns(others).to_list()
+    records: list[Record] = []
+    if isinstance(inner, datasets.Image):  # embedded: read when first shown; each row's count from the table
+        counts = _image_counts(loaded.data.column(column))
+        for index, raw in enumerate(metadata):
+            where = f"{path.name} row {index}"
+            reading.keep(records, row_record, where, raw, found, path, reading, index, [None] * counts[index])
+        return records, ImageColumn(loaded, column)
+    for index, (raw, image) in enumerate(zip(metadata, loaded[column])):  # paths, or {bytes, path} structs
+        raw[column] = image
+        reading.keep(records, row_record, f"{path.name} row {index}", raw, found, path, reading, index)
+    embedded = any(isinstance(record.image, int) for record in records)
+    return records, ImageColumn(loaded, column) if embedded else None
 
 
-def _hf_record(
-    path: Path,
-    index: int,
+def _image_counts(column: Any) -> list[int]:
+    """Images per row of an Arrow image column (0 for a null row; a list column's lengths), without its bytes."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+        return pc.fill_null(pc.list_value_length(column), 0).to_pylist()
+    return pc.if_else(pc.is_null(column), 0, 1).to_pylist()
+
+
+class ImageColumn:
+    """A `datasets.Dataset`'s image column as rows `{"image": value}` (the first image of a list), decoded by
+    `datasets` when asked: what `open_image` reads a row's embedded image from."""
+
+    def __init__(self, dataset: Any, column: str):
+        self.dataset, self.column = dataset, column
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        value = self.dataset[index][self.column]
+        return {"image": value[0] if isinstance(value, list) and value else value}
+
+
+def _record(
+    where: str,
     raw: Mapping[str, Any],
+    found: Mapping[str, str | None],
+    answer_value: Any,
+    question: str,
     image: Any,
-    embedded: bool,
-    reward: str | None,
-    sizes: dict[Path, tuple[int, int]],
+    reading: Reading,
 ) -> Record:
-    """Row `index` of a saved `datasets` folder as a record; an image file it names is checked (an embedded image
-    is checked when first shown)."""
-    where = f"{path.name} row {index}"
-    if embedded:
-        return _record(where, raw, image, reward)
-    if not isinstance(image, str) or not image:
-        raise InputError(f"{where}: field 'image' must be an Image feature or a path, got {image!r}")
-    file_path = Path(image) if os.path.isabs(image) else path / image
-    return _file_record(where, raw, file_path, reward, sizes)
-
-
-def _file_record(
-    where: str, raw: Mapping[str, Any], file_path: Path, reward: str | None, sizes: dict[Path, tuple[int, int]]
-) -> Record:
-    """The record of a row whose image is a file: the file must exist, and every box or point lie inside the image.
-
-    `sizes` caches each file's (W, H) across the rows that share it, so a file's header is read once.
-    """
-    if not file_path.is_file():
-        raise InputError(f"{where}: field 'image': file {file_path} not found")
-    record = _record(where, raw, str(file_path), reward)
-    if file_path not in sizes:
-        sizes[file_path] = image_file_size(file_path, where)
-    check_inside(record, *sizes[file_path])
-    return replace(record, size=sizes[file_path])
-
-
-def _record(where: str, raw: Mapping[str, Any], image: Any, reward: str | None) -> Record:
-    """One validated `Record` from a raw mapping (a JSON object or a dataset row)."""
-    question = raw.get("question", raw.get("instruction"))
-    for field, value in (("question", question), ("answer", raw.get("answer"))):
+    """One validated `Record` from a row's values (its question and answer already read out)."""
+    for name, value in ((found.get("question") or "question", question), (found["answer"] or "answer", answer_value)):
         texts = value if isinstance(value, list) else [value]
         chars = sum(len(text) for text in texts if isinstance(text, str))
         if chars > MAX_TEXT_CHARS:  # before any message shows the value
             raise InputError(
-                f"{where}: field {field!r} holds {chars} characters, over MAX_TEXT_CHARS = {MAX_TEXT_CHARS}"
+                f"{where}: field {name!r} holds {chars} characters, over MAX_TEXT_CHARS = {MAX_TEXT_CHARS}"
             )
-    if not isinstance(question, str) or not question.strip():
-        raise InputError(f"{where}: field 'question' (or 'instruction') must be a non-empty string, got {question!r}")
-    box = _box(where, "box", raw.get("box"))
-    boxes = _box_list(where, raw.get("boxes"))
+    layout, reward = reading.layout, reading.reward
+    names = _names(found["box"] or "box", found["boxes"] or "boxes", found["point"] or "point")
+    box = _box(where, names[0], value_at(raw, found["box"]), layout)
+    boxes = _box_list(where, names[1], value_at(raw, found["boxes"]), layout)
     if box is not None and boxes is not None:
-        raise InputError(f"{where}: give one of the fields 'box' (one object) and 'boxes' (several), not both")
-    point = _numbers(where, "point", raw.get("point"), 2)
-    answer = _answer(where, raw.get("answer"))
+        raise InputError(
+            f"{where}: give one of the fields {names[0]!r} (one object) and {names[1]!r} (several), not both"
+        )
+    point = _numbers(where, names[2], value_at(raw, found["point"]), 2)
+    if point is not None:
+        check_units(where, names[2], point, layout.box_units)
+    answer = _answer(where, found["answer"] or "answer", answer_value)
     if box is None and boxes is None and point is None and answer is None:
-        raise InputError(f"{where}: needs a target: one of the fields 'answer', 'box', 'boxes' or 'point'")
+        raise InputError(
+            f"{where}: needs a target: one of the fields 'answer', 'box', 'boxes' or 'point' (or a column named "
+            "solution, ground_truth, label or bbox, or chosen with the option columns)"
+        )
     if reward is None:
         if box is not None:
             name = "box_iou"
@@ -337,49 +467,64 @@ def _record(where: str, raw: Mapping[str, Any], image: Any, reward: str | None) 
             raise InputError(f"{where}: field 'answer' = {answer!r} holds no number for reward 'numeric_match'")
         if name == "multiple_choice" and (not isinstance(answer, str) or parse_choice(answer).letter is None):
             raise InputError(f"{where}: field 'answer' = {answer!r} is no choice letter for reward 'multiple_choice'")
-    return Record(where, image, question.strip(), box, point, answer, name, boxes)
+    return Record(where, image, question.strip(), box, point, answer, name, boxes, None, layout.box_units, names)
 
 
-def _box(where: str, field: str, value: Any) -> tuple[float, float, float, float] | None:
-    box = _numbers(where, field, value, 4)
-    if box is not None and not (box[0] < box[2] and box[1] < box[3]):
+@functools.lru_cache(maxsize=64)
+def _names(box: str, boxes: str, point: str) -> tuple[str, str, str]:
+    """One tuple per set of column names, shared by the records that use it (200k rows hold one)."""
+    return (box, boxes, point)
+
+
+def _box(where: str, field_name: str, value: Any, layout: Layout) -> tuple[float, float, float, float] | None:
+    box = _numbers(where, field_name, value, 4)
+    if box is None:
+        return None
+    box = to_xyxy(where, field_name, box, layout.box_format)
+    if not (box[0] < box[2] and box[1] < box[3]):
         raise InputError(
-            f"{where}: field {field!r} must be [x1, y1, x2, y2] with x1 < x2 and y1 < y2, got {list(box)}"
+            f"{where}: field {field_name!r} must be [x1, y1, x2, y2] with x1 < x2 and y1 < y2, got {list(box)}"
         )
+    check_units(where, field_name, box, layout.box_units)
     return box  # type: ignore[return-value]
 
 
-def _box_list(where: str, value: Any) -> tuple[tuple[float, float, float, float], ...] | None:
-    """The field 'boxes': a list of [x1, y1, x2, y2] boxes; an empty list means there is nothing to find."""
+def _box_list(
+    where: str, field_name: str, value: Any, layout: Layout
+) -> tuple[tuple[float, float, float, float], ...] | None:
+    """The field 'boxes': a list of boxes; an empty list means there is nothing to find."""
     if value is None:
         return None
     if not isinstance(value, list | tuple):
-        raise InputError(f"{where}: field 'boxes' must be a list of [x1, y1, x2, y2] boxes, got {value!r}")
-    return tuple(_box(where, f"boxes[{i}]", box) for i, box in enumerate(value))  # type: ignore[misc]
+        raise InputError(f"{where}: field {field_name!r} must be a list of [x1, y1, x2, y2] boxes, got {value!r}")
+    return tuple(_box(where, f"{field_name}[{i}]", box, layout) for i, box in enumerate(value))  # type: ignore[misc]
 
 
-def _numbers(where: str, field: str, value: Any, count: int) -> tuple[float, ...] | None:
+def _numbers(where: str, field_name: str, value: Any, count: int) -> tuple[float, ...] | None:
     if value is None:
         return None
-    ok = isinstance(value, list | tuple) and len(value) == count
-    ok = ok and all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in value)
-    if not ok:
-        raise InputError(f"{where}: field {field!r} must be a list of {count} finite numbers, got {value!r}")
-    return tuple(float(v) for v in value)
+    # Types compared exactly (a bool is no number); the sum is finite only when every value is (and not past 1e308).
+    ok = isinstance(value, list | tuple) and len(value) == count and all(map(_NUMERIC.__contains__, map(type, value)))
+    if not (ok and math.isfinite(sum(value))):
+        raise InputError(f"{where}: field {field_name!r} must be a list of {count} finite numbers, got {value!r}")
+    return tuple(map(float, value))
 
 
-def _answer(where: str, value: Any) -> str | tuple[str, ...] | None:
+def _answer(where: str, field_name: str, value: Any) -> str | tuple[str, ...] | None:
     if value is None:
         return None
+    message = f"{where}: field {field_name!r} must be text, a number or a list of texts, got {value!r}"
     if isinstance(value, bool):
-        raise InputError(f"{where}: field 'answer' must be text, a number or a list of texts, got {value!r}")
+        raise InputError(message)
     if isinstance(value, int | float):
         return str(value)
     if isinstance(value, str) and value.strip():
         return value.strip()
-    if isinstance(value, list) and value and all(isinstance(v, str) and v.strip() for v in value):
-        return tuple(v.strip() for v in value)
-    raise InputError(f"{where}: field 'answer' must be text, a number or a list of texts, got {value!r}")
+    if isinstance(value, list) and value and all(isinstance(v, str | int | float) for v in value):
+        texts = tuple(str(v).strip() for v in value if not isinstance(v, bool))
+        if len(texts) == len(value) and all(texts):
+            return texts[0] if len(texts) == 1 else texts  # one accepted answer (ChartQA's labels): scored as one
+    raise InputError(message)
 
 
 def open_image(value: Any, rows: Any) -> Image.Image:
