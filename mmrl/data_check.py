@@ -16,7 +16,7 @@ inside it. The report says
 - every bad row with its reason.
 
 The exit code is 2 when a row is bad, 0 otherwise; a wrong option or a dataset with no good row is one line on
-stderr (exit 2), as everywhere in `mmrl`. User guide: docs/data_check.md.
+stderr (exit 2), as everywhere in `mmrl`. User guide: docs/datasets.md ("Checking a dataset").
 """
 
 from __future__ import annotations
