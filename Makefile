@@ -101,6 +101,13 @@ test: setup $(MS_STAMP) $(BROWSER_STAMP) $(LIBERO_STAMP) $(VLLM_STAMP)
 bench: setup
 	$(BIN)/python bench/grpo_step.py
 
+# Every GPU check in one sitting (about 8 minutes on one H200): bench/gpu_check.py, which writes
+# runs/gpu-check/gpu_check.json and gpu_check.md (the table for BENCHMARKS.md). No `setup`: a GPU machine brings its
+# own torch and transformers; the project runs from this folder.
+GPU_PY ?= $(shell test -x $(BIN)/python && echo $(BIN)/python || echo python3)
+gpu-check:
+	$(GPU_PY) bench/gpu_check.py --out runs/gpu-check
+
 lint: setup
 	$(BIN)/ruff check .
 
