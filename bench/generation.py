@@ -153,7 +153,7 @@ def run_backend(policy: VLMPolicy, backend: str, obs, args) -> dict:
             "tokens_per_s": tokens / median, "ids": ids}  # fmt: skip
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="tiny:qwen2_5_vl")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -171,7 +171,7 @@ def main() -> None:
     parser.add_argument("--vllm-memory", type=float, default=0.5, help="vLLM's gpu_memory_utilization")
     parser.add_argument("--vllm-max-model-len", type=int, default=2048, help="vLLM's max_model_len (KV planning)")
     parser.add_argument("--json", default=None, help="also write the results here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.batch % args.group_size:
         raise SystemExit(f"--batch {args.batch} does not split into groups of --group-size {args.group_size}")
     torch.set_num_threads(args.threads)

@@ -471,7 +471,7 @@ def ratio(trl: Run, mmrl: Run) -> dict:
     return {"step": pooled, "per_round": rounds, "period": period}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     global SPEC
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5, help="rounds; each round runs every configuration once")
@@ -493,7 +493,7 @@ def main() -> None:
     )
     parser.add_argument("--device", default=SPEC.device, help="cpu (default) or cuda")
     parser.add_argument("--dtype", default=SPEC.dtype, choices=sorted(DTYPES), help="model dtype (default float32)")
-    opts = parser.parse_args()
+    opts = parser.parse_args(argv)
     SPEC = ModelSpec(opts.model, opts.device, opts.dtype)
     variants = [v.strip() for v in opts.variants.split(",") if v.strip()]
     unknown = sorted(set(variants) - set(VARIANTS))

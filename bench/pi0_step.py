@@ -25,6 +25,7 @@ Only APIs of torch 2.11 and transformers 5.17 are used (the GPU machines' versio
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -147,6 +148,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batches", default="1,8", help="sampling batch sizes, comma-separated")
     parser.add_argument("--checkpointing", action="store_true", help="model.gradient_checkpointing")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args(argv)
     if args.rows % args.group:
         parser.error(f"--rows {args.rows} is not a multiple of --group {args.group}")
@@ -218,6 +220,8 @@ def main(argv: list[str] | None = None) -> dict:
             f"sample one chunk, batch {batch}: {seconds * 1000:.1f} ms ({seconds / policy.num_steps * 1000:.2f} ms "
             f"a denoising step incl. the prompt pass; {batch * cfg.chunk_size / seconds:.0f} actions/s){memory}"
         )
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=2))
     return results
 
 

