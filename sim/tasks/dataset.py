@@ -111,10 +111,10 @@ from rewards.coordinates import check_coordinates, from_pixels
 from sim.base import Observation, SingleStepImageEnv, StepResult, check_expert_noise, check_text_actions
 from sim.errors import InputError
 from sim.registry import ENVS
-from sim.seeds import EVAL_SEED_BASE, VALIDATION_SEED_BASE, seed_split
 from sim.tasks.answers import BOX_LIST_REWARDS, answer_hint, format_answer, low_score_reason, units_phrase
 from sim.tasks.choices import ConsistencyMode, ReAsk
 from sim.tasks.columns import BoxFormat, BoxUnits, check_layout
+from sim.tasks.parts import RecordParts
 from sim.tasks.records import Record, fit_pixels, image_size_of, in_pixels, open_image, read_records
 
 REPO = Path(__file__).resolve().parents[2]
@@ -215,8 +215,6 @@ class DatasetEnv(SingleStepImageEnv):
             raise InputError(f"num_envs must be >= 1, got {num_envs}")
         if image_size < 8:
             raise InputError(f"image_size must be >= 8, got {image_size}")
-        if split not in ("auto", "train", "validation", "test", "all"):
-            raise InputError(f"split must be 'auto', 'train', 'validation', 'test' or 'all', got {split!r}")
         for name, value in (("eval_fraction", eval_fraction), ("val_fraction", val_fraction)):
             if not 0.0 <= value < 1.0:
                 raise InputError(f"{name} must be in [0, 1), got {value}")
@@ -277,18 +275,8 @@ class DatasetEnv(SingleStepImageEnv):
             print(f"dataset {self.path.name}: skipped {len(self.skipped_records)} bad record(s) of {total} "
                   f"(bad_records='skip'); the first: {self.skipped_records[0]}", file=sys.stderr)  # fmt: skip
         count = len(self.records)
-        held = math.ceil(eval_fraction * count) if split != "all" and eval_fraction > 0 else 0
-        kept = math.ceil(val_fraction * count) if split != "all" and val_fraction > 0 else 0
-        if held + kept >= count:
-            raise InputError(f"eval_fraction={eval_fraction} and val_fraction={val_fraction} hold out all {count} "
-                             "records; nothing left to train on")  # fmt: skip
-        self.train_ids = list(range(count - held - kept))
-        self.val_ids = list(range(count - held - kept, count - held))
-        self.eval_ids = list(range(count - held, count))  # the test records
-        if split == "test" and not self.eval_ids:
-            raise InputError("split='test' needs test records; set eval_fraction > 0")
-        if split == "validation" and not self.val_ids:
-            raise InputError("split='validation' needs validation records; set val_fraction > 0")
+        self.parts = RecordParts(count, split, eval_fraction, val_fraction, shuffle, shuffle_seed)
+        self.train_ids, self.val_ids, self.eval_ids = self.parts.train, self.parts.validation, self.parts.test
 
         kwargs = dict(reward_kwargs or {})
         used = sorted({r.reward for r in self.records})
@@ -350,20 +338,8 @@ class DatasetEnv(SingleStepImageEnv):
 
     # ------------------------------------------------------------------------------------------------ contract
     def record_index(self, seed: int) -> int:
-        """The record a world reset with `seed` shows (see "Seeds and the held-out split" in the module docstring).
-
-        Raises:
-            ValueError: A held-out seed when no record is held out.
-        """
-        name = {"auto": seed_split(seed), "all": "train"}.get(self.split, self.split)  # "all": nothing held out
-        part = {"train": self.train_ids, "validation": self.val_ids, "test": self.eval_ids}[name]
-        if not part:  # a test seed with eval_fraction 0, a validation seed with val_fraction 0 (trainer.eval_every)
-            fraction = "eval_fraction" if name == "test" else "val_fraction"
-            raise InputError(f"seed {seed} asks for a {name} record, but none is held out: set {fraction} > 0")
-        base = {"train": 0, "validation": VALIDATION_SEED_BASE, "test": EVAL_SEED_BASE}[name]
-        offset = seed - base if self.split == "auto" else seed
-        epoch, position = divmod(int(offset), len(part))
-        return part[int(self._order(name, epoch, len(part))[position])]
+        """The record a world reset with `seed` shows (see "Seeds and the held-out split" in the module docstring)."""
+        return self.parts.record(seed)
 
     def draw_worlds(self, ids: list[int], seeds: list[int]) -> tuple[torch.Tensor, list[str], torch.Tensor]:
         """Show new records in the worlds `ids` (the `SingleStepImageEnv` hook; `record_index` maps seeds to them)."""
@@ -494,7 +470,7 @@ class DatasetEnv(SingleStepImageEnv):
                 answers.append(again)
                 continue
             if noise > 0 and float(torch.rand((), generator=generator)) < noise:
-                part = next(p for p in (self.train_ids, self.val_ids, self.eval_ids) if p and index <= p[-1])
+                part = self.parts.part_of(index)
                 index = part[int(torch.randint(len(part), (), generator=generator))]
                 _, box, box_list = self._prepared(index)
             box = self._in_units(index, box)
@@ -521,14 +497,6 @@ class DatasetEnv(SingleStepImageEnv):
         self.max_episode_steps = 2
         hint = "Answer with the letter of your choice in <answer></answer>."
         return ReAsk(self.num_envs, mode, partial, self.shuffle_seed, hint if self.answer_hint else "answer again.")
-
-    def _order(self, part: str, epoch: int, size: int) -> np.ndarray:
-        """The visiting order of a part (`"train"`, `"validation"`, `"test"`) in one epoch: a permutation of
-        `range(size)`, each part's of its own stream (the training and test ones those of before the validation part)."""
-        if not self.shuffle:
-            return np.arange(size)
-        stream = {"train": 0, "test": 1, "validation": 2}[part]
-        return _permutation(self.shuffle_seed % 2**63, stream, epoch % 2**63, size)
 
     def shown_size(self, index: int) -> tuple[int, int]:
         """(W', H') of record `index`'s image as shown: its own bounded size, or the letterbox square."""
@@ -614,8 +582,3 @@ class DatasetEnv(SingleStepImageEnv):
             kwargs = {k: v for k, v in self._fns[name].kwargs.items() if k != "iou_threshold"}
             return REWARDS.get("detection_f1")(texts, targets["target_boxes"], iou_threshold=0.5, **kwargs) >= 1.0
         return None
-
-
-@functools.lru_cache(maxsize=16)
-def _permutation(seed: int, part: int, epoch: int, size: int) -> np.ndarray:
-    return np.random.default_rng([seed, part, epoch]).permutation(size)

@@ -14,8 +14,8 @@ from PIL import Image
 import sim.tasks.dataset  # noqa: F401  (registers `dataset`)
 from sim import check_vec_env, make
 from sim.errors import InputError
-from sim.seeds import DEMO_SEED_BASE, eval_seeds, validation_seeds
-from sim.tasks.dataset import DEFAULT_PATH, EVAL_SEED_BASE, DatasetEnv
+from sim.seeds import DEMO_SEED_BASE, EVAL_SEED_BASE, eval_seeds, validation_seeds
+from sim.tasks.dataset import DEFAULT_PATH, DatasetEnv
 
 
 def write_png(path: Path, size: tuple[int, int], colour: tuple[int, int, int], box: list[int] | None = None) -> None:
