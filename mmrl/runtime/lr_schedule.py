@@ -11,8 +11,8 @@ The multiplier of the lr at the policy's `update`-th optimiser step (1-based) is
         linear:    r + (1 - r) * (1 - p)
         cosine:    r + (1 - r) * (1 + cos(pi * p)) / 2
 
-Counting from 1 keeps today's warm-up (the first update at lr / W, the W-th at lr) and lands the last update on the
-floor `r * lr`; transformers counts from 0, so its first update runs at lr 0 and its last above the floor. Past N
+Counting from 1 runs the first update at lr / W and the W-th at lr, and lands the last update on the floor
+`r * lr`; transformers counts from 0, so its first update runs at lr 0 and its last above the floor. Past N
 (a finished run resumed with more steps) the lr stays at the floor.
 
 The multiplier is a function of the update count alone, which `LambdaLR` keeps in its state (`last_epoch`): the

@@ -1,9 +1,9 @@
 """Stopping a run between steps: Ctrl-C (SIGINT) or SIGTERM asks the trainer to stop after the step in progress,
 which it checkpoints first, so that `resume=true` continues exactly; a second one stops at once.
 
-Without this a Ctrl-C raised `KeyboardInterrupt` wherever the loop was (a long traceback; the last checkpoint intact)
-and SIGTERM killed the process (the same, silently). Under torchrun the processes agree on stopping at each step's end
-(`World.max`), so they all checkpoint the same step.
+A `KeyboardInterrupt` raised wherever the loop is would leave the step in progress unsaved and print a long
+traceback; SIGTERM (a scheduler's pre-emption) would kill the process with no word. Under torchrun the processes
+agree on stopping at each step's end (`World.max`), so they all checkpoint the same step.
 """
 
 from __future__ import annotations
