@@ -123,8 +123,9 @@ def value_at(raw: Mapping[str, Any], column: str | None) -> Any:
 def question_and_answer(where: str, raw: Mapping[str, Any], found: Mapping[str, str | None]) -> tuple[Any, Any, str]:
     """The row's question text, its answer (None without one) and the name of the field the question came from.
 
-    A chat conversation (a `messages` column, or a question column holding a list of turns as verl's `prompt`
-    does) gives the user turn's text, with `<image>` where its image parts stand, and the assistant turn as the
+    A list of texts (lmms-lab/RefCOCO's `answer`: several referring expressions of one object) asks the first. A
+    chat conversation (a `messages` column, or a question column holding a list of turns as verl's `prompt` does)
+    gives the user turn's text, with `<image>` where its image parts stand, and the assistant turn as the
     answer when the data has no answer column.
     """
     answer = value_at(raw, found["answer"])
@@ -133,6 +134,8 @@ def question_and_answer(where: str, raw: Mapping[str, Any], found: Mapping[str, 
     field = question_column or "question"
     if question is None and found["messages"] is not None:
         question, field = value_at(raw, found["messages"]), found["messages"]
+    if isinstance(question, list) and question and all(isinstance(text, str) for text in question):
+        question = question[0]  # several phrasings of one question (RefCOCO's referring expressions): the first
     if isinstance(question, list):
         question, reply = _conversation(where, field, question)
         if answer is None:

@@ -36,6 +36,11 @@ PRESETS = {
     # Its critic trains alone for 2 steps (algo.critic.warmup_steps), so a third step moves the policy.
     "highway_tiny.yaml": ["env.options={image_size: 64, max_episode_steps: 2}", "trainer.total_steps=3"],
     "dataset_tiny.yaml": [],
+    # The public sets' shapes (scripts/make_public_samples.py): hub repository folders of parquet, read as published.
+    "refcoco_tiny.yaml": [],
+    "screenspot_tiny.yaml": [],
+    "geometry3k_tiny.yaml": [],
+    "chartqa_tiny.yaml": [],
     "cad_tiny.yaml": [],
     "jigsaw_tiny.yaml": ["curriculum.steps_per_level=1"],  # one step at 2x2, the eval at 3x3
     "maze_tiny.yaml": ["curriculum.steps_per_level=1"],
