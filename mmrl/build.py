@@ -145,7 +145,6 @@ def build(cfg: TrainConfig, policy: Policy | None, generation_shards: int | None
     """
     tc = cfg.trainer
     require_backends(tc.log_with)  # a missing logging extra fails here, before anything is loaded or trained
-    cfg.check_validation_split()
     world = distributed.init_world(cfg.model.device)
     if policy is None:
         check_run(cfg, world.size)  # what the run asks of the model's kind, before anything loads
@@ -190,6 +189,7 @@ def build(cfg: TrainConfig, policy: Policy | None, generation_shards: int | None
             )
         policy = policy.fit(load_cfg, env)
         live.callback(policy.close)  # its engine, if it starts one, shuts down however the run ends
+    cfg.check_validation_split()  # after the env's and the model's own checks: a bad dataset or folder is named first
     # Written once everything the run needs has loaded and fitted, so that a refused run leaves no folder behind.
     make_output_dir(out)
     if world.is_main:

@@ -25,6 +25,7 @@ browser; an extra whose packages are not installed is skipped)
 from __future__ import annotations
 
 import sys
+import sysconfig
 from importlib import metadata
 
 from packaging.requirements import Requirement
@@ -89,8 +90,13 @@ def locked_versions(root: str, extras: tuple[str, ...]) -> dict[str, str]:
 
 
 def installed_versions() -> dict[str, str]:
-    """{canonical name: version} of every package installed in this interpreter's environment but `NOT_LOCKED`."""
-    found = {canonicalize_name(d.metadata["Name"]): d.version for d in metadata.distributions()}
+    """{canonical name: version} of every package installed in this interpreter's environment but `NOT_LOCKED`.
+
+    Only the environment's site-packages are read: a process that has imported `pkg_resources` (pytest does) also
+    has setuptools' vendored packages (`setuptools/_vendor`: autocommand, jaraco.*, ...) on `sys.path`, which pip
+    did not install and a lock does not name."""
+    paths = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+    found = {canonicalize_name(d.metadata["Name"]): d.version for d in metadata.distributions(path=paths)}
     return {name: version for name, version in found.items() if name not in NOT_LOCKED}
 
 

@@ -77,8 +77,10 @@ def evaluate(
     protocol = None
     greedy = Sampling(max_new_tokens=max_new_tokens, temperature=0.0)
     # A held-out evaluation of thousands of episodes runs a minute or more, several times a run: a bar (rank 0's),
-    # cleared when done, so that the training bar stays one line.
-    bar = tqdm(total=len(seeds), desc="eval", unit="ep", leave=False, dynamic_ncols=True, disable=world.rank != 0)
+    # cleared when done, so that the training bar stays one line. It redraws at every batch (`mininterval=0`: a few
+    # dozen redraws), so the last state is drawn however fast the batches go.
+    bar = tqdm(total=len(seeds), desc="eval", unit="ep", leave=False, dynamic_ncols=True, mininterval=0,
+               disable=world.rank != 0)  # fmt: skip
     for start in range(0, len(seeds), batch_size):
         chunk = seeds[start : start + batch_size]
         if env is None or env.num_envs != len(chunk):
@@ -289,7 +291,7 @@ def evaluate_k(policy: Policy, cfg: TrainConfig, split: str = "test") -> Sampled
     metric = cfg.env.eval_metric
     values, correct, texts, instructions, images, tasks = [], [], [], [], [], []
     env = None
-    bar = tqdm(total=len(seeds), desc=f"eval k={ec.k}", unit="item", leave=False, dynamic_ncols=True)
+    bar = tqdm(total=len(seeds), desc=f"eval k={ec.k}", unit="item", leave=False, dynamic_ncols=True, mininterval=0)
     try:
         for start in range(0, len(seeds), per_batch):
             chunk = seeds[start : start + per_batch]

@@ -442,7 +442,8 @@ def _eval_worker() -> None:
     import mmrl.stages.evaluate
     from mmrl.policy import build_tiny
     from mmrl.runtime.distributed import close_world, full_weights, init_world, shard_model
-    from mmrl.stages.evaluate import eval_seeds, evaluate
+    from mmrl.stages.evaluate import evaluate
+    from sim.seeds import eval_seeds
 
     world = init_world("cpu")
     rank = world.rank
