@@ -76,7 +76,7 @@ validation split (each at least one record when its fraction is > 0), the rest t
 splits (a hub repository's `validation-*.parquet`, a saved `DatasetDict`) can use them instead: `hf_validation_split`
 and `hf_test_split` name the splits read as those parts (each read and checked as `hf_split`'s, its rows named with
 their split: `"validation-00000-of-00001.parquet (split 'validation') row 3"`), `hf_split` the training one; a part
-takes a named split or a fraction, not both (`eval_fraction` is 0.1 unless set, 0 with `hf_test_split`). With
+takes a named split or a fraction, not both (`eval_fraction` at its default 0.1 is unused with `hf_test_split`). With
 `split="auto"` (default)
 a seed reads the part of its range in `sim.seeds`: test seeds (>= `EVAL_SEED_BASE`, 1e9: the score before and after a
 run, `mmrl eval`) the test records, validation seeds (`trainer.eval_every`, `mmrl eval --split validation`) the
@@ -119,7 +119,7 @@ from sim.registry import ENVS
 from sim.tasks.answers import answer_hint, format_answer, has_success, low_score_reason, successes, units_phrase
 from sim.tasks.choices import ConsistencyMode, ReAsk
 from sim.tasks.columns import BoxFormat, BoxUnits, check_layout
-from sim.tasks.parts import RecordParts, check_named_splits, read_parts
+from sim.tasks.parts import DEFAULT_EVAL_FRACTION, RecordParts, check_named_splits, read_parts
 from sim.tasks.records import Record, fit_pixels, image_size_of, in_pixels, open_image
 
 REPO = Path(__file__).resolve().parents[2]
@@ -148,8 +148,8 @@ class DatasetEnv(SingleStepImageEnv):
         factor: With `resize="native"`, what both sides are multiples of (Qwen2-VL's 14 px patches merged 2x2: 28).
         split: `"auto"` (each seed reads its range's part: test seeds >= 1e9 the test records, validation seeds the
             validation records), `"train"`, `"validation"`, `"test"` or `"all"`.
-        eval_fraction: The share of records, at the end of the data, held out as the test split (None: 0.1, or 0
-            with `hf_test_split`).
+        eval_fraction: The share of records, at the end of the data, held out as the test split (not used with
+            `hf_test_split`, which refuses any other value than the default or 0).
         val_fraction: The share of records, just before the test records, kept as the validation split (taken from
             the training records: 0 keeps them all for training).
         shuffle: Visit each part in a per-epoch shuffled order (else in file order).
@@ -193,7 +193,7 @@ class DatasetEnv(SingleStepImageEnv):
         reward: str | None = None,
         image_size: int = 64,
         split: Literal["auto", "train", "validation", "test", "all"] = "auto",
-        eval_fraction: float | None = None,
+        eval_fraction: float = DEFAULT_EVAL_FRACTION,
         val_fraction: float = 0.0,
         shuffle: bool = True,
         shuffle_seed: int = 0,

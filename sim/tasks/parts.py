@@ -25,6 +25,7 @@ from sim.tasks.columns import Layout
 from sim.tasks.records import Record, read_records
 
 SPLITS = ("auto", "train", "validation", "test", "all")
+DEFAULT_EVAL_FRACTION = 0.1  # the dataset env's `eval_fraction` unless set
 _BASE = {"train": 0, "validation": VALIDATION_SEED_BASE, "test": EVAL_SEED_BASE}
 _STREAM = {"train": 0, "test": 1, "validation": 2}  # the training and test orders keep the streams they had alone
 
@@ -114,11 +115,12 @@ def _permutation(seed: int, part: int, epoch: int, size: int) -> np.ndarray:
 
 
 def check_named_splits(
-    train: str, validation: str | None, test: str | None, eval_fraction: float | None, val_fraction: float
+    train: str, validation: str | None, test: str | None, eval_fraction: float, val_fraction: float
 ) -> float:
-    """The test fraction to use (`eval_fraction`, None meaning 0.1, or 0 when `hf_test_split` names the test part),
-    after checking that each part is chosen once: a named split and a fraction for the same part are refused, naming
-    both options, as are two options naming the same split.
+    """The test fraction to use (`eval_fraction`, or 0 when `hf_test_split` names the test part), after checking
+    that each part is chosen once: a named split and a fraction for the same part are refused, naming both options
+    (`eval_fraction` at its default, `DEFAULT_EVAL_FRACTION`, counts as not chosen), as are two options naming the
+    same split.
 
     Raises:
         InputError: naming the options.
@@ -131,7 +133,7 @@ def check_named_splits(
             f"hf_validation_split={validation!r} and val_fraction={val_fraction} both choose the validation records; "
             "give one of them"
         )
-    if test is not None and eval_fraction:
+    if test is not None and eval_fraction not in (0, DEFAULT_EVAL_FRACTION):  # the default: not chosen
         raise InputError(
             f"hf_test_split={test!r} and eval_fraction={eval_fraction} both choose the test records; give one of them"
         )
@@ -142,9 +144,7 @@ def check_named_splits(
                 raise InputError(f"{taken[value]} and {option} both name the split {value!r}; each part is its own")
             if value is not None:
                 taken[value] = option
-    if eval_fraction is None:
-        return 0.0 if test is not None else 0.1
-    return eval_fraction
+    return 0.0 if test is not None else eval_fraction
 
 
 def read_parts(

@@ -103,8 +103,8 @@ def test_a_bad_row_of_a_named_split_is_named_with_its_split(hub):
     [
         ({"hf_validation_split": "validation", "val_fraction": 0.2},
          r"^hf_validation_split='validation' and val_fraction=0.2 both choose the validation records; give one"),
-        ({"hf_test_split": "test", "eval_fraction": 0.1},
-         r"^hf_test_split='test' and eval_fraction=0.1 both choose the test records; give one"),
+        ({"hf_test_split": "test", "eval_fraction": 0.2},
+         r"^hf_test_split='test' and eval_fraction=0.2 both choose the test records; give one"),
         ({"hf_test_split": "train"}, r"^hf_split and hf_test_split both name the split 'train'"),
         ({"hf_validation_split": "dev"}, r"has splits test, train, validation; choose one with hf_validation_split "
                                          r"\(got 'dev'\)"),
