@@ -6,9 +6,11 @@ a question and a `[x, y, w, h]` box, as RefCOCO stores them), and the same rows 
 to a temporary folder. Each is then opened in a fresh process (`make("dataset", ...)` with `box_format="xywh"`):
 reported are the seconds to open (every row validated; wall clock and this process's CPU time, which a shared
 machine's load does not inflate), the seconds of the first `reset` (8 worlds, their images decoded), and the
-process's peak resident memory, beside its resident memory after the imports alone.
+process's peak resident memory, beside its resident memory after the imports alone. With `--baseline DIR` (a checkout
+of other code, e.g. `git archive <commit> | tar -x -C DIR`), each dataset is also opened by that code, in the same run, and
+the open CPU seconds' ratio is printed.
 
-    .venv/bin/python bench/dataset_open.py [--rows 200000] [--keep DIR]
+    .venv/bin/python bench/dataset_open.py [--rows 200000] [--keep DIR] [--baseline DIR]
 """
 
 from __future__ import annotations
@@ -76,8 +78,11 @@ def write(folder: Path, rows: int) -> tuple[Path, Path]:
     return repo, saved
 
 
-def child(path: str) -> None:
-    """Open the dataset at `path` in this process and print the figures as JSON."""
+def child(path: str, code: str | None) -> None:
+    """Open the dataset at `path` in this process (with the repository at `code`, or this one) and print the figures
+    as JSON."""
+    if code:
+        sys.path.insert(0, code)
     import sim.tasks.dataset  # noqa: F401  (registers `dataset`)
     from sim import make
 
@@ -109,10 +114,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--keep", type=Path, help="write the data here and keep it (default: a temporary folder)")
+    parser.add_argument("--baseline", type=Path, help="a checkout of other code to open each dataset with as well")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--code", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child)
+        child(args.child, args.code)
         return
     with tempfile.TemporaryDirectory() as scratch:
         folder = args.keep or Path(scratch)
@@ -120,17 +127,23 @@ def main() -> None:
         repo, saved = write(folder, args.rows)
         print(f"{args.rows} rows written in {time.perf_counter() - start:.1f} s "
               f"({platform.processor() or platform.machine()}, {os.cpu_count()} CPUs)")  # fmt: skip
-        print("| data | on disk (MiB) | open (s) | open, CPU (s) | first reset, 8 worlds (s) | RSS after imports (MiB) "
-              "| peak RSS (MiB) |")  # fmt: skip
-        print("|---|---:|---:|---:|---:|---:|---:|")
+        print("| data | code | on disk (MiB) | open (s) | open, CPU (s) | first reset, 8 worlds (s) | RSS after imports "
+              "(MiB) | peak RSS (MiB) |")  # fmt: skip
+        print("|---|---|---:|---:|---:|---:|---:|---:|")
+        codes = [("this", REPO)] + ([("baseline", args.baseline.resolve())] if args.baseline else [])
         for name, path in (("parquet repository (2 shards)", repo), ("save_to_disk folder", saved)):
-            env = {**os.environ, "PYTHONPATH": str(REPO)}
-            out = subprocess.run([sys.executable, __file__, "--child", str(path)], env=env, capture_output=True,
-                                 text=True, check=True).stdout  # fmt: skip
-            figures = json.loads(out.strip().splitlines()[-1])
-            assert figures["records"] == args.rows, figures
-            print(f"| {name} | {size_mib(path):.0f} | {figures['open_s']:.2f} | {figures['open_cpu_s']:.2f} | {figures['first_reset_s']:.3f} | "
-                  f"{figures['imports_mib']:.0f} | {figures['peak_mib']:.0f} |")  # fmt: skip
+            cpu = {}
+            for label, code in codes:
+                env = {**os.environ, "PYTHONPATH": str(code)}
+                out = subprocess.run([sys.executable, __file__, "--child", str(path), "--code", str(code)], env=env,
+                                     capture_output=True, text=True, check=True).stdout  # fmt: skip
+                figures = json.loads(out.strip().splitlines()[-1])
+                assert figures["records"] == args.rows, figures
+                cpu[label] = figures["open_cpu_s"]
+                print(f"| {name} | {label} | {size_mib(path):.0f} | {figures['open_s']:.2f} | {figures['open_cpu_s']:.2f} | "
+                      f"{figures['first_reset_s']:.3f} | {figures['imports_mib']:.0f} | {figures['peak_mib']:.0f} |")  # fmt: skip
+            if len(cpu) == 2:
+                print(f"{name}: open CPU seconds, baseline / this = {cpu['baseline'] / cpu['this']:.2f}")
 
 
 if __name__ == "__main__":

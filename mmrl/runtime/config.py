@@ -356,17 +356,19 @@ class TrainConfig:
 
     def check_validation_split(self) -> None:
         """A training run's check, not the config's (`mmrl eval` plays no mid-run evaluation): `trainer.eval_every`
-        scores the validation split, which the dataset env holds only with `val_fraction > 0`; without one the run
-        would stop at its first evaluation."""
+        scores the validation split, which the dataset env holds only with `val_fraction > 0` or
+        `hf_validation_split`; without one the run would stop at its first evaluation."""
         options = self.env.options
         require(
             not self.trainer.eval_every
             or self.env.name != "dataset"
             or options.get("split", "auto") != "auto"
-            or bool(options.get("val_fraction")),
+            or bool(options.get("val_fraction"))
+            or options.get("hf_validation_split") is not None,
             "trainer.eval_every",
             "scores the validation split, and the dataset env keeps no record for it: set env.options.val_fraction "
-            "> 0 (its share of the records), or trainer.eval_every=0",
+            "> 0 (its share of the records) or env.options.hf_validation_split (the data's own validation split), or "
+            "trainer.eval_every=0",
         )
 
     @property

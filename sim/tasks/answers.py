@@ -7,6 +7,8 @@ image as the model sees it, or relative 0-1000 or 0-1. The hint names them; the 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -17,6 +19,8 @@ from .records import Record
 
 BOX_ANSWER_REWARDS = ("box_iou", "box_giou", "box_size")  # answers parsed with parse_box
 BOX_LIST_REWARDS = ("matched_iou", "detection_f1")  # answers parsed with parse_box_list, scored on `target_boxes`
+# Rewards whose success is a threshold on their own score: name -> minimum score that counts.
+_SUCCESS_AT = {"box_iou": 0.5, "exact_match": 1.0, "numeric_match": 1.0, "multiple_choice": 1.0}
 
 
 def units_phrase(coordinates: str, width: int, height: int) -> str:
@@ -93,3 +97,26 @@ def low_score_reason(name: str, text: str, score: float, hit: bool | None) -> st
     if hit is True or (hit is None and score > 0):
         return ""
     return f"wrong answer ({name} = {score:.2f})"
+
+
+def has_success(name: str) -> bool:
+    """Whether the reward `name` has a natural notion of success (`successes` gives it)."""
+    return name in _SUCCESS_AT or name in ("box_giou", "point_in_box", *BOX_LIST_REWARDS)
+
+
+def successes(
+    name: str, kwargs: Mapping[str, Any], scores: torch.Tensor, texts: list[str], targets: dict[str, Any]
+) -> torch.Tensor | None:
+    """`[K]` bool: which of K answers scored `scores` by the reward `name` (bound with `kwargs`) succeed (IoU >= 0.5
+    for boxes, a hit for points, a match for text, every object found at IoU 0.5 for box lists); None for a reward
+    without a notion of it."""
+    if name in _SUCCESS_AT:
+        return scores >= _SUCCESS_AT[name]
+    if name == "point_in_box":
+        return scores > 0
+    options = {k: v for k, v in kwargs.items() if k != "iou_threshold"}
+    if name == "box_giou":
+        return REWARDS.get("box_iou")(texts, targets["target_box"], **options) >= 0.5
+    if name in BOX_LIST_REWARDS:
+        return REWARDS.get("detection_f1")(texts, targets["target_boxes"], iou_threshold=0.5, **options) >= 1.0
+    return None

@@ -72,7 +72,12 @@ successful, and `info["success"]` is left out when no reward in use has one.
 
 **Seeds and the held-out split.** Three parts, as a Hugging Face dataset's `train` / `validation` / `test` splits:
 the last `eval_fraction` of the records is the test split, the `val_fraction` before them (default 0: none) the
-validation split (each at least one record when its fraction is > 0), the rest trains. With `split="auto"` (default)
+validation split (each at least one record when its fraction is > 0), the rest trains. Data that ships its own
+splits (a hub repository's `validation-*.parquet`, a saved `DatasetDict`) can use them instead: `hf_validation_split`
+and `hf_test_split` name the splits read as those parts (each read and checked as `hf_split`'s, its rows named with
+their split: `"validation-00000-of-00001.parquet (split 'validation') row 3"`), `hf_split` the training one; a part
+takes a named split or a fraction, not both (`eval_fraction` at its default 0.1 is unused with `hf_test_split`). With
+`split="auto"` (default)
 a seed reads the part of its range in `sim.seeds`: test seeds (>= `EVAL_SEED_BASE`, 1e9: the score before and after a
 run, `mmrl eval`) the test records, validation seeds (`trainer.eval_every`, `mmrl eval --split validation`) the
 validation records (none kept: an error naming `val_fraction`), other seeds the training records. Within its part,
@@ -111,17 +116,14 @@ from rewards.coordinates import check_coordinates, from_pixels
 from sim.base import Observation, SingleStepImageEnv, StepResult, check_expert_noise, check_text_actions
 from sim.errors import InputError
 from sim.registry import ENVS
-from sim.tasks.answers import BOX_LIST_REWARDS, answer_hint, format_answer, low_score_reason, units_phrase
+from sim.tasks.answers import answer_hint, format_answer, has_success, low_score_reason, successes, units_phrase
 from sim.tasks.choices import ConsistencyMode, ReAsk
 from sim.tasks.columns import BoxFormat, BoxUnits, check_layout
-from sim.tasks.parts import RecordParts
-from sim.tasks.records import Record, fit_pixels, image_size_of, in_pixels, open_image, read_records
+from sim.tasks.parts import DEFAULT_EVAL_FRACTION, RecordParts, check_named_splits, read_parts
+from sim.tasks.records import Record, fit_pixels, image_size_of, in_pixels, open_image
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_PATH = REPO / "assets" / "datasets" / "shapes_qa" / "data.jsonl"
-
-# Rewards whose success is a threshold on their own score: name -> minimum score that counts.
-_SUCCESS_AT = {"box_iou": 0.5, "exact_match": 1.0, "numeric_match": 1.0, "multiple_choice": 1.0}
 
 
 @ENVS.register("dataset")
@@ -146,7 +148,8 @@ class DatasetEnv(SingleStepImageEnv):
         factor: With `resize="native"`, what both sides are multiples of (Qwen2-VL's 14 px patches merged 2x2: 28).
         split: `"auto"` (each seed reads its range's part: test seeds >= 1e9 the test records, validation seeds the
             validation records), `"train"`, `"validation"`, `"test"` or `"all"`.
-        eval_fraction: The share of records, at the end of the data, held out as the test split.
+        eval_fraction: The share of records, at the end of the data, held out as the test split (not used with
+            `hf_test_split`, which refuses any other value than the default or 0).
         val_fraction: The share of records, just before the test records, kept as the validation split (taken from
             the training records: 0 keeps them all for training).
         shuffle: Visit each part in a per-epoch shuffled order (else in file order).
@@ -160,7 +163,11 @@ class DatasetEnv(SingleStepImageEnv):
             processor resizes it (Qwen-VL rounds sides to its patch grid); 0: `image_size`.
         reward_kwargs: Reward name -> options bound to that reward (`{"numeric_match": {"rel_tol": 0.05}}`).
         answer_hint: Append one sentence saying how to format the answer to each question.
-        hf_split: The split to read (of a saved `DatasetDict`, or of a repository folder's parquet files).
+        hf_split: The split to read (of a saved `DatasetDict`, or of a repository folder's parquet files): the
+            training records, or every record where no other split is named.
+        hf_validation_split: The data's own split that is the validation part (`"validation"` as the hub names it;
+            verl's `data.val_files`), in place of `val_fraction`; None: none named.
+        hf_test_split: The data's own split that is the test part (`"test"`), in place of `eval_fraction`.
         hf_config: The configuration to read where a repository's README card declares several.
         columns: Role -> the data's column, where the usual names do not find it (docs/datasets.md).
         box_format: The data's boxes: `"xyxy"`, or `"xywh"` (RefCOCO's `[x, y, w, h]`).
@@ -186,7 +193,7 @@ class DatasetEnv(SingleStepImageEnv):
         reward: str | None = None,
         image_size: int = 64,
         split: Literal["auto", "train", "validation", "test", "all"] = "auto",
-        eval_fraction: float = 0.1,
+        eval_fraction: float = DEFAULT_EVAL_FRACTION,
         val_fraction: float = 0.0,
         shuffle: bool = True,
         shuffle_seed: int = 0,
@@ -194,6 +201,8 @@ class DatasetEnv(SingleStepImageEnv):
         reward_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
         answer_hint: bool = True,
         hf_split: str = "train",
+        hf_validation_split: str | None = None,
+        hf_test_split: str | None = None,
         hf_config: str | None = None,
         columns: Mapping[str, str | None] | None = None,
         box_format: BoxFormat = "xyxy",
@@ -215,6 +224,7 @@ class DatasetEnv(SingleStepImageEnv):
             raise InputError(f"num_envs must be >= 1, got {num_envs}")
         if image_size < 8:
             raise InputError(f"image_size must be >= 8, got {image_size}")
+        eval_fraction = check_named_splits(hf_split, hf_validation_split, hf_test_split, eval_fraction, val_fraction)
         for name, value in (("eval_fraction", eval_fraction), ("val_fraction", val_fraction)):
             if not 0.0 <= value < 1.0:
                 raise InputError(f"{name} must be in [0, 1), got {value}")
@@ -267,15 +277,20 @@ class DatasetEnv(SingleStepImageEnv):
             raise InputError(f"bad_records must be 'error' or 'skip', got {bad_records!r}")
         self.skipped_records: list[str] = []  # with bad_records="skip", why each left-out record was bad
         layout = check_layout(columns, box_format, box_units)
-        self.records, self._rows = read_records(
-            self.path, reward, hf_split, self.skipped_records if bad_records == "skip" else None, layout, hf_config
+        self.records, self._rows, named = read_parts(
+            self.path,
+            reward,
+            (hf_split, hf_validation_split, hf_test_split),
+            self.skipped_records if bad_records == "skip" else None,
+            layout,
+            hf_config,
         )
         if self.skipped_records:
             total = len(self.records) + len(self.skipped_records)
             print(f"dataset {self.path.name}: skipped {len(self.skipped_records)} bad record(s) of {total} "
                   f"(bad_records='skip'); the first: {self.skipped_records[0]}", file=sys.stderr)  # fmt: skip
         count = len(self.records)
-        self.parts = RecordParts(count, split, eval_fraction, val_fraction, shuffle, shuffle_seed)
+        self.parts = RecordParts(count, split, eval_fraction, val_fraction, shuffle, shuffle_seed, named)
         self.train_ids, self.val_ids, self.eval_ids = self.parts.train, self.parts.validation, self.parts.test
 
         kwargs = dict(reward_kwargs or {})
@@ -284,9 +299,7 @@ class DatasetEnv(SingleStepImageEnv):
         if unknown:
             raise InputError(f"reward_kwargs names rewards {unknown} that no record uses; used: {', '.join(used)}")
         self._fns = {name: BoundReward(name, REWARDS.get(name), kwargs.get(name, {})) for name in used}
-        self._has_success = any(
-            name in _SUCCESS_AT or name in ("box_giou", "point_in_box", *BOX_LIST_REWARDS) for name in used
-        )
+        self._has_success = any(map(has_success, used))
 
         self._reask = None if consistency == "off" else self._re_asker(consistency, acre_partial)
         self._shown: list[tuple[int, int] | None] = [None] * count  # record -> (W', H') shown, native only
@@ -389,7 +402,7 @@ class DatasetEnv(SingleStepImageEnv):
                 }
                 scores = fn(row_texts, **targets).to(torch.float32)  # [K]
                 component[index] = scores
-                hit = self._success(name, scores, row_texts, targets)  # [K] bool or None
+                hit = successes(name, self._fns[name].kwargs, scores, row_texts, targets)  # [K] bool or None
                 if hit is not None:
                     success[index] = hit
                 for row, k in enumerate(rows):
@@ -567,18 +580,3 @@ class DatasetEnv(SingleStepImageEnv):
             return record.question
         width, height = (self.input_size,) * 2 if self.input_size else self.shown_size(index)
         return f"{record.question} {answer_hint(record.reward, units_phrase(self.coordinates, width, height))}"
-
-    def _success(
-        self, name: str, scores: torch.Tensor, texts: list[str], targets: dict[str, Any]
-    ) -> torch.Tensor | None:
-        if name in _SUCCESS_AT:
-            return scores >= _SUCCESS_AT[name]
-        if name == "point_in_box":
-            return scores > 0
-        if name == "box_giou":
-            kwargs = {k: v for k, v in self._fns[name].kwargs.items() if k != "iou_threshold"}
-            return REWARDS.get("box_iou")(texts, targets["target_box"], **kwargs) >= 0.5
-        if name in BOX_LIST_REWARDS:
-            kwargs = {k: v for k, v in self._fns[name].kwargs.items() if k != "iou_threshold"}
-            return REWARDS.get("detection_f1")(texts, targets["target_boxes"], iou_threshold=0.5, **kwargs) >= 1.0
-        return None

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from sim.errors import InputError
+from sim.tasks.bulk import bulk_records
 from sim.tasks.columns import find_columns
 
 _SHARD = re.compile(r"^(?P<split>[A-Za-z0-9_.]+?)-\d+-of-\d+")
@@ -28,8 +29,9 @@ _SPLIT_NAMES = ("train", "test", "validation", "valid", "val", "dev", "eval")
 _CACHED_GROUPS = 2  # row groups whose image column `ParquetRows` keeps in memory (bytes, not decoded images)
 
 
-def parquet_files(path: Path, split: str, config: str | None) -> list[Path]:
-    """The parquet files of one split of `path` (a file, or a repository folder; see the module docstring).
+def parquet_files(path: Path, split: str, config: str | None, option: str = "hf_split") -> list[Path]:
+    """The parquet files of one split of `path` (a file, or a repository folder; see the module docstring), chosen
+    by the option `option` (`hf_split`, or `hf_validation_split` / `hf_test_split`, which must find a split by name).
 
     Raises:
         InputError: No parquet file, an unknown split or configuration (naming the ones there).
@@ -40,7 +42,7 @@ def parquet_files(path: Path, split: str, config: str | None) -> list[Path]:
         return [path]
     card = _card_configs(path)
     if card:
-        return _config_files(path, card, split, config)
+        return _config_files(path, card, split, config, option)
     if config is not None:
         raise InputError(f"hf_config={config!r}: {path} has no README.md card declaring configs")
     files = sorted(p for p in path.rglob("*.parquet") if not any(part.startswith(".") for part in p.parts))
@@ -53,10 +55,10 @@ def parquet_files(path: Path, split: str, config: str | None) -> list[Path]:
         splits.setdefault(_split_of(file, path), []).append(file)
     if split in splits:
         return splits[split]
-    if list(splits) == [None]:  # no file is named by a split: they are one split, whatever its name
+    if list(splits) == [None] and option == "hf_split":  # no file is named by a split: one split, whatever its name
         return files
-    named = ", ".join(sorted(s for s in splits if s is not None))
-    raise InputError(f"{path} has splits {named}; choose one with hf_split (got {split!r})")
+    named = ", ".join(sorted(s for s in splits if s is not None)) or "none (no parquet file is named by a split)"
+    raise InputError(f"{path} has splits {named}; choose one with {option} (got {split!r})")
 
 
 def _split_of(file: Path, root: Path) -> str | None:
@@ -90,7 +92,9 @@ def _card_configs(path: Path) -> list[dict[str, Any]]:
     return configs
 
 
-def _config_files(path: Path, configs: list[dict[str, Any]], split: str, config: str | None) -> list[Path]:
+def _config_files(
+    path: Path, configs: list[dict[str, Any]], split: str, config: str | None, option: str
+) -> list[Path]:
     names = [str(c["config_name"]) for c in configs]
     if config is not None:
         if config not in names:
@@ -111,7 +115,7 @@ def _config_files(path: Path, configs: list[dict[str, Any]], split: str, config:
     if split not in patterns:
         raise InputError(
             f"{path}/README.md: config {chosen['config_name']!r} has splits {', '.join(patterns)}; choose one with "
-            f"hf_split (got {split!r})"
+            f"{option} (got {split!r})"
         )
     files = sorted({file for pattern in patterns[split] for file in path.glob(str(pattern))})
     if not files:
@@ -128,7 +132,7 @@ def read_parquet(path: Path, split: str, config: str | None, reading: Any, row_r
 
     Args:
         path: A parquet file or a repository folder.
-        split: The split to read (`hf_split`).
+        split: The split to read (`hf_split`, or the option `reading.option` names).
         config: The card's configuration to read (`hf_config`), or None.
         reading: `records.Reading`: the layout, and `keep`, which collects each row's record (or why it is bad).
         row_record: `records.row_record`, which makes one row's record (passed in: `records` imports this module).
@@ -139,7 +143,7 @@ def read_parquet(path: Path, split: str, config: str | None, reading: Any, row_r
     except ImportError as error:
         raise ImportError(f"reading parquet data needs `pyarrow` (pip install 'mmrl[data]'): {error}") from error
 
-    files = parquet_files(path, split, config)
+    files = parquet_files(path, split, config, reading.option)
     handles = [_open(pq, file) for file in files]
     names = handles[0].schema_arrow.names
     for file, handle in zip(files[1:], handles[1:]):
@@ -169,16 +173,28 @@ def read_parquet(path: Path, split: str, config: str | None, reading: Any, row_r
     segments: list[tuple[int, int, int]] = []  # (file, row group, first row)
     row = 0
     for number, (file, handle) in enumerate(zip(files, handles)):
-        first, name = row, file.name
+        first, name = row, file.name if reading.label is None else f"{file.name} (split {reading.label!r})"
         for group in range(handle.num_row_groups):
             segments.append((number, group, row))
-            meta = handle.read_row_group(group, columns=others).to_pylist()
-            paths = _leaf(handle, group, path_leaf, column, len(meta))
-            embedded = _embedded(handle, group, bytes_leaf, column, len(meta))
-            for raw, row_paths, row_bytes in zip(meta, paths, embedded):
-                where = f"{name} row {row - first}"
+            table = handle.read_row_group(group, columns=others)
+            count = table.num_rows
+            embedded = _embedded(handle, group, bytes_leaf, column, count)
+            every = embedded[0] is None and not listed if count else False  # every row one embedded image
+            paths = [None] * count if every else _leaf(handle, group, path_leaf, column, count)
+            built = bulk_records(table, found, reading.layout, reading.reward, name, row - first, row)
+            if every and not any(record is None for record in built):  # the whole group passed in bulk
+                records.extend(built)
+                row += count
+                continue
+            meta = None
+            for index, (record, row_paths, row_bytes) in enumerate(zip(built, paths, embedded)):
                 images = _images(row_paths, row_bytes, listed)
-                reading.keep(records, row_record, where, raw, found, base, reading, row, images)
+                if record is not None and images == [None]:  # one embedded image, every check passed in bulk
+                    records.append(record)
+                else:
+                    meta = table.to_pylist() if meta is None else meta
+                    where = f"{name} row {row - first}"
+                    reading.keep(records, row_record, where, meta[index], found, base, reading, row, images)
                 row += 1
     return records, ParquetRows(files, column, segments, row)
 

@@ -11,7 +11,8 @@ question or answer at most `MAX_TEXT_CHARS` characters.
 
 from __future__ import annotations
 
-import functools
+import contextlib
+import gc
 import inspect
 import io
 import json
@@ -43,51 +44,35 @@ from sim.tasks.columns import (
     value_at,
 )
 from sim.tasks.parquet import read_parquet
+from sim.tasks.record import MAX_TEXT_CHARS, NUMBER, Record, record_names
+from sim.tasks.saved import read_saved
 
 # The most pixels an image may hold: PIL's default decompression-bomb bound (`Image.MAX_IMAGE_PIXELS`, 1 GiB / 4 / 3),
 # stated here so that a program that changes PIL's global does not change what a dataset accepts. A larger image is
 # refused from its header, before decoding (a 20000x20000 PNG decodes to 1.2 GB of RGB).
 MAX_IMAGE_PIXELS = 89_478_485
 # The longest JSON line a dataset may hold, in bytes (room for an image embedded as base64), and the longest question or
-# answer, in characters (about 25k tokens: longer is no prompt a VLM is trained on here). Without them one line of a
-# careless file (a document pasted into a question) costs gigabytes through its copies: decoded, parsed, tokenised. A
+# answer (`record.MAX_TEXT_CHARS`). Without them one line of a careless file (a document pasted into a question) costs gigabytes through its copies: decoded, parsed, tokenised. A
 # line over the bound is refused without being read whole.
 MAX_LINE_BYTES = 16 << 20
-MAX_TEXT_CHARS = 100_000
 # How far outside its image a box or point may reach, in pixels: rounding in an annotation tool, not a wrong box.
 BORDER_SLACK = 0.5
 
 _NUMERIC = frozenset((int, float))
-_NUMBER = re.compile(r"[-+]?\$?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?%?|[-+]?\.\d+%?")
-
-
-@dataclass(frozen=True, slots=True)
-class Record:
-    """One validated record. Coordinates are in pixels of the original image, or in `units` of its size where the
-    data gave them normalised and the image's size is known only once it is decoded (`in_pixels` converts)."""
-
-    where: str  # "data.jsonl line 3" or "row 3", for error messages
-    image: str | int  # the image file's path, or the row of a table (`rows`) that holds it
-    question: str
-    box: tuple[float, float, float, float] | None
-    point: tuple[float, float] | None
-    answer: str | tuple[str, ...] | None
-    reward: str  # the registered reward that scores it
-    boxes: tuple[tuple[float, float, float, float], ...] | None = None  # every object to find (may be none)
-    size: tuple[int, int] | None = None  # (W, H) of an image file, from its header; None for an embedded image
-    units: str = "pixels"  # "pixels", or "0-1" / "0-1000" of the image's size until `in_pixels` converts
-    names: tuple[str, str, str] = ("box", "boxes", "point")  # the data's columns of the box, boxes and point
 
 
 @dataclass
 class Reading:
     """What reading one dataset needs besides its rows: the reward, the layout (columns, box format and units),
-    the lenient list (None: strict) and each image file's size, read once however many rows show it."""
+    the lenient list (None: strict), each image file's size (read once however many rows show it), and which
+    split is read, by which option."""
 
     reward: str | None
     layout: Layout
     skipped: list[str] | None
     sizes: dict[Path, tuple[int, int]] = field(default_factory=dict)
+    option: str = "hf_split"  # the option that chose the split read, for messages
+    label: str | None = None  # the split, named in each row's name where the data's own splits are the env's parts
 
     def keep(self, records: list[Record], make: Any, *args: Any) -> None:
         """Append `make(*args)`'s record, or under the lenient reading note why it is bad."""
@@ -106,6 +91,8 @@ def read_records(
     skipped: list[str] | None = None,
     layout: Layout | None = None,
     hf_config: str | None = None,
+    option: str = "hf_split",
+    label: str | None = None,
 ) -> tuple[list[Record], Any]:
     """Validated records, and the table their embedded images are read from when shown (None when every image is
     a file).
@@ -119,6 +106,9 @@ def read_records(
             lenient reading); the data as a whole must still be readable and keep at least one record.
         layout: Which columns hold what, and the boxes' format and units (`sim.tasks.columns`); None: found.
         hf_config: The configuration a repository's README card declares, where it declares several.
+        option: The option that names `hf_split` (`hf_validation_split` for the data's validation split...), for
+            messages.
+        label: The split, named in each row's name (`"d.parquet (split 'test') row 3"`), or None.
 
     Raises:
         InputError: The path does not exist, holds no (good) records, or a record is bad (the message names it).
@@ -127,20 +117,40 @@ def read_records(
         path = path / "data.jsonl"
     if not path.exists():
         raise InputError(f"dataset path {path} does not exist")
-    reading = Reading(reward, layout or Layout({}), skipped)
-    if path.is_dir() and not any((path / name).is_file() for name in _SAVED_MARKS):
-        records, rows = read_parquet(path, hf_split, hf_config, reading, row_record)
-    elif path.is_dir():
-        records, rows = _read_hf(path, hf_split, reading)
-    elif path.suffix == ".parquet":
-        records, rows = read_parquet(path, hf_split, hf_config, reading, row_record)
-    else:
-        records, rows = _read_jsonl(path, reading), None
+    reading = Reading(reward, layout or Layout({}), skipped, option=option, label=label)
+    if option != "hf_split" and not path.is_dir():
+        raise InputError(
+            f"{option}={hf_split!r} names a split of a repository folder or of a saved DatasetDict; {path} is one "
+            "file (hold records out of it with val_fraction / eval_fraction)"
+        )
+    with _collector_paused():
+        if path.is_dir() and not any((path / name).is_file() for name in _SAVED_MARKS):
+            records, rows = read_parquet(path, hf_split, hf_config, reading, row_record)
+        elif path.is_dir():
+            records, rows = read_saved(path, hf_split, reading, row_record)
+        elif path.suffix == ".parquet":
+            records, rows = read_parquet(path, hf_split, hf_config, reading, row_record)
+        else:
+            records, rows = _read_jsonl(path, reading), None
     if not records and skipped:
         raise InputError(f"dataset {path}: every record is bad ({len(skipped)}; the first: {skipped[0]})")
     if not records:
-        raise InputError(f"dataset {path} holds no records")
+        raise InputError(f"dataset {path} holds no records" + (f" in its split {label!r}" if label else ""))
     return records, rows
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused (and restored): reading keeps a few objects per row and frees few, so
+    the collections that allocation triggers walk every record kept so far, again and again (half the CPU time of
+    opening 200k parquet rows); records hold no reference cycles for it to find."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 _SAVED_MARKS = ("dataset_dict.json", "state.json")  # what `save_to_disk` writes (a hub repository holds neither)
@@ -339,71 +349,6 @@ def _shapes(record: Record) -> list[tuple[str, tuple[float, ...]]]:
     return shapes + [(f"{boxes}[{i}]", each) for i, each in enumerate(record.boxes or ())]
 
 
-def _read_hf(path: Path, hf_split: str, reading: Reading) -> tuple[list[Record], Any]:
-    """The records of a folder saved by `datasets` (`Dataset.save_to_disk`), images embedded or paths."""
-    try:
-        import datasets
-    except ImportError as error:
-        raise ImportError(
-            f"reading a saved Hugging Face dataset needs `datasets` (pip install 'mmrl[data]'): {error}"
-        ) from error
-    try:
-        loaded = datasets.load_from_disk(str(path))
-    except FileNotFoundError as error:
-        raise InputError(f"{path} is neither a JSON-lines file nor a folder saved by datasets: {error}") from None
-    if isinstance(loaded, datasets.DatasetDict):
-        if hf_split not in loaded:
-            raise InputError(f"{path} has splits {', '.join(loaded)}; choose one with hf_split (got {hf_split!r})")
-        loaded = loaded[hf_split]
-    found = find_columns(loaded.column_names, reading.layout, str(path))
-    column = found["image"]
-    if column is None:
-        raise InputError(f"{path}: no 'image' column (columns: {', '.join(loaded.column_names)})")
-    feature = loaded.features[column]
-    inner = getattr(feature, "feature", feature)  # a list of images: `Sequence(Image())` / `List(Image())`
-    inner = inner[0] if isinstance(inner, list) else inner
-    # Validate from the other columns only: decoding (or even loading) every image here would cost a full pass.
-    others = sorted({c.split(".")[0] for c in found.values() if c is not None} - {column})
-    metadata = loaded.select_columns(others).to_list()
-    records: list[Record] = []
-    if isinstance(inner, datasets.Image):  # embedded: read when first shown; each row's count from the table
-        counts = _image_counts(loaded.data.column(column))
-        for index, raw in enumerate(metadata):
-            where = f"{path.name} row {index}"
-            reading.keep(records, row_record, where, raw, found, path, reading, index, [None] * counts[index])
-        return records, ImageColumn(loaded, column)
-    for index, (raw, image) in enumerate(zip(metadata, loaded[column])):  # paths, or {bytes, path} structs
-        raw[column] = image
-        reading.keep(records, row_record, f"{path.name} row {index}", raw, found, path, reading, index)
-    embedded = any(isinstance(record.image, int) for record in records)
-    return records, ImageColumn(loaded, column) if embedded else None
-
-
-def _image_counts(column: Any) -> list[int]:
-    """Images per row of an Arrow image column (0 for a null row; a list column's lengths), without its bytes."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
-        return pc.fill_null(pc.list_value_length(column), 0).to_pylist()
-    return pc.if_else(pc.is_null(column), 0, 1).to_pylist()
-
-
-class ImageColumn:
-    """A `datasets.Dataset`'s image column as rows `{"image": value}` (the first image of a list), decoded by
-    `datasets` when asked: what `open_image` reads a row's embedded image from."""
-
-    def __init__(self, dataset: Any, column: str):
-        self.dataset, self.column = dataset, column
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        value = self.dataset[index][self.column]
-        return {"image": value[0] if isinstance(value, list) and value else value}
-
-
 def _record(
     where: str,
     raw: Mapping[str, Any],
@@ -422,7 +367,7 @@ def _record(
                 f"{where}: field {name!r} holds {chars} characters, over MAX_TEXT_CHARS = {MAX_TEXT_CHARS}"
             )
     layout, reward = reading.layout, reading.reward
-    names = _names(found["box"] or "box", found["boxes"] or "boxes", found["point"] or "point")
+    names = record_names(found["box"] or "box", found["boxes"] or "boxes", found["point"] or "point")
     box = _box(where, names[0], value_at(raw, found["box"]), layout)
     boxes = _box_list(where, names[1], value_at(raw, found["boxes"]), layout)
     if box is not None and boxes is not None:
@@ -446,7 +391,7 @@ def _record(
         elif point is not None:
             name = "point_in_box"
         else:
-            name = "numeric_match" if isinstance(answer, str) and _NUMBER.fullmatch(answer.strip()) else "exact_match"
+            name = "numeric_match" if isinstance(answer, str) and NUMBER.fullmatch(answer.strip()) else "exact_match"
     else:
         name = reward
         params = inspect.signature(REWARDS.get(name)).parameters
@@ -468,12 +413,6 @@ def _record(
         if name == "multiple_choice" and (not isinstance(answer, str) or parse_choice(answer).letter is None):
             raise InputError(f"{where}: field 'answer' = {answer!r} is no choice letter for reward 'multiple_choice'")
     return Record(where, image, question.strip(), box, point, answer, name, boxes, None, layout.box_units, names)
-
-
-@functools.lru_cache(maxsize=64)
-def _names(box: str, boxes: str, point: str) -> tuple[str, str, str]:
-    """One tuple per set of column names, shared by the records that use it (200k rows hold one)."""
-    return (box, boxes, point)
 
 
 def _box(where: str, field_name: str, value: Any, layout: Layout) -> tuple[float, float, float, float] | None:
